@@ -1,0 +1,124 @@
+"""The small interface every platform module implements.
+
+A platform: verifies a webhook, parses it into `InboundMessage`s, renders validated segments into
+its wire-format calls within its capabilities (pure), and sends one call with its API, saying
+whether it was delivered, should be retried (and when), or failed for good.
+Rate limits, retries, idempotency and dead letters belong to the egress stage, not here.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import httpx
+
+from pipeline.records import InboundMessage, OutboundMessage
+from pipeline.segments import Media
+from pipeline.settings import BotConfig, RateLimit
+
+from .exceptions import WebhookRejected
+
+__all__ = [
+    "MediaLoader",
+    "Platform",
+    "PlatformCall",
+    "PlatformProfile",
+    "SendOutcome",
+    "WebhookRejected",
+    "WebhookRequest",
+    "WebhookResult",
+]
+
+
+@dataclass(frozen=True)
+class WebhookRequest:
+    headers: Mapping[str, str]  # lower-cased names
+    body: bytes
+    query: Mapping[str, str] = field(default_factory=dict)
+    received_at_ms: float = 0.0
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+@dataclass
+class WebhookResult:
+    """Messages to produce, and what to answer the platform at once."""
+
+    messages: list[InboundMessage] = field(default_factory=list)
+    status: int = 200
+    body: Any = None  # JSON-serialisable (a URL-verification challenge), or None for `{}`
+    # Why nothing was produced, when nothing was (a non-message event, a redelivery): a metric label.
+    ignored: str | None = None
+
+
+@dataclass(frozen=True)
+class PlatformProfile:
+    """What a platform can show, for rendering and media checks."""
+
+    native_segments: frozenset[str]
+    max_text_chars: int
+    max_attachment_bytes: int
+    max_caption_chars: int = 0
+    markdown: bool = False
+    default_chat_limit: RateLimit | None = None
+    default_bot_limit: RateLimit | None = None
+
+
+@dataclass
+class PlatformCall:
+    """One API call of the platform, ready to send. `media` is loaded at send time."""
+
+    method: str
+    path: str
+    json: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    media: Media | None = None
+    media_field: str | None = None
+    # Calls of one outbound message after which a later call needs a result (an upload's key).
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+SendStatus = Literal["delivered", "retry", "permanent"]
+
+
+@dataclass
+class SendOutcome:
+    status: SendStatus
+    reason: str = ""  # short, bounded vocabulary: a metric label and dead-letter reason
+    retry_after: float | None = None
+    platform_message_id: str | None = None
+    detail: str = ""  # the platform's error description, for the dead letter (never a metric label)
+
+
+# Loads a media reference into bytes and a detected MIME type (SSRF-guarded, size-limited).
+MediaLoader = Callable[[Media], Awaitable[tuple[bytes, str]]]
+
+
+class Platform(abc.ABC):
+    name: ClassVar[str]
+    profile: ClassVar[PlatformProfile]
+
+    @abc.abstractmethod
+    def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
+        """Raise `WebhookRejected(401, …)` unless the request is authentic."""
+
+    @abc.abstractmethod
+    def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
+        """Parse a verified webhook. Raise `WebhookRejected(400, …)` on a malformed payload."""
+
+    @abc.abstractmethod
+    def render(self, bot: BotConfig, message: OutboundMessage) -> list[PlatformCall]:
+        """Turn validated segments into API calls, within `profile` (pure, no I/O)."""
+
+    @abc.abstractmethod
+    async def send(
+        self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
+    ) -> SendOutcome:
+        """Perform one call. Never raises for HTTP or platform errors: classify them instead."""
+
+    async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
+        """Show that the bot is working, where the platform can. Default: nothing."""

@@ -1,0 +1,37 @@
+"""The records carried by Switchboard's topics: the contract of the streams.
+
+Each topic's value is one of these pydantic models; `topics/` holds their JSON Schemas, generated
+by `switchboard topics schemas` (a test fails when they drift).
+"""
+
+from pipeline.records.models import (
+    ChatType,
+    CommandKind,
+    ConversationKey,
+    DeadLetter,
+    InboundMessage,
+    OutboundKind,
+    OutboundMessage,
+    ReplyRef,
+    SessionCommand,
+    SessionEventRecord,
+    Sender,
+    conversation_key,
+    now_ms,
+)
+
+__all__ = [
+    "ChatType",
+    "CommandKind",
+    "ConversationKey",
+    "DeadLetter",
+    "InboundMessage",
+    "OutboundKind",
+    "OutboundMessage",
+    "ReplyRef",
+    "SessionCommand",
+    "SessionEventRecord",
+    "Sender",
+    "conversation_key",
+    "now_ms",
+]

@@ -1,0 +1,148 @@
+"""Record models for every topic (see ARCHITECTURE.md, "Topics").
+
+Records are keyed by the conversation key `platform:bot:chat` (or `platform:bot:chat:user` for
+per-user sessions in a group). Each record carries `hops`: wall-clock milliseconds at which each
+stage handled the turn, so end-to-end and per-stage latency can be measured from records alone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.segments import Segment
+
+ChatType = Literal["private", "group"]
+ConversationKey = str
+OutboundKind = Literal["reply", "notice", "progress", "confirmation"]
+CommandKind = Literal[
+    "user_turn",  # user.message (+ system.message) built from one or more inbound messages
+    "interrupt",  # /stop: user.interrupt
+    "tool_confirmation",  # /allow, /deny answering a requires_action
+    "tool_result",  # user.custom_tool_result answering an agent.custom_tool_use
+    "flush",  # the session went idle: send what dispatch holds (merge/queue policies)
+]
+
+
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
+def conversation_key(platform: str, bot_id: str, chat_id: str, user_id: str | None = None) -> str:
+    """`platform:bot:chat`, or `platform:bot:chat:user` for one session per user in a group."""
+    base = f"{platform}:{bot_id}:{chat_id}"
+    return f"{base}:{user_id}" if user_id is not None else base
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Sender(_Record):
+    user_id: str
+    name: str = ""
+    # Chat admins may answer any tool confirmation (policy in ingest).
+    is_admin: bool = False
+
+
+class ReplyRef(_Record):
+    """The message a user replied to, when the platform says so."""
+
+    message_id: str
+    user_id: str | None = None
+    text: str | None = None
+    is_bot: bool = False
+
+
+class InboundMessage(_Record):
+    """`im.inbound`: one platform message, parsed and platform-neutral."""
+
+    platform: str
+    bot_id: str
+    chat_id: str
+    chat_type: ChatType
+    sender: Sender
+    message_id: str
+    # Platform event id used for de-duplication when it differs from the message id (Lark, Slack).
+    event_id: str | None = None
+    text: str
+    # The message as neutral segments (mentions, media, reply); `text` is its plain rendering.
+    segments: list[Segment] = Field(default_factory=list)
+    mentions: list[str] = Field(default_factory=list)
+    mentions_bot: bool = False
+    reply_to: ReplyRef | None = None
+    # Platform-specific routing the egress needs back (Slack thread_ts, Telegram thread id, …).
+    route: dict[str, str] = Field(default_factory=dict)
+    conversation_key: ConversationKey
+    trace_id: str
+    sent_at_ms: float | None = None
+    hops: dict[str, float] = Field(default_factory=dict)
+
+
+class SessionCommand(_Record):
+    """`session.input`: what dispatch must do with a conversation's session."""
+
+    kind: CommandKind
+    conversation_key: ConversationKey
+    platform: str
+    bot_id: str
+    chat_id: str
+    chat_type: ChatType
+    # Empty for a turn whose session dispatch must create (ingest could not resolve one).
+    session_id: str | None = None
+    # Client events exactly as they go on the wire (P1: type + business fields), stable ids set.
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    # For user turns: the IM reply contract and turn context, sent as the paired system.message.
+    system_text: str | None = None
+    inbound_ids: list[str] = Field(default_factory=list)
+    sender: Sender | None = None
+    reply_to_message_id: str | None = None
+    route: dict[str, str] = Field(default_factory=dict)
+    trace_id: str
+    hops: dict[str, float] = Field(default_factory=dict)
+
+
+class SessionEventRecord(_Record):
+    """`session.events`: one server event verbatim, with the routing of its conversation."""
+
+    conversation_key: ConversationKey
+    session_id: str
+    event: dict[str, Any]
+    event_type: str
+    event_id: str | None = None
+    trace_id: str | None = None
+    hops: dict[str, float] = Field(default_factory=dict)
+
+
+class OutboundMessage(_Record):
+    """`im.outbound.<platform>`: validated segments to deliver to one chat."""
+
+    outbound_id: str  # stable: a replay must not deliver it twice
+    kind: OutboundKind
+    platform: str
+    bot_id: str
+    chat_id: str
+    chat_type: ChatType
+    conversation_key: ConversationKey
+    segments: list[Segment]
+    reply_to_message_id: str | None = None
+    route: dict[str, str] = Field(default_factory=dict)
+    trace_id: str | None = None
+    hops: dict[str, float] = Field(default_factory=dict)
+
+
+class DeadLetter(_Record):
+    """`im.deadletter`: what a stage could not process, with why and where it came from."""
+
+    stage: str
+    reason: str
+    error: str = ""
+    attempts: int = 1
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    record: str  # the original value, as text (it may not have parsed)
+    at_ms: float = Field(default_factory=now_ms)
