@@ -13,9 +13,9 @@ from pipeline.records.models import (
     OutboundKind,
     OutboundMessage,
     ReplyRef,
+    Sender,
     SessionCommand,
     SessionEventRecord,
-    Sender,
     conversation_key,
     now_ms,
 )
@@ -29,9 +29,9 @@ __all__ = [
     "OutboundKind",
     "OutboundMessage",
     "ReplyRef",
+    "Sender",
     "SessionCommand",
     "SessionEventRecord",
-    "Sender",
     "conversation_key",
     "now_ms",
 ]

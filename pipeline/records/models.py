@@ -98,6 +98,8 @@ class SessionCommand(_Record):
     system_text: str | None = None
     inbound_ids: list[str] = Field(default_factory=list)
     sender: Sender | None = None
+    # Ids the agent may mention this turn (S5): sender, replied-to author, group context.
+    known_ids: list[str] = Field(default_factory=list)
     reply_to_message_id: str | None = None
     route: dict[str, str] = Field(default_factory=dict)
     trace_id: str

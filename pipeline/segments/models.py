@@ -1,4 +1,4 @@
-"""The segment models of the IM reply contract (S1–S3).
+"""The segment models of the IM reply contract (S1-S3).
 
 Every object is closed and every field required (S3), and validation is strict (S10): no coercion
 of a number into a string or back.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, TypeAdapter
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
 _CLOSED = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -49,8 +49,13 @@ class ForwardData(_Closed):
     forward_id: StrictStr
 
 
+# The seed types face ids as `string | number` (a JSON number, not only an integer). Numbers must be
+# finite: JSON has no NaN/Infinity, and `1e400` overflows to inf when parsed.
+FiniteNumber = StrictInt | Annotated[StrictFloat, AllowInfNan(False)]
+
+
 class FaceData(_Closed):
-    id: StrictStr | StrictInt
+    id: StrictStr | FiniteNumber
 
 
 class EmptyData(_Closed):
@@ -150,6 +155,8 @@ SEGMENT_TYPES: tuple[str, ...] = (
     "text", "markdown", "mention", "image", "audio", "video", "file",
     "reply", "forward", "face", "dice", "rps", "share",
 )
+MEDIA_SEGMENT_TYPES: frozenset[str] = frozenset({"image", "audio", "video", "file"})
+MEDIA_KINDS: tuple[str, ...] = ("url", "path", "base64", "file")
 
 
 class Reply(_Closed):
@@ -159,3 +166,5 @@ class Reply(_Closed):
 
 
 segment_list_adapter: TypeAdapter[list[Segment]] = TypeAdapter(list[Segment])
+
+reply_adapter: TypeAdapter[Reply] = TypeAdapter(Reply)

@@ -1,0 +1,127 @@
+"""Cost of the reply contract per turn: validation vs jsonschema, and finalize_reply without media.
+
+Usage: .venv/bin/python bench/segments_bench.py [--rounds N]
+
+Each corpus text (tests/segments/corpus/replies.jsonl) is timed individually, `rounds` times; the
+figures are the median and p99 of all those per-call timings, in microseconds. "typical" excludes
+the deliberately oversized texts (> 8 KiB). jsonschema is given every advantage: the validator is
+built once, and its cost is `json.loads` + `is_valid` (no error collection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from jsonschema import Draft202012Validator
+
+from pipeline.segments import (
+    Capabilities,
+    LeakScanner,
+    Member,
+    RepliedMessage,
+    ReplyInvalid,
+    ReplyPolicy,
+    TurnContext,
+    finalize_reply,
+    reply_json_schema,
+    validate_reply,
+)
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "segments" / "corpus" / "replies.jsonl"
+TYPICAL_MAX_CHARS = 8 * 1024
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def summary(name: str, samples_ns: list[int]) -> str:
+    us = [s / 1000 for s in samples_ns]
+    return f"{name:<44} median {statistics.median(us):8.1f} µs   p99 {percentile(us, 0.99):9.1f} µs   n={len(us)}"
+
+
+def time_each(texts: list[str], call: Callable[[str], Any], rounds: int) -> list[int]:
+    timings: list[int] = []
+    clock = time.perf_counter_ns
+    for _ in range(rounds):
+        for text in texts:
+            start = clock()
+            call(text)
+            timings.append(clock() - start)
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=50)
+    args = parser.parse_args()
+
+    texts = [json.loads(line)["text"] for line in CORPUS.open(encoding="utf-8") if line.strip()]
+    typical = [t for t in texts if len(t) <= TYPICAL_MAX_CHARS]
+    validator = Draft202012Validator(reply_json_schema())
+
+    def pydantic_validate(text: str) -> bool:
+        try:
+            validate_reply(text)
+            return True
+        except ReplyInvalid:
+            return False
+
+    def jsonschema_validate(text: str) -> bool:
+        try:
+            return bool(validator.is_valid(json.loads(text)))
+        except ValueError:
+            return False
+
+    # Same verdicts, or the comparison means nothing. Expected exceptions: plain `json.loads` accepts
+    # NaN, Infinity, 1e400 (→ inf) and lone surrogates, which the strict reader refuses (the tests
+    # compare with an RFC 8259 loader instead and find no disagreement).
+    disagreements = sum(pydantic_validate(t) != jsonschema_validate(t) for t in texts)
+
+    turn = TurnContext(
+        bot_id="bench", platform="onebot", chat_type="group", sender_id="10001", sender_name="Alice",
+        replied_to=RepliedMessage("m-1", "10004"), context_members=(Member("10002"), Member("10003")),
+        looked_up_member_ids=frozenset({"10005"}), bot_self_ids=frozenset({"90000"}),
+    )
+    policy = ReplyPolicy(leak_scanner=LeakScanner(["corpus-configured-secret-0001"]))
+    capabilities = Capabilities()
+
+    async def finalize_all(batch: list[str], rounds: int) -> list[int]:
+        timings: list[int] = []
+        clock = time.perf_counter_ns
+        for _ in range(rounds):
+            for text in batch:
+                start = clock()
+                await finalize_reply(text, turn, policy, corrector=None, media=None, capabilities=capabilities)
+                timings.append(clock() - start)
+        return timings
+
+    # Warm-up (imports, caches, schema build).
+    time_each(texts, pydantic_validate, 2)
+    time_each(texts, jsonschema_validate, 1)
+
+    print(f"corpus: {len(texts)} texts ({len(typical)} typical ≤ {TYPICAL_MAX_CHARS} chars), "
+          f"{args.rounds} rounds; verdict disagreements pydantic vs json.loads+jsonschema: {disagreements} "
+          "(expected 4: NaN, -Infinity, 1e400, lone surrogate, which json.loads lets through)")
+    print(summary("validate_reply (pydantic, all)", time_each(texts, pydantic_validate, args.rounds)))
+    print(summary("validate_reply (pydantic, typical)", time_each(typical, pydantic_validate, args.rounds)))
+    js_rounds = max(1, args.rounds // 5)
+    print(summary("json.loads + jsonschema (all)", time_each(texts, jsonschema_validate, js_rounds)))
+    print(summary("json.loads + jsonschema (typical)", time_each(typical, jsonschema_validate, js_rounds)))
+    print(summary("finalize_reply, no media (all)", asyncio.run(finalize_all(texts, args.rounds))))
+    print(summary("finalize_reply, no media (typical)", asyncio.run(finalize_all(typical, args.rounds))))
+
+
+if __name__ == "__main__":
+    main()

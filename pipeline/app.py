@@ -1,0 +1,180 @@
+"""The worker: a Faust app whose agents are thin loops over the stage handlers.
+
+Every agent runs with `concurrency=1` and hands each record to its stage's keyed executor; the
+record is acknowledged (and so its offset may be committed) only when it and every earlier record
+of its partition are done. Values are raw bytes parsed with pydantic (faster than Faust's codecs,
+and the records are the contract in `topics/`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import faust
+import mode
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from pydantic import BaseModel, ValidationError
+
+from pipeline import metrics
+from pipeline.executor import KeyedExecutor
+from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
+from pipeline.runtime import Runtime
+from pipeline.settings import Settings
+from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
+
+log = logging.getLogger(__name__)
+
+ALL_STAGES = ("ingest", "dispatch", "render", "egress")
+
+
+def _patch_fetch_wait() -> None:
+    """Make the worker consumer's fetch wait configurable.
+
+    faust-streaming hard-codes `fetch_max_wait_ms=1500` for the worker consumer. On a broker that
+    does not answer fetches early (Tansu) every hop then waits that long. The consumer reads the
+    value at start, so setting it on the freshly built consumer is enough.
+    """
+    if getattr(AIOKafkaConsumerThread, "_switchboard_patched", False):
+        return
+    original = AIOKafkaConsumerThread._create_worker_consumer
+
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = original(self, transport)
+        wait = getattr(self.app, "switchboard_fetch_max_wait_ms", None)
+        if wait is not None:
+            consumer._fetch_max_wait_ms = wait
+        return consumer
+
+    AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
+    AIOKafkaConsumerThread._switchboard_patched = True  # type: ignore[attr-defined]
+
+
+def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None) -> faust.App:
+    if not settings.kafka_bootstrap:
+        raise ValueError("SWITCHBOARD_KAFKA_BOOTSTRAP is required for a worker")
+    if not settings.redis_url:
+        raise ValueError("SWITCHBOARD_REDIS_URL is required for a worker")
+    stage_set = set(stages)
+    unknown = stage_set - set(ALL_STAGES)
+    if unknown:
+        raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
+    platform_list = sorted(platforms) if platforms is not None else settings.platforms
+    _patch_fetch_wait()
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_disable_leader=True,
+        topic_allow_declare=False,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=0.5,
+        broker_commit_every=1000,
+        stream_wait_empty=True,
+        producer_linger_ms=1,
+        producer_acks=-1,
+        broker_session_timeout=30.0,
+        broker_heartbeat_interval=3.0,
+    )
+    app.switchboard_fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms  # type: ignore[attr-defined]
+    runtime = Runtime(settings, send=_producer_send(app), produce_acked=_producer_send(app, acked=True))
+    app.switchboard_runtime = runtime  # type: ignore[attr-defined]
+
+    executors: dict[str, KeyedExecutor] = {}
+
+    def executor(stage: str) -> KeyedExecutor:
+        if stage not in executors:
+            executors[stage] = KeyedExecutor(settings.max_in_flight, name=stage)
+        return executors[stage]
+
+    def agent_loop(
+        stage: str, topic_name: str, model: type[BaseModel], handler: Callable[[Any, Any], Awaitable[None]]
+    ) -> None:
+        topic = app.topic(topic_name, key_type=bytes, value_type=bytes, partitions=settings.partitions)
+
+        async def loop(stream: faust.Stream) -> None:
+            manual = stream.noack()
+            async for event in manual.events():
+                message = event.message
+                raw = event.value
+                try:
+                    record = model.model_validate_json(raw)
+                except ValidationError as exc:
+                    await runtime.outputs.dead_letter(
+                        stage, "invalid_record", raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw),
+                        error=str(exc)[:500], topic=message.topic, partition=message.partition, offset=message.offset,
+                        key=event.key.decode() if isinstance(event.key, bytes) else None,
+                    )
+                    await manual.ack(event)
+                    continue
+                key = getattr(record, "conversation_key", None) or message.partition
+
+                async def work(record: Any = record, message: Any = message) -> None:
+                    await handler(record, message)
+
+                await executor(stage).submit(
+                    key, work, partition=(message.topic, message.partition), offset=message.offset,
+                    ack=lambda event=event: manual.ack(event),
+                )
+
+        loop.__name__ = f"{stage}_{topic_name.replace('.', '_')}"
+        app.agent(topic, name=loop.__name__, concurrency=1)(loop)
+
+    if "ingest" in stage_set:
+        agent_loop("ingest", IM_INBOUND, InboundMessage, lambda r, m: runtime.ingest.handle(r))
+    if "dispatch" in stage_set:
+        agent_loop("dispatch", SESSION_INPUT, SessionCommand, lambda r, m: runtime.dispatch.handle(r, m.partition))
+    if "render" in stage_set:
+        agent_loop("render", SESSION_EVENTS, SessionEventRecord, lambda r, m: runtime.render.handle(r))
+    if "egress" in stage_set:
+        for platform in platform_list:
+            agent_loop(
+                "egress", outbound_topic(platform), OutboundMessage,
+                lambda r, m: runtime.egress.handle(r, topic=m.topic, partition=m.partition, offset=m.offset),
+            )
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app: faust.App, assigned: set[Any], **_: Any) -> None:
+        if "dispatch" in stage_set and runtime.started:
+            partitions = {tp.partition for tp in assigned if tp.topic == SESSION_INPUT}
+            await runtime.streams.on_partitions_assigned(partitions)
+
+    @app.timer(interval=2.0)
+    async def export_gauges() -> None:
+        for stage, ex in executors.items():
+            metrics.EXECUTOR_IN_FLIGHT.labels(stage).set(ex.in_flight)
+            metrics.EXECUTOR_PENDING.labels(stage).set(ex.pending)
+        await runtime.export_lag(app)
+
+    @app.service
+    class SwitchboardService(mode.Service):
+        """Opens the runtime's connections and the web server; closes them after the agents."""
+
+        async def on_start(self) -> None:
+            await runtime.start()
+            await runtime.start_web(settings.web_host, settings.web_port)
+
+        async def on_stop(self) -> None:
+            for ex in executors.values():
+                await ex.close()
+            await runtime.stop()
+
+    return app
+
+
+def _producer_send(app: faust.App, *, acked: bool = False) -> Callable[[str, str | None, bytes], Awaitable[None]]:
+    async def send(topic: str, key: str | None, value: bytes) -> None:
+        # Stages: buffered; Faust flushes the producer before every offset commit (at-least-once).
+        # Ingress (`acked`): the webhook is answered only once the broker has the record.
+        delivery = await app.producer.send(
+            topic, key.encode() if key is not None else None, value, partition=None, timestamp=None, headers=None
+        )
+        if acked:
+            await delivery
+
+    return send

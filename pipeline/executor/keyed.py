@@ -1,0 +1,180 @@
+"""Keyed executor.
+
+Faust agents run with `concurrency=1`, so one slow HTTP call would stall a whole partition. Stages
+hand each message to this executor instead: work for one key (conversation) runs strictly in
+order, work for different keys runs concurrently up to `max_in_flight`, and each message's ack
+callback runs only once it and every earlier message of its partition are finished. A crash
+therefore replays from the first unfinished message; idempotency makes the replay harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[Any]]
+Ack = Callable[[], Any]  # may return an awaitable
+
+
+@dataclass(eq=False)
+class Ticket:
+    key: Hashable
+    partition: Hashable
+    offset: int
+    work: Work
+    ack: Ack | None
+    done: bool = False
+    error: BaseException | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class KeyedExecutor:
+    """Run `work` per key in FIFO order; release acks per partition in offset order."""
+
+    def __init__(
+        self,
+        max_in_flight: int = 256,
+        *,
+        max_pending: int | None = None,
+        on_error: Callable[[Ticket, BaseException], Any] | None = None,
+        name: str = "executor",
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.name = name
+        self.max_in_flight = max_in_flight
+        # Bound on accepted-but-unacked tickets: `submit` waits beyond it, which stops the stage's
+        # consumer loop and so applies back-pressure to the broker fetch.
+        self.max_pending = max_pending or max_in_flight * 8
+        self._on_error = on_error
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._queues: dict[Hashable, deque[Ticket]] = {}
+        self._runners: dict[Hashable, asyncio.Task[None]] = {}
+        self._by_partition: dict[Hashable, deque[Ticket]] = {}
+        self._pending = 0
+        self._space = asyncio.Condition()
+        self._in_flight = 0
+        self._closed = False
+
+    # -- introspection (metrics) ------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def active_keys(self) -> int:
+        return len(self._runners)
+
+    # -- submission -------------------------------------------------------------------------
+    async def submit(
+        self, key: Hashable, work: Work, *, partition: Hashable = 0, offset: int = -1, ack: Ack | None = None
+    ) -> Ticket:
+        """Queue `work` behind earlier work for `key`. Waits while too much is pending."""
+        if self._closed:
+            raise RuntimeError(f"{self.name} is closed")
+        if self._pending >= self.max_pending:
+            async with self._space:
+                await self._space.wait_for(lambda: self._pending < self.max_pending or self._closed)
+        ticket = Ticket(key=key, partition=partition, offset=offset, work=work, ack=ack)
+        self._pending += 1
+        self._by_partition.setdefault(partition, deque()).append(ticket)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
+        queue.append(ticket)
+        if key not in self._runners:
+            self._runners[key] = asyncio.create_task(self._drain(key), name=f"{self.name}:{key}")
+        return ticket
+
+    async def _drain(self, key: Hashable) -> None:
+        queue = self._queues[key]
+        try:
+            while queue:
+                ticket = queue[0]
+                async with self._slots:
+                    self._in_flight += 1
+                    try:
+                        await ticket.work()
+                    except asyncio.CancelledError:
+                        raise
+                    except BaseException as exc:  # a stage must handle its own errors; never stall
+                        ticket.error = exc
+                        log.exception("%s: unhandled error for key %s", self.name, key)
+                        if self._on_error is not None:
+                            self._on_error(ticket, exc)
+                    finally:
+                        self._in_flight -= 1
+                queue.popleft()
+                ticket.done = True
+                ticket.finished.set()
+                await self._release(ticket.partition)
+        finally:
+            if not queue:
+                self._queues.pop(key, None)
+            self._runners.pop(key, None)
+
+    async def _release(self, partition: Hashable) -> None:
+        """Ack the finished prefix of this partition's tickets, in offset order."""
+        tickets = self._by_partition.get(partition)
+        released = 0
+        while tickets and tickets[0].done:
+            ticket = tickets.popleft()
+            released += 1
+            if ticket.ack is not None:
+                result = ticket.ack()
+                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                    await result
+        if released:
+            self._pending -= released
+            async with self._space:
+                self._space.notify_all()
+        if tickets is not None and not tickets:
+            self._by_partition.pop(partition, None)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def join(self) -> None:
+        """Wait until everything submitted so far has finished and been released."""
+        while self._runners:
+            await asyncio.gather(*list(self._runners.values()), return_exceptions=True)
+
+    def drop_partitions(self, partitions: set[Hashable]) -> int:
+        """Forget unreleased tickets of revoked partitions: their acks must not run any more.
+
+        Work already running finishes; queued work for those partitions is skipped. Returns the
+        number of tickets dropped (they will be replayed by the partition's new owner).
+        """
+        dropped = 0
+        for partition in partitions:
+            tickets = self._by_partition.pop(partition, None)
+            if not tickets:
+                continue
+            for ticket in tickets:
+                ticket.ack = None
+                dropped += 1
+            drop = {id(t) for t in tickets}
+            for queue in self._queues.values():
+                # The head may be running: it finishes, but its ack no longer runs. Queued work
+                # of the revoked partitions is skipped (mutated in place: `_drain` holds it).
+                for ticket in list(queue)[1:]:
+                    if id(ticket) in drop:
+                        queue.remove(ticket)
+        self._pending -= dropped
+        return dropped
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._runners.values()):
+            task.cancel()
+        await asyncio.gather(*list(self._runners.values()), return_exceptions=True)
+        async with self._space:
+            self._space.notify_all()

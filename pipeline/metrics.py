@@ -1,0 +1,87 @@
+"""The Prometheus metric catalogue (ARCHITECTURE.md, "Observability").
+
+Labels are bounded: platform, bot, stage, outcome, reason, type. Never chat or user ids.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+# Ingress and ingest.
+WEBHOOKS = Counter("switchboard_webhooks_total", "Webhook requests by outcome", ["platform", "outcome"])
+INBOUND_ACCEPTED = Counter("switchboard_inbound_accepted_total", "Inbound messages produced", ["platform"])
+INBOUND_DROPPED = Counter("switchboard_inbound_dropped_total", "Inbound messages dropped", ["platform", "reason"])
+INBOUND_DEDUPLICATED = Counter(
+    "switchboard_inbound_deduplicated_total", "Inbound messages dropped as duplicates", ["platform"]
+)
+INBOUND_FILTERED = Counter(
+    "switchboard_inbound_filtered_total", "Group messages that did not trigger the agent", ["platform"]
+)
+TURNS_TRIGGERED = Counter("switchboard_turns_triggered_total", "Messages that trigger a turn", ["platform", "reason"])
+CHAT_COMMANDS = Counter("switchboard_chat_commands_total", "Chat commands handled", ["platform", "command"])
+
+# Dispatch and sessions.
+TURNS_STARTED = Counter("switchboard_turns_started_total", "User turns sent to a session", ["platform", "policy"])
+MESSAGES_HELD = Counter(
+    "switchboard_messages_held_total", "Messages held while the session was busy", ["platform", "policy"]
+)
+SESSIONS_CREATED = Counter("switchboard_sessions_created_total", "Sessions created", ["platform"])
+SESSION_CALLS = Counter("switchboard_session_calls_total", "Session API calls by outcome", ["call", "outcome"])
+TURNS_FINISHED = Counter(
+    "switchboard_turns_finished_total", "Turns finished, by stop reason", ["platform", "stop_reason"]
+)
+SESSION_ERRORS = Counter(
+    "switchboard_session_errors_total", "session.error events", ["error_type", "retry_status"]
+)
+TOKENS = Counter("switchboard_session_tokens_total", "Tokens reported by span.model_request_end", ["kind"])
+ACTIVE_SECONDS = Counter("switchboard_session_active_seconds_total", "Active seconds from session.usage deltas")
+CUSTOM_TOOLS = Counter("switchboard_custom_tool_calls_total", "agent.custom_tool_use answered", ["tool", "outcome"])
+
+# Session streams.
+STREAMS_OPEN = Gauge("switchboard_sse_streams_open", "Session streams held by this worker")
+STREAM_RECONNECTS = Counter("switchboard_sse_reconnects_total", "Session stream reconnects")
+STREAM_EVENTS = Counter("switchboard_session_events_total", "Server events produced to session.events", ["type"])
+
+# Render.
+SEGMENTS = Counter(
+    "switchboard_segments_total", "Final replies by validation outcome", ["platform", "outcome"]
+)  # valid | corrected | failed | empty
+LEAK_HITS = Counter("switchboard_leak_hits_total", "Secrets found in outbound strings", ["platform"])
+MEDIA_REJECTED = Counter("switchboard_media_rejected_total", "Media replaced by a notice", ["platform"])
+UNKNOWN_MENTIONS = Counter("switchboard_unknown_mentions_total", "Mentions of ids unknown to the turn", ["platform"])
+NOTICES = Counter("switchboard_notices_total", "Host-written notices sent", ["platform", "notice"])
+
+# Egress.
+EGRESS = Counter(
+    "switchboard_egress_total", "Outbound deliveries by outcome", ["platform", "outcome"]
+)  # sent | duplicate | retried | rate_limited | dead_lettered
+DEAD_LETTERS = Counter("switchboard_dead_letters_total", "Records dead-lettered", ["stage", "reason"])
+
+# Latency.
+END_TO_END = Histogram(
+    "switchboard_end_to_end_seconds", "Webhook received → reply delivered", ["platform"], buckets=_LATENCY_BUCKETS
+)
+PIPELINE_OVERHEAD = Histogram(
+    "switchboard_pipeline_overhead_seconds",
+    "End-to-end minus the agent's time",
+    ["platform"],
+    buckets=_LATENCY_BUCKETS,
+)
+STAGE_LATENCY = Histogram(
+    "switchboard_stage_latency_seconds", "Time from the previous hop to this stage", ["stage"], buckets=_LATENCY_BUCKETS
+)
+
+# Keyed executors.
+EXECUTOR_IN_FLIGHT = Gauge("switchboard_executor_in_flight", "Calls in flight", ["stage"])
+EXECUTOR_PENDING = Gauge("switchboard_executor_pending", "Accepted, not yet acknowledged messages", ["stage"])
+
+# Consumer lag (exported by the worker; Faust does not derive it).
+CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
+
+
+def observe_hop(stage: str, hops: dict[str, float], previous: str, now: float) -> None:
+    start = hops.get(previous)
+    if start is not None:
+        STAGE_LATENCY.labels(stage).observe(max(0.0, (now - start) / 1000.0))

@@ -1,0 +1,234 @@
+"""Helpers shared by the platform modules: inbound record building, JSON reading, HTTP outcome
+classification and the text fallbacks for segments a platform cannot show."""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from pipeline.platforms.base import SendOutcome
+from pipeline.platforms.exceptions import WebhookRejected
+from pipeline.records import InboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.records.models import ChatType
+from pipeline.segments.models import Media
+from pipeline.settings import BotConfig
+
+# --- inbound -------------------------------------------------------------------------------------
+
+
+def load_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WebhookRejected(400, "malformed_json", str(exc)[:200]) from exc
+
+
+def require(obj: Any, key: str, kind: type | tuple[type, ...], reason: str = "malformed_payload") -> Any:
+    """`obj[key]`, or a 400 naming the missing/mistyped field."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise WebhookRejected(400, reason, f"field {key!r} missing or not {_names(kind)}")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    return "/".join(k.__name__ for k in _as_tuple(kind))
+
+
+def build_inbound(
+    platform: str,
+    bot: BotConfig,
+    *,
+    chat_id: str,
+    chat_type: ChatType,
+    sender: Sender,
+    message_id: str,
+    text: str,
+    segments: list[Any],
+    mentions: list[str],
+    mentions_bot: bool,
+    reply_to: ReplyRef | None = None,
+    route: dict[str, str] | None = None,
+    event_id: str | None = None,
+    sent_at_ms: float | None = None,
+) -> InboundMessage:
+    per_user = bot.session_scope == "user" and chat_type == "group"
+    return InboundMessage(
+        platform=platform,
+        bot_id=bot.bot_id,
+        chat_id=chat_id,
+        chat_type=chat_type,
+        sender=sender,
+        message_id=message_id,
+        event_id=event_id,
+        text=text,
+        segments=segments,
+        mentions=mentions,
+        mentions_bot=mentions_bot,
+        reply_to=reply_to,
+        route=route or {},
+        conversation_key=conversation_key(platform, bot.bot_id, chat_id, sender.user_id if per_user else None),
+        trace_id=uuid.uuid4().hex,
+        sent_at_ms=sent_at_ms,
+        hops={"ingress": now_ms()},
+    )
+
+
+def media_placeholder(kind: str) -> str:
+    return f"[{kind}]"
+
+
+# --- outbound fallbacks --------------------------------------------------------------------------
+
+_TEXTS = {
+    "attachment_unavailable": {"zh": "[附件不可用]", "en": "[attachment unavailable]"},
+    "forward": {"zh": "[合并转发的消息无法在此显示]", "en": "[forwarded messages cannot be shown here]"},
+    "face": {"zh": "[表情]", "en": "[emoji]"},
+}
+
+# A few QQ face ids that have an obvious emoji, for platforms without QQ faces.
+_QQ_FACES = {
+    "0": "😮",
+    "1": "😖",
+    "2": "😍",
+    "4": "😎",
+    "5": "😭",
+    "6": "☺️",
+    "9": "😢",
+    "13": "😁",
+    "14": "🙂",
+    "21": "😊",
+    "76": "👍",
+    "77": "👎",
+    "63": "🌹",
+    "66": "❤️",
+    "124": "👌",
+    "178": "😅",
+    "179": "😝",
+    "182": "😂",
+    "201": "👍",
+}
+_RPS = ("✊", "✌️", "✋")
+
+
+def notice(bot: BotConfig, key: str) -> str:
+    return _TEXTS[key].get(bot.language, _TEXTS[key]["en"])
+
+
+def face_id_str(face_id: object) -> str:
+    """A face id as text; a whole JSON number (`14.0`) as the integer it is."""
+    if isinstance(face_id, float) and face_id.is_integer():
+        return str(int(face_id))
+    return str(face_id)
+
+
+def face_text(bot: BotConfig, face_id: object) -> str:
+    """A QQ face as an emoji where one is obvious; a non-numeric id (an emoji, `:smile:`) as is."""
+    value = face_id_str(face_id)
+    if value and not value.isdigit():
+        return value
+    return _QQ_FACES.get(value, notice(bot, "face"))
+
+
+def _roll(outbound_id: str, index: int, sides: int) -> int:
+    # Deterministic, so a re-render of the same outbound message shows the same result.
+    digest = hashlib.sha256(f"{outbound_id}:{index}".encode()).digest()
+    return digest[0] % sides
+
+
+def dice_text(outbound_id: str, index: int) -> str:
+    return f"🎲 {_roll(outbound_id, index, 6) + 1}"
+
+
+def rps_text(outbound_id: str, index: int) -> str:
+    return _RPS[_roll(outbound_id, index, 3)]
+
+
+def media_dict(media: Media) -> dict[str, str]:
+    return {"kind": media.kind, "value": media.value}
+
+
+def file_name(media: Media, mime: str | None = None, default: str = "file") -> str:
+    """A file name for an upload: the last path element of a url/path, else from the MIME type."""
+    if media.kind in ("url", "path"):
+        tail = media.value.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        if tail and "." in tail:
+            return tail[:100]
+    ext = {
+        "image/png": ".png",
+        "image/jpeg": ".jpg",
+        "image/gif": ".gif",
+        "image/webp": ".webp",
+        "audio/mpeg": ".mp3",
+        "audio/ogg": ".ogg",
+        "video/mp4": ".mp4",
+        "application/pdf": ".pdf",
+    }.get(mime or "", "")
+    return default + ext
+
+
+# --- outbound HTTP -------------------------------------------------------------------------------
+
+
+def retry_after_header(value: str | None) -> float | None:
+    """`Retry-After`: delta seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def network_outcome(exc: Exception) -> SendOutcome:
+    return SendOutcome("retry", reason="network", detail=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def http_outcome(response: httpx.Response) -> SendOutcome | None:
+    """The outcome a bare HTTP status decides on its own (rate limit, server error), else None."""
+    if response.status_code == 429:
+        return SendOutcome(
+            "retry",
+            reason="rate_limited",
+            retry_after=retry_after_header(response.headers.get("retry-after")),
+            detail=response.text[:500],
+        )
+    if response.status_code >= 500:
+        return SendOutcome("retry", reason="server_error", detail=f"HTTP {response.status_code}")
+    return None
+
+
+def response_json(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def base_url(bot: BotConfig, default: str) -> str:
+    return (bot.api_base or default).rstrip("/")
+
+
+def obj(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one (for optional nested fields)."""
+    return value if isinstance(value, dict) else {}
+
+
+def arr(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -1,0 +1,126 @@
+"""The console platform: the web page at `/console/` is the chat client.
+
+Inbound: `POST /webhooks/console/{bot_id}` with
+`{"chat_id","chat_type":"private"|"group","user_id","user_name","text","message_id"?,"mentions"?,"reply_to"?}`.
+Outbound: delivered messages are kept in Redis per chat (capped) and published, so any worker's
+`GET /console/api/messages?chat_id=…` and the live stream see them. Every segment type is native:
+the page renders them all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, ClassVar, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.records import InboundMessage, OutboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.segments import SEGMENT_TYPES
+from pipeline.segments.models import MentionData, MentionSegment, TextData, TextSegment
+from pipeline.settings import BotConfig
+
+from .base import (
+    MediaLoader,
+    Platform,
+    PlatformCall,
+    PlatformProfile,
+    SendOutcome,
+    WebhookRequest,
+    WebhookResult,
+)
+from .exceptions import WebhookRejected
+
+
+class ConsoleStore(Protocol):
+    async def append_console(self, bot_id: str, chat_id: str, payload: str, cap: int = 500) -> int: ...
+
+
+class ConsoleWebhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    chat_id: str = Field(min_length=1, max_length=200)
+    chat_type: str = Field(pattern="^(private|group)$")
+    user_id: str = Field(min_length=1, max_length=200)
+    user_name: str = Field(default="", max_length=200)
+    text: str = Field(max_length=32_000)
+    message_id: str | None = Field(default=None, max_length=200)
+    mentions: list[str] = Field(default_factory=list, max_length=100)
+    reply_to: str | None = None
+    is_admin: bool = False
+
+
+class ConsolePlatform(Platform):
+    name: ClassVar[str] = "console"
+    profile: ClassVar[PlatformProfile] = PlatformProfile(
+        native_segments=frozenset(SEGMENT_TYPES), max_text_chars=100_000, max_attachment_bytes=20 * 1024 * 1024,
+        markdown=True,
+    )
+    store: ConsoleStore | None = None  # bound by the worker at start-up
+
+    def bind(self, store: ConsoleStore) -> None:
+        self.store = store
+
+    def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
+        token = bot.secret("token")
+        if token is not None and request.header("authorization") != f"Bearer {token}":
+            raise WebhookRejected(401, "bad_signature")
+
+    def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
+        try:
+            body = ConsoleWebhook.model_validate_json(request.body)
+        except ValidationError as exc:
+            raise WebhookRejected(400, "malformed", exc.errors(include_url=False, include_input=False)[0]["msg"]) from None
+        chat_type = "group" if body.chat_type == "group" else "private"
+        per_user = bot.session_scope == "user" and chat_type == "group"
+        segments: list[Any] = [
+            MentionSegment(type="mention", data=MentionData(target=m)) for m in body.mentions
+        ]
+        segments.append(TextSegment(type="text", data=TextData(text=body.text)))
+        message = InboundMessage(
+            platform=self.name,
+            bot_id=bot.bot_id,
+            chat_id=body.chat_id,
+            chat_type=chat_type,
+            sender=Sender(user_id=body.user_id, name=body.user_name, is_admin=body.is_admin),
+            message_id=body.message_id or uuid.uuid4().hex,
+            text=body.text,
+            segments=segments,
+            mentions=body.mentions,
+            mentions_bot=bot.self_id is not None and bot.self_id in body.mentions,
+            reply_to=ReplyRef(message_id=body.reply_to, is_bot=body.reply_to.startswith("out-"))
+            if body.reply_to
+            else None,
+            conversation_key=conversation_key(self.name, bot.bot_id, body.chat_id, body.user_id if per_user else None),
+            trace_id=uuid.uuid4().hex,
+            sent_at_ms=now_ms(),
+            hops={"ingress": request.received_at_ms or now_ms()},
+        )
+        return WebhookResult(messages=[message], body={"ok": True, "message_id": message.message_id})
+
+    def render(self, bot: BotConfig, message: OutboundMessage) -> list[PlatformCall]:
+        payload = {
+            "id": message.outbound_id,
+            "kind": message.kind,
+            "chat_id": message.chat_id,
+            "reply_to": message.reply_to_message_id,
+            "segments": [s.model_dump(mode="json") for s in message.segments],
+            "trace_id": message.trace_id,
+            "hops": message.hops,
+        }
+        return [PlatformCall(method="STORE", path=message.chat_id, json=payload)]
+
+    async def send(
+        self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
+    ) -> SendOutcome:
+        if self.store is None:
+            return SendOutcome("permanent", reason="console_unbound", detail="no console store bound")
+        payload = dict(call.json or {})
+        payload["delivered_at"] = time.time() * 1000.0
+        try:
+            await self.store.append_console(bot.bot_id, call.path, json.dumps(payload, ensure_ascii=False))
+        except Exception as exc:  # Redis down: retry like any transient platform failure
+            return SendOutcome("retry", reason="store_unavailable", detail=type(exc).__name__)
+        return SendOutcome("delivered", platform_message_id=payload["id"])

@@ -1,0 +1,423 @@
+"""OneBot v11 (QQ through NapCat, Lagrange.OneBot, LLOneBot, go-cqhttp).
+
+In: HTTP event reporting ("HTTP POST"), signed with `X-Signature: sha1=<hex HMAC-SHA1 of the body>`
+when the implementation has a `secret`. Private and group `message` events, in the array or the
+CQ-code string message format.
+Out: the HTTP API (`send_private_msg` / `send_group_msg`), `Authorization: Bearer <access_token>`.
+
+Chat ids carry their kind (`private_<user>` / `group_<group>`) because QQ user numbers and group
+numbers share one number space: without it a private chat and a group could share a conversation.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from typing import Any, ClassVar
+
+import httpx
+
+from pipeline.platforms._common import (
+    base_url,
+    build_inbound,
+    face_id_str,
+    face_text,
+    http_outcome,
+    load_json,
+    media_dict,
+    media_placeholder,
+    network_outcome,
+    notice,
+    obj,
+    response_json,
+)
+from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_plain
+from pipeline.platforms.base import (
+    MediaLoader,
+    Platform,
+    PlatformCall,
+    PlatformProfile,
+    SendOutcome,
+    SendStatus,
+    WebhookRequest,
+    WebhookResult,
+)
+from pipeline.platforms.exceptions import WebhookRejected
+from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.records.models import ChatType
+from pipeline.segments.models import (
+    AudioSegment,
+    DiceSegment,
+    FaceData,
+    FaceSegment,
+    FileSegment,
+    ForwardSegment,
+    ImageSegment,
+    MarkdownSegment,
+    Media,
+    MediaData,
+    MentionData,
+    MentionSegment,
+    ReplyData,
+    ReplySegment,
+    RpsSegment,
+    ShareSegment,
+    TextData,
+    TextSegment,
+    VideoSegment,
+)
+from pipeline.settings import BotConfig, RateLimit
+
+DEFAULT_API_BASE = "http://127.0.0.1:3000"  # NapCat's default HTTP server port
+
+# Segments QQ shows only alone in a message: each becomes its own send call.
+_STANDALONE = {"record", "video", "file", "forward", "dice", "rps", "share"}
+_MEDIA_TYPE = {"image": "image", "audio": "record", "video": "video", "file": "file"}
+
+# retcode → (status, reason). 1400-1404 are the v11 HTTP-API codes; others are reported as failed.
+_RETCODES: dict[int, tuple[SendStatus, str]] = {
+    1400: ("permanent", "bad_request"),
+    1401: ("permanent", "unauthorized"),
+    1403: ("permanent", "forbidden"),
+    1404: ("permanent", "unsupported_api"),
+}
+
+
+class OneBotPlatform(Platform):
+    name: ClassVar[str] = "onebot"
+    profile: ClassVar[PlatformProfile] = PlatformProfile(
+        native_segments=frozenset(
+            {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps", "share"}
+        ),
+        max_text_chars=4000,
+        max_attachment_bytes=30 * 1024 * 1024,
+        markdown=False,
+        # QQ publishes no bot limit; these stay below what trips its risk control in practice.
+        default_chat_limit=RateLimit(count=20, per_seconds=60),
+        default_bot_limit=RateLimit(count=5, per_seconds=1),
+    )
+
+    # --- in --------------------------------------------------------------------------------------
+
+    def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
+        secret = bot.secret("secret")
+        if not secret:
+            return  # the implementation signs only when it has a secret
+        given = request.header("x-signature") or ""
+        expected = "sha1=" + hmac.new(secret.encode(), request.body, hashlib.sha1).hexdigest()
+        if not hmac.compare_digest(given.lower(), expected):
+            raise WebhookRejected(401, "bad_signature")
+
+    def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
+        event = load_json(request.body)
+        if not isinstance(event, dict):
+            raise WebhookRejected(400, "malformed_payload", "event is not an object")
+        post_type = event.get("post_type")
+        if not isinstance(post_type, str):
+            raise WebhookRejected(400, "malformed_payload", "no post_type")
+        if post_type != "message":
+            return WebhookResult(ignored=f"post_type:{post_type}"[:40])
+        message_type = event.get("message_type")
+        user_id = _id(event.get("user_id"))
+        message_id = _id(event.get("message_id"))
+        if message_type not in ("private", "group") or user_id is None or message_id is None:
+            raise WebhookRejected(400, "malformed_payload", "message event without type/user/message id")
+        self_id = bot.self_id or _id(event.get("self_id"))
+        if user_id == self_id:
+            return WebhookResult(ignored="own_message")
+        raw = event.get("message")
+        if isinstance(raw, str):
+            items = parse_cq(raw)
+        elif isinstance(raw, list) and all(isinstance(x, dict) for x in raw):
+            items = raw
+        else:
+            raise WebhookRejected(400, "malformed_payload", "message is neither a string nor an array")
+
+        chat_type: ChatType
+        if message_type == "group":
+            group_id = _id(event.get("group_id"))
+            if group_id is None:
+                raise WebhookRejected(400, "malformed_payload", "group message without group_id")
+            chat_id, chat_type = f"group_{group_id}", "group"
+        else:
+            chat_id, chat_type = f"private_{user_id}", "private"
+
+        sender_obj = obj(event.get("sender"))
+        sender = Sender(
+            user_id=user_id,
+            name=str(sender_obj.get("card") or sender_obj.get("nickname") or ""),
+            is_admin=sender_obj.get("role") in ("owner", "admin"),
+        )
+        segments: list[Any] = []
+        text: list[str] = []
+        mentions: list[str] = []
+        reply_to: ReplyRef | None = None
+        for item in items:
+            kind = item.get("type")
+            data = obj(item.get("data"))
+            if kind == "text":
+                value = str(data.get("text", ""))
+                if value:
+                    segments.append(TextSegment(type="text", data=TextData(text=value)))
+                    text.append(value)
+            elif kind == "at":
+                qq = str(data.get("qq", ""))
+                if qq == "all":
+                    text.append("@all")
+                    continue
+                if not qq:
+                    continue
+                segments.append(MentionSegment(type="mention", data=MentionData(target=qq)))
+                mentions.append(qq)
+                text.append(f"@{data.get('name') or qq}")
+            elif kind == "reply":
+                rid = _id(data.get("id"))
+                if rid is not None:
+                    segments.append(ReplySegment(type="reply", data=ReplyData(message_id=rid)))
+                    reply_to = ReplyRef(message_id=rid)
+            elif kind in ("image", "record", "video", "file"):
+                media = _media_in(data)
+                if media is None:
+                    continue
+                cls = {"image": ImageSegment, "record": AudioSegment, "video": VideoSegment, "file": FileSegment}[kind]
+                neutral = {"record": "audio"}.get(kind, kind)
+                segments.append(cls(type=neutral, data=MediaData(media=media)))
+                text.append(media_placeholder(neutral))
+            elif kind == "face":
+                face_id = data.get("id")
+                if isinstance(face_id, str | int) and not isinstance(face_id, bool):
+                    segments.append(FaceSegment(type="face", data=FaceData(id=face_id)))
+                    text.append(face_text(bot, face_id))
+            elif isinstance(kind, str):
+                text.append(media_placeholder(kind))
+        mentions_bot = self_id is not None and self_id in mentions
+        time_s = event.get("time")
+        message = build_inbound(
+            self.name,
+            bot,
+            chat_id=chat_id,
+            chat_type=chat_type,
+            sender=sender,
+            message_id=message_id,
+            text="".join(text).strip(),
+            segments=segments,
+            mentions=mentions,
+            mentions_bot=mentions_bot,
+            reply_to=reply_to,
+            sent_at_ms=float(time_s) * 1000 if isinstance(time_s, int | float) else None,
+        )
+        return WebhookResult(messages=[message])
+
+    # --- out -------------------------------------------------------------------------------------
+
+    def render(self, bot: BotConfig, message: OutboundMessage) -> list[PlatformCall]:
+        target_field, target = _target(message.chat_id, message.chat_type)
+        api = "/send_group_msg" if target_field == "group_id" else "/send_private_msg"
+        limit = self.profile.max_text_chars
+        messages: list[list[dict[str, Any]]] = []
+        current: list[dict[str, Any]] = []
+        current_len = 0
+        reply_id = message.reply_to_message_id
+
+        def flush() -> None:
+            nonlocal current, current_len
+            if current:
+                messages.append(current)
+            current, current_len = [], 0
+
+        def add_text(value: str) -> None:
+            nonlocal current_len
+            if not value:
+                return
+            if current_len + len(value) > limit:
+                pieces = [p.text for p in split_rich(RichText(value), limit)] or [value]
+                if current and current_len + len(pieces[0]) > limit:
+                    flush()
+                for piece in pieces[:-1]:
+                    current.append(_seg("text", text=piece))
+                    flush()
+                value = pieces[-1]
+            current.append(_seg("text", text=value))
+            current_len += len(value)
+
+        for segment in message.segments:
+            if isinstance(segment, TextSegment):
+                add_text(segment.data.text)
+            elif isinstance(segment, MarkdownSegment):
+                add_text(to_plain(parse_markdown(segment.data.content)))
+            elif isinstance(segment, MentionSegment):
+                current.append(_seg("at", qq=segment.data.target))
+            elif isinstance(segment, ReplySegment):
+                reply_id = reply_id or segment.data.message_id
+            elif isinstance(segment, FaceSegment):
+                current.append(_seg("face", id=face_id_str(segment.data.id)))
+            elif isinstance(segment, ImageSegment | AudioSegment | VideoSegment | FileSegment):
+                ob_type = _MEDIA_TYPE[segment.type]
+                seg = _seg(ob_type, file="")
+                seg["_media"] = media_dict(segment.data.media)
+                if ob_type == "file":
+                    seg["data"]["name"] = _file_name(segment.data.media)
+                if ob_type in _STANDALONE:
+                    flush()
+                    messages.append([seg])
+                else:
+                    current.append(seg)
+            elif isinstance(segment, ForwardSegment):
+                flush()
+                messages.append([_seg("forward", id=segment.data.forward_id)])
+            elif isinstance(segment, DiceSegment | RpsSegment):
+                flush()
+                messages.append([_seg(segment.type)])
+            elif isinstance(segment, ShareSegment):
+                flush()
+                messages.append([_seg("share", url=segment.data.url, title=segment.data.title)])
+        flush()
+
+        calls: list[PlatformCall] = []
+        for index, msg in enumerate(messages):
+            replied = any(c.meta.get("replied") for c in calls)
+            if reply_id and msg[0]["type"] not in _STANDALONE and not replied:
+                msg.insert(0, _seg("reply", id=reply_id))
+            load: list[dict[str, Any]] = []
+            for position, seg in enumerate(msg):
+                media = seg.pop("_media", None)
+                if media is None:
+                    continue
+                if media["kind"] == "url" or media["kind"] == "file":
+                    seg["data"]["file"] = media["value"]
+                elif media["kind"] == "base64":
+                    seg["data"]["file"] = "base64://" + media["value"]
+                else:  # a local path: the OneBot implementation may run elsewhere, so send bytes
+                    load.append({"position": position, "media": media})
+            meta: dict[str, Any] = {"index": index, "replied": msg[0]["type"] == "reply"}
+            if load:
+                meta["load"] = load
+            body = {target_field: target, "message": msg}
+            calls.append(PlatformCall(method="POST", path=api, json=body, meta=meta))
+        return calls
+
+    async def send(
+        self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
+    ) -> SendOutcome:
+        body = dict(call.json or {})
+        message = [dict(seg, data=dict(seg["data"])) for seg in body.get("message", [])]
+        for item in call.meta.get("load", []):
+            position = item["position"]
+            try:
+                blob, _mime = await load_media(Media(**item["media"]))
+            except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+                message[position] = _seg("text", text=notice(bot, "attachment_unavailable"))
+                call.meta.setdefault("load_errors", []).append(type(exc).__name__)
+                continue
+            message[position]["data"]["file"] = "base64://" + base64.b64encode(blob).decode()
+        body["message"] = message
+        headers = {}
+        token = bot.secret("access_token")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = base_url(bot, DEFAULT_API_BASE) + call.path
+        try:
+            response = await http.request(call.method, url, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return network_outcome(exc)
+        outcome = http_outcome(response)
+        if outcome is not None:
+            return outcome
+        if response.status_code in (401, 403):
+            return SendOutcome("permanent", reason="unauthorized", detail=f"HTTP {response.status_code}")
+        if response.status_code == 404:
+            return SendOutcome("permanent", reason="unsupported_api", detail=f"HTTP 404 {call.path}")
+        if response.status_code == 400:
+            return SendOutcome("permanent", reason="bad_request", detail=response.text[:500])
+        data = response_json(response)
+        if data is None:
+            return SendOutcome("retry", reason="bad_response", detail=response.text[:200])
+        status = data.get("status")
+        if status in ("ok", "async"):  # async: accepted, to be sent by the implementation
+            result = data.get("data")
+            message_id = result.get("message_id") if isinstance(result, dict) else None
+            return SendOutcome("delivered", platform_message_id=str(message_id) if message_id is not None else None)
+        retcode = data.get("retcode")
+        detail = f"retcode {retcode}: {data.get('message') or data.get('wording') or data.get('msg') or ''}"
+        if isinstance(retcode, int) and retcode in _RETCODES:
+            verdict, reason = _RETCODES[retcode]
+            return SendOutcome(verdict, reason=reason, detail=detail[:500])
+        # Any other failure (QQ refused, risk control, muted): a re-send would not help and could
+        # post twice if the implementation actually sent it, so it is final.
+        return SendOutcome("permanent", reason="failed", detail=detail[:500])
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _id(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return None
+
+
+def _seg(kind: str, **data: Any) -> dict[str, Any]:
+    return {"type": kind, "data": data}
+
+
+def _target(chat_id: str, chat_type: str) -> tuple[str, int | str]:
+    kind, _, number = chat_id.rpartition("_")
+    if not kind:
+        kind = chat_type
+    field = "group_id" if kind == "group" else "user_id"
+    return field, int(number) if number.isdigit() else number
+
+
+def _media_in(data: dict[str, Any]) -> Media | None:
+    url = data.get("url")
+    if isinstance(url, str) and url.startswith(("http://", "https://")):
+        return Media(kind="url", value=url)
+    file = data.get("file") or data.get("file_id")
+    if isinstance(file, str) and file:
+        if file.startswith(("http://", "https://")):
+            return Media(kind="url", value=file)
+        return Media(kind="file", value=file)
+    return None
+
+
+def _file_name(media: Media) -> str:
+    tail = media.value.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    return tail[:100] if media.kind in ("url", "path") and tail else "file"
+
+
+# CQ code: `[CQ:type,key=value,...]`; text escapes & [ ], parameter values also escape `,`.
+_CQ = re.compile(r"\[CQ:([A-Za-z0-9_.-]+)((?:,[^,\]]*)*)\]")
+
+
+def _unescape(value: str) -> str:
+    return value.replace("&#44;", ",").replace("&#91;", "[").replace("&#93;", "]").replace("&amp;", "&")
+
+
+def parse_cq(raw: str) -> list[dict[str, Any]]:
+    """The CQ-code string format into the array format."""
+    out: list[dict[str, Any]] = []
+    pos = 0
+    for match in _CQ.finditer(raw):
+        if match.start() > pos:
+            out.append(_seg("text", text=_unescape(raw[pos : match.start()])))
+        data: dict[str, str] = {}
+        for param in match.group(2).split(",")[1:]:
+            key, _, value = param.partition("=")
+            if key:
+                data[key] = _unescape(value)
+        out.append({"type": match.group(1), "data": data})
+        pos = match.end()
+    if pos < len(raw):
+        out.append(_seg("text", text=_unescape(raw[pos:])))
+    return out
+
+
+def cq_escape(text: str, *, param: bool = False) -> str:
+    out = text.replace("&", "&amp;").replace("[", "&#91;").replace("]", "&#93;")
+    return out.replace(",", "&#44;") if param else out

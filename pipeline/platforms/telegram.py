@@ -1,0 +1,418 @@
+"""Telegram Bot API.
+
+In: webhook `Update`s, authenticated by `X-Telegram-Bot-Api-Secret-Token` (the `secret_token` given
+to `setWebhook`, credential `webhook_secret`). `message` updates in private chats and groups.
+Out: `sendMessage` with `entities` (never `parse_mode`: entities need no escaping, and the agent's
+markdown cannot break a message), `sendPhoto`/`sendAudio`/`sendVideo`/`sendDocument` (a URL or a
+file_id as is, other media uploaded as multipart), `sendDice`; `reply_parameters` for replies.
+Lengths and entity offsets are UTF-16 code units, as Telegram counts them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, ClassVar
+
+import httpx
+
+from pipeline.platforms._common import (
+    base_url,
+    build_inbound,
+    face_text,
+    file_name,
+    http_outcome,
+    load_json,
+    media_placeholder,
+    network_outcome,
+    notice,
+    obj,
+    response_json,
+    rps_text,
+)
+from pipeline.platforms._richtext import (
+    RichText,
+    parse_markdown,
+    split_rich,
+    to_telegram_entities,
+    utf16_len,
+    utf16_slice,
+)
+from pipeline.platforms.base import (
+    MediaLoader,
+    Platform,
+    PlatformCall,
+    PlatformProfile,
+    SendOutcome,
+    WebhookRequest,
+    WebhookResult,
+)
+from pipeline.platforms.exceptions import WebhookRejected
+from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.segments.models import (
+    AudioSegment,
+    DiceSegment,
+    FaceSegment,
+    FileSegment,
+    ForwardSegment,
+    ImageSegment,
+    MarkdownSegment,
+    Media,
+    MediaData,
+    MentionData,
+    MentionSegment,
+    ReplyData,
+    ReplySegment,
+    RpsSegment,
+    ShareSegment,
+    TextData,
+    TextSegment,
+    VideoSegment,
+)
+from pipeline.settings import BotConfig, RateLimit
+
+DEFAULT_API_BASE = "https://api.telegram.org"
+MAX_TEXT = 4096
+MAX_CAPTION = 1024
+MAX_PHOTO_UPLOAD = 10 * 1024 * 1024  # larger photos go as documents
+
+_MEDIA_METHOD = {
+    "image": ("/sendPhoto", "photo"),
+    "audio": ("/sendAudio", "audio"),
+    "video": ("/sendVideo", "video"),
+    "file": ("/sendDocument", "document"),
+}
+
+
+class TelegramPlatform(Platform):
+    name: ClassVar[str] = "telegram"
+    profile: ClassVar[PlatformProfile] = PlatformProfile(
+        native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file", "reply", "dice"}),
+        max_text_chars=MAX_TEXT,
+        max_attachment_bytes=50 * 1024 * 1024,
+        max_caption_chars=MAX_CAPTION,
+        markdown=True,
+        # Bot API FAQ: no more than 20 messages per minute in one group (1/s in a private chat),
+        # about 30 messages per second overall.
+        default_chat_limit=RateLimit(count=20, per_seconds=60),
+        default_bot_limit=RateLimit(count=30, per_seconds=1),
+    )
+
+    # --- in --------------------------------------------------------------------------------------
+
+    def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
+        secret = bot.secret("webhook_secret")
+        if not secret:
+            return  # no secret_token was set on the webhook: nothing to check
+        given = request.header("x-telegram-bot-api-secret-token") or ""
+        if not hmac.compare_digest(given.encode(), secret.encode()):
+            raise WebhookRejected(401, "bad_signature")
+
+    def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
+        update = load_json(request.body)
+        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
+            raise WebhookRejected(400, "malformed_payload", "not an Update (no update_id)")
+        msg = update.get("message")
+        if msg is None:
+            kinds = [k for k in update if k != "update_id"]
+            return WebhookResult(ignored=f"update:{kinds[0] if kinds else 'empty'}"[:40])
+        if not isinstance(msg, dict):
+            raise WebhookRejected(400, "malformed_payload", "message is not an object")
+        chat = msg.get("chat")
+        if not isinstance(chat, dict) or not isinstance(chat.get("id"), int):
+            raise WebhookRejected(400, "malformed_payload", "message without chat.id")
+        if not isinstance(msg.get("message_id"), int):
+            raise WebhookRejected(400, "malformed_payload", "message without message_id")
+        chat_kind = chat.get("type")
+        if chat_kind not in ("private", "group", "supergroup"):
+            return WebhookResult(ignored=f"chat:{chat_kind}"[:40])
+        author = msg.get("from") if isinstance(msg.get("from"), dict) else None
+        if author is None:  # an anonymous admin or a channel speaking in a group
+            author = obj(msg.get("sender_chat"))
+        author_id = author.get("id")
+        if not isinstance(author_id, int):
+            raise WebhookRejected(400, "malformed_payload", "message without a sender")
+        if bot.self_id is not None and str(author_id) == bot.self_id:
+            return WebhookResult(ignored="own_message")
+
+        text = msg.get("text")
+        entities = msg.get("entities")
+        if text is None:
+            text, entities = msg.get("caption"), msg.get("caption_entities")
+        text = text if isinstance(text, str) else ""
+        entities = [e for e in entities if isinstance(e, dict)] if isinstance(entities, list) else []
+        segments, mentions, mentions_bot = self._text_segments(bot, text, entities)
+
+        plain = [text] if text else []
+        for media_key, kind in (
+            ("photo", "image"),
+            ("document", "file"),
+            ("audio", "audio"),
+            ("voice", "audio"),
+            ("video", "video"),
+            ("video_note", "video"),
+            ("animation", "video"),
+        ):
+            media = msg.get(media_key)
+            if media_key == "photo" and isinstance(media, list) and media:
+                media = max(media, key=lambda p: p.get("width", 0) * p.get("height", 0) if isinstance(p, dict) else 0)
+            if isinstance(media, dict) and isinstance(media.get("file_id"), str):
+                cls = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}[kind]
+                data = MediaData(media=Media(kind="file", value=media["file_id"]))
+                segments.append(cls(type=kind, data=data))
+                plain.append(media_placeholder(kind))
+                if media_key == "document" and msg.get("animation"):
+                    break  # an animation is also reported as a document
+        if not segments and not plain:
+            kinds = [k for k in msg if k not in ("message_id", "from", "chat", "date", "sender_chat")]
+            return WebhookResult(ignored=f"message:{kinds[0] if kinds else 'empty'}"[:40])
+
+        route: dict[str, str] = {}
+        thread_id = msg.get("message_thread_id")
+        if msg.get("is_topic_message") and isinstance(thread_id, int):
+            route["message_thread_id"] = str(thread_id)
+        reply_to: ReplyRef | None = None
+        parent = msg.get("reply_to_message")
+        # In a forum topic every message "replies" to the topic's first message: not a real reply.
+        if isinstance(parent, dict) and not (route and parent.get("message_id") == thread_id):
+            parent_from = obj(parent.get("from"))
+            parent_author = parent_from.get("id")
+            reply_to = ReplyRef(
+                message_id=str(parent.get("message_id")),
+                user_id=str(parent_author) if parent_author is not None else None,
+                text=parent.get("text") or parent.get("caption"),
+                is_bot=bot.self_id is not None and str(parent_author) == bot.self_id,
+            )
+            segments.insert(0, ReplySegment(type="reply", data=ReplyData(message_id=reply_to.message_id)))
+
+        name = " ".join(str(author.get(k)) for k in ("first_name", "last_name") if author.get(k))
+        message = build_inbound(
+            self.name,
+            bot,
+            chat_id=str(chat["id"]),
+            chat_type="private" if chat_kind == "private" else "group",
+            sender=Sender(user_id=str(author_id), name=name or str(author.get("title") or "")),
+            message_id=str(msg["message_id"]),
+            event_id=str(update["update_id"]),
+            text=" ".join(plain).strip(),
+            segments=segments,
+            mentions=mentions,
+            mentions_bot=mentions_bot,
+            reply_to=reply_to,
+            route=route,
+            sent_at_ms=float(msg["date"]) * 1000 if isinstance(msg.get("date"), int) else None,
+        )
+        return WebhookResult(messages=[message])
+
+    @staticmethod
+    def _text_segments(bot: BotConfig, text: str, entities: list[dict[str, Any]]) -> tuple[list[Any], list[str], bool]:
+        username = (bot.username or "").lstrip("@").lower()
+        segments: list[Any] = []
+        mentions: list[str] = []
+        mentions_bot = False
+        pos = 0  # UTF-16 units
+        total = utf16_len(text)
+
+        def add_text(end: int) -> None:
+            if end > pos:
+                chunk = utf16_slice(text, pos, end - pos)
+                segments.append(TextSegment(type="text", data=TextData(text=chunk)))
+
+        for entity in sorted(entities, key=lambda e: e.get("offset", 0)):
+            kind, offset, length = entity.get("type"), entity.get("offset"), entity.get("length")
+            if not isinstance(offset, int) or not isinstance(length, int) or offset < pos or offset + length > total:
+                continue
+            label = utf16_slice(text, offset, length)
+            if kind == "bot_command" and offset == 0:
+                _, _, addressed = label.partition("@")
+                if not addressed or addressed.lower() == username:
+                    mentions_bot = True
+            if kind == "mention":
+                target = label
+                if username and label[1:].lower() == username:
+                    mentions_bot = True
+                    target = bot.self_id or label
+            elif kind == "text_mention" and isinstance(entity.get("user"), dict):
+                target = str(entity["user"].get("id"))
+                mentions_bot = mentions_bot or (bot.self_id is not None and target == bot.self_id)
+            else:
+                continue
+            add_text(offset)
+            segments.append(MentionSegment(type="mention", data=MentionData(target=target)))
+            mentions.append(target)
+            pos = offset + length
+        add_text(total)
+        return segments, mentions, mentions_bot
+
+    # --- out -------------------------------------------------------------------------------------
+
+    def render(self, bot: BotConfig, message: OutboundMessage) -> list[PlatformCall]:
+        chat_id = _chat_id(message.chat_id)
+        base: dict[str, Any] = {"chat_id": chat_id}
+        thread = message.route.get("message_thread_id")
+        if thread and thread.isdigit():
+            base["message_thread_id"] = int(thread)
+        reply_id = message.reply_to_message_id
+
+        # Blocks in order: runs of inline text, media, dice.
+        blocks: list[tuple[str, Any]] = []
+        rich = RichText()
+
+        def flush() -> None:
+            nonlocal rich
+            if not rich.is_blank():
+                blocks.append(("text", rich))
+            rich = RichText()
+
+        for index, segment in enumerate(message.segments):
+            if isinstance(segment, TextSegment):
+                rich.append(segment.data.text)
+            elif isinstance(segment, MarkdownSegment):
+                rich.extend(parse_markdown(segment.data.content))
+            elif isinstance(segment, MentionSegment):
+                target = segment.data.target
+                if target.lstrip("-").isdigit():
+                    rich.append(f"@{target}", "mention", user=target)
+                else:  # an @username: Telegram links it itself
+                    rich.append(target if target.startswith("@") else f"@{target}")
+            elif isinstance(segment, ReplySegment):
+                reply_id = reply_id or segment.data.message_id
+            elif isinstance(segment, ImageSegment | AudioSegment | VideoSegment | FileSegment):
+                flush()
+                blocks.append(("media", segment))
+            elif isinstance(segment, DiceSegment):
+                flush()
+                blocks.append(("dice", None))
+            elif isinstance(segment, RpsSegment):
+                rich.append(rps_text(message.outbound_id, index))
+            elif isinstance(segment, FaceSegment):
+                rich.append(face_text(bot, segment.data.id))
+            elif isinstance(segment, ShareSegment):
+                rich.append(segment.data.title or segment.data.url, "link", url=segment.data.url)
+            elif isinstance(segment, ForwardSegment):
+                rich.append(notice(bot, "forward"))
+        flush()
+
+        calls: list[PlatformCall] = []
+
+        def add(path: str, payload: dict[str, Any], **extra: Any) -> None:
+            nonlocal reply_id
+            body = {**base, **payload}
+            if reply_id and reply_id.isdigit():
+                # Sent even if the quoted message is gone: a lost quote must not lose the reply.
+                body["reply_parameters"] = {"message_id": int(reply_id), "allow_sending_without_reply": True}
+                reply_id = None
+            calls.append(PlatformCall(method="POST", path=path, json=body, **extra))
+
+        i = 0
+        while i < len(blocks):
+            kind, value = blocks[i]
+            if kind == "text":
+                for piece in split_rich(value, MAX_TEXT, utf16=True):
+                    add("/sendMessage", _text_payload("text", "entities", piece))
+            elif kind == "dice":
+                add("/sendDice", {"emoji": "🎲"})
+            else:
+                path, field = _MEDIA_METHOD[value.type]
+                payload: dict[str, Any] = {}
+                # The text right after a media item becomes its caption when it fits: same order.
+                if i + 1 < len(blocks) and blocks[i + 1][0] == "text":
+                    caption = blocks[i + 1][1]
+                    pieces = split_rich(caption, MAX_CAPTION, utf16=True)
+                    if len(pieces) == 1:
+                        payload = _text_payload("caption", "caption_entities", pieces[0])
+                        i += 1
+                add(path, payload, media=value.data.media, media_field=field)
+            i += 1
+        return calls
+
+    async def send(
+        self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
+    ) -> SendOutcome:
+        token = bot.secret("token") or ""
+        root = f"{base_url(bot, DEFAULT_API_BASE)}/bot{token}"
+        payload = dict(call.json or {})
+        path = call.path
+        files: dict[str, tuple[str, bytes, str]] | None = None
+        if call.media is not None and call.media_field:
+            field = call.media_field
+            if call.media.kind in ("url", "file"):
+                payload[field] = call.media.value  # Telegram fetches URLs itself; file_id as is
+            else:
+                try:
+                    data, mime = await load_media(call.media)
+                except Exception:  # the loader is foreign code: any failure means "unreadable"
+                    path, field = "/sendMessage", ""
+                    for key in ("caption", "caption_entities"):
+                        payload.pop(key, None)
+                    payload["text"] = notice(bot, "attachment_unavailable")
+                else:
+                    if field == "photo" and len(data) > MAX_PHOTO_UPLOAD:
+                        path, field = "/sendDocument", "document"
+                    files = {field: (file_name(call.media, mime), data, mime or "application/octet-stream")}
+        try:
+            if files is not None:
+                form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in payload.items()}
+                response = await http.post(root + path, data=form, files=files)
+            else:
+                response = await http.post(root + path, json=payload)
+        except httpx.HTTPError as exc:
+            return network_outcome(exc)
+        return _outcome(response)
+
+    async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:
+        url = f"{base_url(bot, DEFAULT_API_BASE)}/bot{bot.secret('token') or ''}/sendChatAction"
+        try:
+            await http.post(url, json={"chat_id": _chat_id(chat_id), "action": "typing"})
+        except httpx.HTTPError:
+            pass  # best effort: a missing typing indicator is not worth an error
+
+
+def _chat_id(chat_id: str) -> int | str:
+    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+
+
+def _text_payload(text_key: str, entities_key: str, piece: RichText) -> dict[str, Any]:
+    payload: dict[str, Any] = {text_key: piece.text}
+    entities = to_telegram_entities(piece)
+    if entities:
+        payload[entities_key] = entities
+    return payload
+
+
+def _outcome(response: httpx.Response) -> SendOutcome:
+    data = response_json(response)
+    if data is None:
+        return http_outcome(response) or SendOutcome(
+            "permanent", reason="bad_response", detail=f"HTTP {response.status_code}: {response.text[:200]}"
+        )
+    if data.get("ok") is True:
+        result = data.get("result")
+        message_id = result.get("message_id") if isinstance(result, dict) else None
+        return SendOutcome("delivered", platform_message_id=str(message_id) if message_id is not None else None)
+    code: int = data["error_code"] if isinstance(data.get("error_code"), int) else response.status_code
+    description = str(data.get("description") or "")
+    params = obj(data.get("parameters"))
+    lowered = description.lower()
+    if code == 429 or "retry_after" in params:
+        retry_after = params.get("retry_after")
+        return SendOutcome(
+            "retry",
+            reason="rate_limited",
+            retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+            detail=description,
+        )
+    if code >= 500:
+        return SendOutcome("retry", reason="server_error", detail=description)
+    if "migrate_to_chat_id" in params:
+        return SendOutcome(
+            "permanent", reason="chat_migrated", detail=f"{description} (to {params['migrate_to_chat_id']})"
+        )
+    if code == 403:
+        reason = "blocked" if "blocked" in lowered or "deactivated" in lowered else "forbidden"
+        return SendOutcome("permanent", reason=reason, detail=description)
+    if code == 400 and "chat not found" in lowered:
+        return SendOutcome("permanent", reason="chat_not_found", detail=description)
+    if code in (401, 404):
+        return SendOutcome("permanent", reason="unauthorized", detail=description)
+    return SendOutcome("permanent", reason="bad_request", detail=description)

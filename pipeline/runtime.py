@@ -1,0 +1,253 @@
+"""A worker's shared resources and its stage handlers, independent of Faust.
+
+`Runtime` opens Redis, the session client and provisioner, the platform HTTP client, the media
+checker and the correction client once, and builds the stage handlers over them. Tests build it
+directly against real Redis and the simulator; the Faust app (`pipeline.app`) drives it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from aiohttp import web
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from pipeline import metrics
+from pipeline.platforms import Platform, get_platform
+from pipeline.platforms.console import ConsolePlatform
+from pipeline.records import InboundMessage
+from pipeline.segments import (
+    Capabilities,
+    CorrectionSettings,
+    Corrector,
+    LeakAction,
+    LeakScanner,
+    Media,
+    MediaChecker,
+    MediaSettings,
+    MentionPolicy,
+    NoticeCatalog,
+    OutputMode,
+    ReplyPolicy,
+    SafeFetcher,
+    build_im_prompt,
+)
+from pipeline.segments import TurnContext as ReplyContext
+from pipeline.segments.context import Member, RepliedMessage
+from pipeline.segments.exceptions import MediaUnavailable
+from pipeline.segments.sniff import sniff_mime
+from pipeline.session import (
+    AnthropicProvisioner,
+    ArkOpenAPIProvisioner,
+    Provisioner,
+    SessionClient,
+    StaticPoolProvisioner,
+)
+from pipeline.settings import BotConfig, Settings
+from pipeline.stages.dispatch import DispatchStage
+from pipeline.stages.egress import EgressStage, RateLimits
+from pipeline.stages.ingest import IngestStage
+from pipeline.stages.notices import Notices
+from pipeline.stages.outputs import Outputs, Send
+from pipeline.stages.render import RenderStage
+from pipeline.stages.streams import StreamRegistry
+from pipeline.stages.tools import ImTools
+from pipeline.state import ContextEntry, StateStore
+from pipeline.web import WebDeps, build_web_app
+
+log = logging.getLogger(__name__)
+
+
+def reply_policy(bot: BotConfig, settings: Settings) -> ReplyPolicy:
+    """The segments contract's per-bot policy; the bot's own credentials are secrets never to leak."""
+    secrets = [v.get_secret_value() for v in bot.credentials.values()]
+    for value in (settings.session_api_key, settings.correction_api_key, settings.ark_secret_key):
+        if value is not None:
+            secrets.append(value.get_secret_value())
+    return ReplyPolicy(
+        language=bot.language,
+        output_mode=OutputMode.SEGMENTS if bot.output_schema else OutputMode.PLAIN,
+        mention_policy=MentionPolicy(bot.mention_policy),
+        leak_action=LeakAction.BLOCK if bot.leak_policy == "block" else LeakAction.REDACT,
+        leak_scanner=LeakScanner(s for s in secrets if len(s) >= 8),
+        notices=NoticeCatalog(bot_overrides={bot.bot_id: {bot.language: dict(bot.notices)}} if bot.notices else {}),
+    )
+
+
+def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> ReplyContext:
+    replied = None
+    if message.reply_to is not None and message.reply_to.user_id:
+        replied = RepliedMessage(
+            message_id=message.reply_to.message_id, author_id=message.reply_to.user_id, text=message.reply_to.text or ""
+        )
+    members = {e.user_id: Member(user_id=e.user_id, name=e.name) for e in window if e.user_id != message.sender.user_id}
+    return ReplyContext(
+        bot_id=bot.bot_id,
+        platform=bot.platform,
+        chat_type=message.chat_type,
+        sender_id=message.sender.user_id,
+        sender_name=message.sender.name,
+        chat_id=message.chat_id,
+        replied_to=replied,
+        context_members=tuple(members.values()),
+        bot_self_ids=frozenset({bot.self_id} if bot.self_id else ()),
+    )
+
+
+class Runtime:
+    def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
+        self.settings = settings
+        self.outputs = Outputs(send)
+        self._produce_acked = produce_acked or send
+        self.started = False
+        self._web_runner: web.AppRunner | None = None
+        self.web_port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        assert s.redis_url, "redis_url is required"
+        # Retries ride out a Redis restart; beyond them a stage's call fails and is retried by replay.
+        self.redis = Redis.from_url(
+            s.redis_url,
+            decode_responses=True,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 8),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            health_check_interval=15,
+            socket_timeout=10,
+            socket_connect_timeout=5,
+        )
+        self.state = StateStore(self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds)
+        self.notices = Notices(s)
+        self.session_client = SessionClient(
+            api_key=s.session_api_key.get_secret_value() if s.session_api_key else "",
+            profile=s.session_profile,
+            base_url=s.session_base_url,
+            timeout=s.session_timeout_seconds,
+            max_connections=s.session_max_connections,
+        )
+        self.provisioner = self._provisioner()
+        self.streams = StreamRegistry(self.state, self.session_client, self.outputs)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200))
+        self.media = MediaChecker(
+            MediaSettings(media_root=s.media_root, max_bytes=s.media_max_bytes),
+            SafeFetcher(),
+        )
+        self.corrector = (
+            Corrector(
+                CorrectionSettings(
+                    endpoint_url=s.correction_base_url.rstrip("/") + "/chat/completions",
+                    model=s.correction_model,
+                    api_key=s.correction_api_key.get_secret_value() if s.correction_api_key else "",
+                    timeout_s=s.correction_timeout_seconds,
+                )
+            )
+            if s.correction_base_url
+            else None
+        )
+        self.policies = {(b.platform, b.bot_id): reply_policy(b, s) for b in s.bots}
+        self.platforms: dict[str, Platform] = {name: get_platform(name) for name in s.platforms}
+        console = self.platforms.get("console")
+        if isinstance(console, ConsolePlatform):
+            console.bind(self.state)
+        capabilities = {
+            name: Capabilities(
+                supported_segment_types=p.profile.native_segments | {"text"},
+                max_attachment_bytes=p.profile.max_attachment_bytes,
+            )
+            for name, p in self.platforms.items()
+        }
+        self.ingest = IngestStage(s, self.state, self.outputs, self.notices, self._prompt)
+        self.dispatch = DispatchStage(
+            s, self.state, self.session_client, self.provisioner, self.streams, self.outputs, self.notices
+        )
+        self.render = RenderStage(
+            s, self.state, self.outputs, self.notices, self.policies, capabilities, ImTools(s, self.state),
+            corrector=self.corrector, media=self.media,
+        )
+        self.egress = EgressStage(
+            s, self.state, self.outputs, self.http, self.load_media, RateLimits(s.redis_url, s.redis_prefix)
+        )
+        self.started = True
+
+    async def start_web(self, host: str, port: int) -> int:
+        deps = WebDeps(settings=self.settings, state=self.state, produce=self._produce_acked, outputs=self.outputs, ready=self.ready)
+        self._web_runner = web.AppRunner(build_web_app(deps), access_log=None)
+        await self._web_runner.setup()
+        site = web.TCPSite(self._web_runner, host, port, reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.web_port = sockets[0].getsockname()[1] if sockets else port
+        log.info("web listening on http://%s:%s", host, self.web_port)
+        return self.web_port
+
+    async def stop(self) -> None:
+        if self._web_runner is not None:
+            await self._web_runner.cleanup()
+        if not self.started:
+            return
+        await self.streams.close()
+        await self.session_client.aclose()
+        await self.http.aclose()
+        await self.media.aclose()
+        if self.corrector is not None:
+            await self.corrector.aclose()
+        await self.redis.aclose()
+        self.started = False
+
+    async def ready(self) -> dict[str, bool]:
+        checks = {"started": self.started}
+        try:
+            checks["redis"] = bool(await self.redis.ping()) if self.started else False
+        except Exception:
+            checks["redis"] = False
+        return checks
+
+    async def export_lag(self, app: Any) -> None:
+        """Consumer lag per assigned partition: high watermark minus our committed offset."""
+        try:
+            consumer = app.consumer
+            for tp in consumer.assignment():
+                highwater = consumer.highwater(tp)
+                committed = consumer._committed_offset.get(tp)
+                if highwater is not None and committed is not None:
+                    metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
+        except Exception:  # before the first assignment, or during a rebalance
+            log.debug("lag export skipped", exc_info=True)
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _provisioner(self) -> Provisioner:
+        s = self.settings
+        if s.session_provisioner == "static":
+            return StaticPoolProvisioner(s.session_static_ids)
+        if s.session_provisioner == "ark-openapi":
+            if not (s.ark_access_key and s.ark_secret_key):
+                raise ValueError("ark-openapi provisioner needs SWITCHBOARD_ARK_ACCESS_KEY and SWITCHBOARD_ARK_SECRET_KEY")
+            return ArkOpenAPIProvisioner(
+                access_key=s.ark_access_key.get_secret_value(),
+                secret_key=s.ark_secret_key.get_secret_value(),
+                endpoint=s.ark_openapi_url or "https://open.volcengineapi.com",
+                agent_id=s.session_agent_id,
+            )
+        return AnthropicProvisioner(self.session_client, agent=s.session_agent_id, environment_id=s.session_environment_id)
+
+    def _prompt(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> str | None:
+        return build_im_prompt(reply_context(bot, message, window), self.policies[(bot.platform, bot.bot_id)])
+
+    async def load_media(self, media: Media) -> tuple[bytes, str]:
+        """Egress: a media reference's bytes and sniffed type, through the same guards as render."""
+        if media.kind == "file":
+            raise MediaUnavailable("platform_file")
+        data = await self.media._read(media.kind, media.value, self.settings.media_max_bytes)
+        return data, sniff_mime(data[:64]) or "application/octet-stream"
+
+
+SendFn = Callable[[str, str | None, bytes], Awaitable[None]]

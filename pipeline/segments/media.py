@@ -1,0 +1,198 @@
+"""Media checks (S15): read url/path/base64 media, identify them by bytes, enforce size and type.
+
+A media segment that cannot be read, is too big, is of a type its segment does not carry, or is not
+supported by the platform is replaced in place by an "attachment unavailable" text segment.
+`kind: file` references belong to the platform and pass through unread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.segments.context import Capabilities
+from pipeline.segments.exceptions import MediaUnavailable
+from pipeline.segments.fetch import SafeFetcher
+from pipeline.segments.models import (
+    MEDIA_SEGMENT_TYPES,
+    AudioSegment,
+    FileSegment,
+    ImageSegment,
+    Segment,
+    TextData,
+    TextSegment,
+    VideoSegment,
+)
+from pipeline.segments.sniff import SNIFF_BYTES, mime_fits_segment, sniff_mime
+
+MediaSegment = ImageSegment | AudioSegment | VideoSegment | FileSegment
+
+_GENERIC_BINARY = "application/octet-stream"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedMedia:
+    """The outcome for one media segment of the reply.
+
+    `index` is the segment's position in the outcome's segment list (where a rejected one now holds
+    the notice). `mime` is detected from the bytes (egress needs it); `data` is kept only when the
+    checker was asked to keep bytes.
+    """
+
+    index: int
+    segment_type: str
+    kind: str
+    accepted: bool
+    reason: str  # "ok", "platform_file", or why it was rejected
+    mime: str | None = None
+    size: int | None = None
+    data: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MediaSettings:
+    media_root: Path | None = None  # `kind: path` media must resolve inside it; None refuses them
+    max_bytes: int = 20 * 1024 * 1024  # host-wide cap, also bounded by the platform's capabilities
+    keep_bytes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MediaCheck:
+    segments: list[Segment]
+    checked: list[CheckedMedia]
+    rejected: int
+
+
+def _strip_base64_prefix(value: str) -> str:
+    if value.startswith("base64://"):  # OneBot's convention
+        return value[len("base64://"):]
+    if value.startswith("data:"):
+        header, sep, payload = value.partition(",")
+        if sep and header.endswith(";base64"):
+            return payload
+        raise MediaUnavailable("bad_base64")
+    return value
+
+
+def decode_base64_media(value: str, max_bytes: int) -> bytes:
+    """Decode inline base64 after checking its decoded size (so a huge value is never decoded)."""
+    payload = _strip_base64_prefix(value)
+    if any(ch in payload for ch in " \t\r\n"):
+        payload = "".join(payload.split())
+    padding = len(payload) - len(payload.rstrip("="))
+    if len(payload) * 3 // 4 - padding > max_bytes:
+        raise MediaUnavailable("too_large")
+    try:
+        return binascii.a2b_base64(payload.encode("ascii"), strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise MediaUnavailable("bad_base64") from None
+
+
+def _read_inside_root(root: Path, value: str, max_bytes: int) -> bytes:
+    if "\x00" in value or not value:
+        raise MediaUnavailable("bad_path")
+    real_root = os.path.realpath(root)
+    # realpath resolves every symlink, so a link pointing out of the root is caught here.
+    real_path = os.path.realpath(os.path.join(real_root, value))
+    if os.path.commonpath([real_root, real_path]) != real_root or real_path == real_root:
+        raise MediaUnavailable("path_outside_root")
+    try:
+        # O_NOFOLLOW: if the final component was swapped for a symlink after the check, refuse.
+        fd = os.open(real_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        raise MediaUnavailable("unreadable") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise MediaUnavailable("not_a_file")
+        if info.st_size > max_bytes:
+            raise MediaUnavailable("too_large")
+        chunks: list[bytes] = []
+        remaining = max_bytes + 1  # one byte more than allowed tells "grew past the limit"
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise MediaUnavailable("too_large")
+    return data
+
+
+class MediaChecker:
+    """Reads and identifies media. Build once per deployment (it owns the fetcher's HTTP client)."""
+
+    def __init__(self, settings: MediaSettings | None = None, fetcher: SafeFetcher | None = None) -> None:
+        self.settings = settings or MediaSettings()
+        self._fetcher = fetcher
+
+    async def aclose(self) -> None:
+        if self._fetcher is not None:
+            await self._fetcher.aclose()
+
+    async def _read(self, kind: str, value: str, max_bytes: int) -> bytes:
+        if kind == "base64":
+            return decode_base64_media(value, max_bytes)
+        if kind == "path":
+            if self.settings.media_root is None:
+                raise MediaUnavailable("path_not_allowed")
+            return await asyncio.to_thread(_read_inside_root, self.settings.media_root, value, max_bytes)
+        if kind == "url":
+            if self._fetcher is None:
+                raise MediaUnavailable("url_not_allowed")
+            return (await self._fetcher.fetch(value, max_bytes)).data
+        raise MediaUnavailable("unknown_kind")
+
+    async def check_one(self, index: int, segment: MediaSegment, capabilities: Capabilities) -> CheckedMedia:
+        media = segment.data.media
+        if segment.type not in capabilities.supported_segment_types:
+            return CheckedMedia(index, segment.type, media.kind, False, "unsupported_by_platform")
+        if media.kind == "file":
+            return CheckedMedia(index, segment.type, media.kind, True, "platform_file")
+        max_bytes = min(self.settings.max_bytes, capabilities.limit_for(segment.type))
+        try:
+            data = await self._read(media.kind, media.value, max_bytes)
+        except MediaUnavailable as error:
+            return CheckedMedia(index, segment.type, media.kind, False, error.reason)
+        if not data:
+            return CheckedMedia(index, segment.type, media.kind, False, "empty", size=0)
+        mime = sniff_mime(data[:SNIFF_BYTES])
+        if not mime_fits_segment(mime, segment.type):
+            return CheckedMedia(index, segment.type, media.kind, False, "type_mismatch", mime, len(data))
+        return CheckedMedia(
+            index, segment.type, media.kind, True, "ok", mime or _GENERIC_BINARY, len(data),
+            data if self.settings.keep_bytes else None,
+        )
+
+    async def check_segments(
+        self, segments: list[Segment], capabilities: Capabilities, unavailable_text: str
+    ) -> MediaCheck:
+        """Check every media segment concurrently; rejected ones become `unavailable_text` in place."""
+        positions = [i for i, s in enumerate(segments) if s.type in MEDIA_SEGMENT_TYPES]
+        if not positions:
+            return MediaCheck(segments, [], 0)
+        async with asyncio.TaskGroup() as group:  # cancellation of the turn cancels every read
+            tasks = [
+                group.create_task(self.check_one(i, segments[i], capabilities))  # type: ignore[arg-type]
+                for i in positions
+            ]
+        checked = [task.result() for task in tasks]
+        out = list(segments)
+        rejected = 0
+        for result in checked:
+            if not result.accepted:
+                rejected += 1
+                out[result.index] = unavailable_segment(unavailable_text)
+        return MediaCheck(out, checked, rejected)
+
+
+def unavailable_segment(text: str) -> TextSegment:
+    return TextSegment(type="text", data=TextData(text=text))

@@ -1,0 +1,173 @@
+"""The local stack: broker, Redis, session simulator and workers as supervised processes.
+
+`switchboard up` runs one; the integration and fault tests run one per test module (on free
+ports), kill workers with SIGKILL and start them again. Any part given by a `SWITCHBOARD_*`
+setting (Kafka bootstrap, Redis URL, session base URL) is used instead of being started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pipeline.embedded import ManagedProcess, RedisServer, TansuBroker, free_port
+from pipeline.kafka import TopicSpec, apply_topics
+from pipeline.settings import Settings
+from pipeline.topics import declarations
+
+SIM_API_KEY = "sim-key"
+
+
+class _HttpProcess(ManagedProcess):
+    """A child whose readiness is an HTTP 200 on a health URL."""
+
+    health_path = "/healthz"
+
+    def __init__(self, port: int, *, run_dir: Path | None = None) -> None:
+        super().__init__(run_dir=run_dir)
+        self.port = port
+        self._port_is_ours = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _probe(self) -> bool:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            response = await client.get(self.url + self.health_path)
+            return response.status_code == 200
+
+
+class SimProcess(_HttpProcess):
+    name = "sim"
+    health_path = "/_sim/stats"
+
+    def __init__(self, port: int, *, think: float = 0.0, run_dir: Path | None = None, extra: list[str] | None = None):
+        super().__init__(port, run_dir=run_dir)
+        self.think = think
+        self.extra = extra or []
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "pipeline.cli", "sim", "--port", str(self.port), "--api-key", SIM_API_KEY,
+            "--think", str(self.think), *self.extra,
+        ]
+
+
+class WorkerProcess(_HttpProcess):
+    name = "worker"
+    start_timeout = 60.0
+    stop_grace = 20.0
+
+    def __init__(self, port: int, env: Mapping[str, str], *, args: list[str] | None = None, run_dir: Path | None = None):
+        super().__init__(port, run_dir=run_dir)
+        self.env = dict(env)
+        self.args = args or []
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "pipeline.cli", "worker", *self.args]
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **self.env, "SWITCHBOARD_WEB_PORT": str(self.port)}
+
+
+@dataclass
+class Stack:
+    """Everything on one machine. `env` holds the settings every worker of this stack gets."""
+
+    settings_env: dict[str, str] = field(default_factory=dict)
+    web_port: int = 8080
+    think: float = 0.0
+    run_dir: Path | None = None
+    broker: TansuBroker | None = None
+    redis: RedisServer | None = None
+    sim: SimProcess | None = None
+    workers: list[WorkerProcess] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    async def start(self, *, workers: int = 1) -> None:
+        env = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
+        env.update(self.settings_env)
+        if not env.get("SWITCHBOARD_KAFKA_BOOTSTRAP"):
+            self.broker = TansuBroker(run_dir=self._dir("broker"))
+            await self.broker.start()
+            env["SWITCHBOARD_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
+            env.setdefault("SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS", str(self.broker.recommended_fetch_max_wait_ms))
+        if not env.get("SWITCHBOARD_REDIS_URL"):
+            self.redis = RedisServer(run_dir=self._dir("redis"))
+            await self.redis.start()
+            env["SWITCHBOARD_REDIS_URL"] = self.redis.url
+        if not env.get("SWITCHBOARD_SESSION_BASE_URL"):
+            self.sim = SimProcess(free_port(), think=self.think, run_dir=self._dir("sim"))
+            await self.sim.start()
+            env["SWITCHBOARD_SESSION_BASE_URL"] = f"{self.sim.url}/v1"
+            env["SWITCHBOARD_SESSION_PROFILE"] = "anthropic"
+            env["SWITCHBOARD_SESSION_API_KEY"] = SIM_API_KEY
+            env["SWITCHBOARD_SESSION_PROVISIONER"] = "anthropic"
+            env.setdefault("SWITCHBOARD_CORRECTION_BASE_URL", self.sim.url)
+            env.setdefault("SWITCHBOARD_CORRECTION_API_KEY", SIM_API_KEY)
+        self.env = env
+        await self.apply_topics()
+        for index in range(workers):
+            await self.add_worker(self.web_port if index == 0 else 0)
+
+    async def apply_topics(self) -> None:
+        settings = self.settings()
+        specs = [
+            TopicSpec(name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config)
+            for d in declarations(settings.platforms, settings.partitions)
+        ]
+        assert settings.kafka_bootstrap
+        await apply_topics(settings.kafka_bootstrap, specs)
+
+    def settings(self) -> Settings:
+        saved = dict(os.environ)
+        try:
+            os.environ.update(self.env)
+            return Settings()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    async def add_worker(self, port: int = 0, args: list[str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{len(self.workers)}"))
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+    async def stop(self) -> None:
+        for part in [*reversed(self.workers), self.sim, self.redis, self.broker]:
+            if part is not None:
+                try:
+                    await part.stop()
+                except Exception:  # stop the rest regardless
+                    pass
+
+    def _dir(self, name: str) -> Path | None:
+        if self.run_dir is None:
+            return None
+        path = self.run_dir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def describe(self) -> list[tuple[str, str]]:
+        rows = [
+            ("kafka", self.env.get("SWITCHBOARD_KAFKA_BOOTSTRAP", "") + (" (embedded Tansu)" if self.broker else "")),
+            ("redis", self.env.get("SWITCHBOARD_REDIS_URL", "") + (" (embedded)" if self.redis else "")),
+            ("session API", self.env.get("SWITCHBOARD_SESSION_BASE_URL", "") + (" (switchboard sim)" if self.sim else "")),
+        ]
+        for i, worker in enumerate(self.workers):
+            rows.append((f"worker {i}", f"{worker.url}  (webhooks /webhooks/…, /metrics, /healthz, /readyz)"))
+        if self.workers:
+            rows.append(("console", f"{self.workers[0].url}/console/"))
+        return rows
+
+
+async def wait_forever() -> None:
+    await asyncio.Event().wait()

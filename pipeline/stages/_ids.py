@@ -1,0 +1,15 @@
+"""Stable ids: derived from inbound ids, so a replay produces the same ids again."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def stable_id(prefix: str, *parts: str) -> str:
+    digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+    return f"{prefix}{digest}"
+
+
+def user_message_id(conversation: str, inbound_ids: list[str]) -> str:
+    # `sevt-` is the protocol's event prefix (P4); the client supplies the id (P3).
+    return stable_id("sevt-sb-", conversation, *inbound_ids)

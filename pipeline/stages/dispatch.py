@@ -1,0 +1,254 @@
+"""Dispatch: `session.input` → the session API.
+
+Ordered per conversation (the keyed executor), concurrent across conversations. Applies the busy
+policy when a turn is already running, creates sessions, and sends idempotently: user messages
+carry stable ids derived from inbound ids; a marker in Redis records a completed send, and a send
+that may or may not have happened (a crash mid-call) is looked up in the session's history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline import metrics
+from pipeline.records import SessionCommand, now_ms
+from pipeline.session import Provisioner, SessionClient
+from pipeline.session.exceptions import NotFoundError, SessionAPIError
+from pipeline.settings import BotConfig, Settings
+from pipeline.state import ConversationState, InflightStream, StateStore, TurnContext
+
+from ._ids import stable_id, user_message_id
+from .notices import Notices
+from .outputs import Outputs
+from .streams import StreamRegistry
+
+log = logging.getLogger(__name__)
+
+
+def merge_turns(commands: Sequence[SessionCommand]) -> SessionCommand:
+    """Coalesce held user turns into one: content blocks in order, one stable id over all inputs.
+
+    The newest command's system text wins (its context window is the most recent); mentionable
+    ids are the union.
+    """
+    if len(commands) == 1:
+        return commands[0]
+    inbound_ids = [i for c in commands for i in c.inbound_ids]
+    content: list[Any] = []
+    for command in commands:
+        for event in command.events:
+            if event.get("type") == "user.message":
+                content.extend(event.get("content", []))
+    last = commands[-1]
+    known: list[str] = []
+    for command in commands:
+        known.extend(i for i in command.known_ids if i not in known)
+    hops = dict(commands[0].hops)
+    return last.model_copy(
+        update={
+            "events": [
+                {"type": "user.message", "id": user_message_id(last.conversation_key, inbound_ids), "content": content}
+            ],
+            "inbound_ids": inbound_ids,
+            "known_ids": known,
+            "hops": hops,
+        }
+    )
+
+
+class DispatchStage:
+    def __init__(
+        self,
+        settings: Settings,
+        state: StateStore,
+        client: SessionClient,
+        provisioner: Provisioner,
+        streams: StreamRegistry,
+        outputs: Outputs,
+        notices: Notices,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.client = client
+        self.provisioner = provisioner
+        self.streams = streams
+        self.outputs = outputs
+        self.notices = notices
+
+    async def handle(self, command: SessionCommand, partition: int) -> None:
+        bot = self.settings.bot(command.platform, command.bot_id)
+        if bot is None:
+            await self.outputs.dead_letter("dispatch", "unknown_bot", command.model_dump_json(), key=command.conversation_key)
+            return
+        command.hops.setdefault("dispatch_in", now_ms())
+        try:
+            if command.kind == "user_turn":
+                await self._user_turn(bot, command, partition)
+            elif command.kind == "flush":
+                await self._flush(bot, command, partition)
+            elif command.kind == "interrupt":
+                await self._interrupt(bot, command)
+            else:  # tool_confirmation, tool_result
+                await self._answer(bot, command, partition)
+        except SessionAPIError as exc:
+            # The client already retried what can be retried: tell the chat, keep the record.
+            metrics.SESSION_CALLS.labels(command.kind, type(exc).__name__).inc()
+            log.warning("dispatch failed for %s: %s", command.conversation_key, type(exc).__name__)
+            await self.state.update_conversation(command.conversation_key, status="idle")
+            await self.outputs.dead_letter(
+                "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=command.conversation_key
+            )
+            await self._notice(bot, command, "provider_error")
+
+    # -- user turns ----------------------------------------------------------------------------
+    async def _user_turn(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
+        conversation = command.conversation_key
+        state = await self.state.conversation(conversation)
+        if state.status != "idle" and state.session_id:
+            if bot.busy_policy in ("merge", "queue"):
+                await self.state.hold(conversation, command.model_dump_json())
+                metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+                return
+            # interrupt: stop the running turn; the session runs the new message after it.
+            await self._send(state.session_id, [{"type": "user.interrupt"}], call="interrupt")
+            await self.state.update_conversation(conversation, interrupted=True)
+        await self._start_turn(bot, command, state, partition)
+
+    async def _flush(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
+        conversation = command.conversation_key
+        state = await self.state.conversation(conversation)
+        if state.status != "idle":
+            return  # a turn started meanwhile; its idle flushes again
+        limit = None if bot.busy_policy == "merge" else 1
+        held = [SessionCommand.model_validate_json(raw) for raw in await self.state.take_held(conversation, limit)]
+        if limit is None:
+            held = held[-self.settings.merge_window_max :] if len(held) > self.settings.merge_window_max else held
+        if held:
+            await self._start_turn(bot, merge_turns(held), state, partition)
+
+    async def _start_turn(
+        self, bot: BotConfig, command: SessionCommand, state: ConversationState, partition: int
+    ) -> None:
+        conversation = command.conversation_key
+        session_id = state.session_id or await self.state.session_for(conversation)
+        if session_id is None:
+            session_id = await self._create_session(bot, command)
+        events = list(command.events)
+        if command.system_text:
+            events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
+        message_id = str(command.events[0].get("id")) if command.events else stable_id("turn-", command.trace_id)
+        turn = TurnContext(
+            trace_id=command.trace_id,
+            platform=command.platform,
+            bot_id=command.bot_id,
+            chat_id=command.chat_id,
+            chat_type=command.chat_type,
+            starter_id=command.sender.user_id if command.sender else None,
+            known_ids=command.known_ids,
+            reply_to_message_id=command.reply_to_message_id,
+            route=command.route,
+            hops={**command.hops, "dispatch": now_ms()},
+            inbound_ids=command.inbound_ids,
+        )
+        await self.state.update_conversation(
+            conversation, status="running", turn=turn, interrupted=False, last_message=None, pending=[]
+        )
+        await self._track(partition, session_id, conversation, command.trace_id)
+        try:
+            await self._send_once(session_id, message_id, events, call="user_turn")
+        except NotFoundError:
+            # The session is gone (deleted, expired): start a new one and send there, once.
+            log.info("session of %s is gone; creating a new one", conversation)
+            await self.streams.untrack(partition, session_id)
+            await self.state.unmap_session(conversation, session_id)
+            session_id = await self._create_session(bot, command)
+            await self.state.update_conversation(conversation, status="running", turn=turn, interrupted=False)
+            await self._track(partition, session_id, conversation, command.trace_id)
+            await self._send_once(session_id, message_id, events, call="user_turn")
+        metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
+
+    async def _create_session(self, bot: BotConfig, command: SessionCommand) -> str:
+        session_id = await self.provisioner.create_session()
+        metrics.SESSIONS_CREATED.labels(command.platform).inc()
+        await self.state.map_session(command.conversation_key, session_id)
+        return session_id
+
+    # -- control -------------------------------------------------------------------------------
+    async def _interrupt(self, bot: BotConfig, command: SessionCommand) -> None:
+        conversation = command.conversation_key
+        state = await self.state.conversation(conversation)
+        await self.state.take_held(conversation)  # /stop also drops what was waiting
+        if state.status == "idle" or not state.session_id:
+            await self._notice(bot, command, "stopped")  # nothing running: say so, send nothing (Ark errors)
+            return
+        await self.state.update_conversation(conversation, interrupted=True)
+        await self._send(state.session_id, [{"type": "user.interrupt"}], call="interrupt")
+
+    async def _answer(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
+        conversation = command.conversation_key
+        state = await self.state.conversation(conversation)
+        if not state.session_id:
+            return
+        answered = {str(e.get("tool_use_id") or e.get("custom_tool_use_id")) for e in command.events}
+        remaining = [p for p in state.pending if p.event_id not in answered]
+        await self.state.update_conversation(
+            conversation, status="running" if not remaining else "requires_action", pending=remaining
+        )
+        await self._track(partition, state.session_id, conversation, command.trace_id)
+        key = stable_id("answer-", conversation, *sorted(answered))
+        await self._send_once(state.session_id, key, command.events, call=command.kind)
+
+    # -- sending -------------------------------------------------------------------------------
+    async def _track(self, partition: int, session_id: str, conversation: str, trace_id: str) -> None:
+        cursor = await self.state.session_cursor(session_id)
+        await self.streams.track(
+            partition, InflightStream(session_id=session_id, conversation_key=conversation, cursor=cursor, trace_id=trace_id)
+        )
+
+    async def _send_once(self, session_id: str, marker_id: str, events: list[dict[str, Any]], *, call: str) -> None:
+        """Send unless a previous attempt (before a crash) is known or found to have delivered it."""
+        marker = await self.state.marker("sent", marker_id)
+        if marker == "1":
+            return
+        if marker == "sending" and await self._in_history(session_id, events):
+            await self.state.set_marker("sent", marker_id)
+            return
+        await self.state.set_marker("sent", marker_id, "sending")
+        await self._send(session_id, events, call=call)
+        await self.state.set_marker("sent", marker_id)
+
+    async def _in_history(self, session_id: str, events: list[dict[str, Any]]) -> bool:
+        wanted = next((e.get("id") for e in events if e.get("type") == "user.message" and e.get("id")), None)
+        if wanted is None:
+            return False
+        scanned = 0
+        async for event in self.client.list(session_id, order="desc", limit=100):
+            if event.id == wanted:
+                return True
+            scanned += 1
+            if scanned >= 200:
+                break
+        return False
+
+    async def _send(self, session_id: str, events: list[dict[str, Any]], *, call: str) -> None:
+        await self.client.send(session_id, events)
+        metrics.SESSION_CALLS.labels(call, "ok").inc()
+
+    async def _notice(self, bot: BotConfig, command: SessionCommand, kind: str) -> None:
+        await self.outputs.outbound(
+            self.notices.outbound(
+                bot,
+                kind,
+                platform=command.platform,
+                chat_id=command.chat_id,
+                chat_type=command.chat_type,
+                conversation_key=command.conversation_key,
+                outbound_id=stable_id("notice-", command.conversation_key, command.trace_id, kind),
+                reply_to_message_id=command.reply_to_message_id,
+                route=command.route,
+                trace_id=command.trace_id,
+                hops=command.hops,
+            )
+        )

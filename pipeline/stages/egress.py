@@ -1,0 +1,165 @@
+"""Egress: `im.outbound.<platform>` → the platform's API.
+
+Renders neutral segments into the platform's calls, waits for the per-chat and per-bot rate limits
+(shared by all workers through Redis), sends, honours `retry_after`, retries transient failures
+with backoff and full jitter, and dead-letters what still fails or fails for good. A delivered
+outbound id (and each delivered call of it) is recorded, so a replay never sends it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+from limits import RateLimitItemPerSecond
+from limits.aio.storage import RedisStorage
+from limits.aio.strategies import MovingWindowRateLimiter
+
+from pipeline import metrics
+from pipeline.platforms import MediaLoader, Platform, SendOutcome, get_platform
+from pipeline.records import OutboundMessage, now_ms
+from pipeline.settings import BotConfig, RateLimit, Settings
+from pipeline.state import StateStore
+
+from .outputs import Outputs
+
+log = logging.getLogger(__name__)
+
+
+def backoff_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base·2^attempt))."""
+    return (rng or random).uniform(0, min(cap, base * (2**attempt)))
+
+
+class RateLimits:
+    """Moving-window limits per chat and per bot, in Redis (the `limits` library)."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        uri = redis_url.replace("redis://", "async+redis://", 1)
+        self._storage = RedisStorage(uri, implementation="redispy", key_prefix=f"{prefix}rl")
+        self._limiter = MovingWindowRateLimiter(self._storage)
+
+    async def acquire(self, limit: RateLimit | None, *identifiers: str) -> float:
+        """Take one slot; return 0 when taken, else seconds to wait before trying again."""
+        if limit is None:
+            return 0.0
+        item = RateLimitItemPerSecond(limit.count, max(1, round(limit.per_seconds)))
+        if await self._limiter.hit(item, *identifiers):
+            return 0.0
+        stats = await self._limiter.get_window_stats(item, *identifiers)
+        return max(0.01, stats.reset_time - time.time())
+
+
+class EgressStage:
+    def __init__(
+        self,
+        settings: Settings,
+        state: StateStore,
+        outputs: Outputs,
+        http: httpx.AsyncClient,
+        load_media: MediaLoader,
+        limits: RateLimits | None,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        platform_for: Callable[[str], Platform] = get_platform,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.outputs = outputs
+        self.http = http
+        self.load_media = load_media
+        self.limits = limits
+        self.sleep = sleep
+        self.platform_for = platform_for
+
+    async def handle(self, message: OutboundMessage, *, topic: str, partition: int, offset: int) -> None:
+        platform_name = message.platform
+        bot = self.settings.bot(platform_name, message.bot_id)
+        if bot is None:
+            await self._dead(message, "unknown_bot", "", topic, partition, offset, 0)
+            return
+        if await self.state.marker("out", message.outbound_id) is not None:
+            metrics.EGRESS.labels(platform_name, "duplicate").inc()
+            return
+        platform = self.platform_for(platform_name)
+        try:
+            calls = platform.render(bot, message)
+        except Exception as exc:  # a renderer bug must not stop the partition
+            log.exception("render for %s failed", platform_name)
+            await self._dead(message, "render_failed", repr(exc), topic, partition, offset, 0)
+            return
+        for index, call in enumerate(calls):
+            call_id = f"{message.outbound_id}:{index}"
+            if await self.state.marker("out", call_id) is not None:
+                continue  # sent before a crash; do not send again
+            outcome, attempts = await self._send_with_retries(bot, platform, message, call)
+            if outcome.status != "delivered":
+                await self._dead(message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts)
+                return
+            await self.state.set_marker("out", call_id)
+        await self.state.set_marker("out", message.outbound_id)
+        metrics.EGRESS.labels(platform_name, "sent").inc()
+        self._observe(message)
+
+    async def _send_with_retries(
+        self, bot: BotConfig, platform: Platform, message: OutboundMessage, call: object
+    ) -> tuple[SendOutcome, int]:
+        attempt = 0
+        while True:
+            await self._wait_for_rate(bot, platform, message)
+            outcome = await platform.send(bot, call, self.http, self.load_media)  # type: ignore[arg-type]
+            attempt += 1
+            if outcome.status != "retry":
+                return outcome, attempt
+            if attempt >= self.settings.egress_max_attempts:
+                return SendOutcome("permanent", reason=outcome.reason or "retries_exhausted", detail=outcome.detail), attempt
+            if outcome.retry_after is not None:
+                metrics.EGRESS.labels(message.platform, "rate_limited").inc()
+                delay = outcome.retry_after
+            else:
+                metrics.EGRESS.labels(message.platform, "retried").inc()
+                delay = backoff_delay(attempt - 1)
+            await self.sleep(delay)
+
+    async def _wait_for_rate(self, bot: BotConfig, platform: Platform, message: OutboundMessage) -> None:
+        if self.limits is None:
+            return
+        chat_limit = bot.rate_limit_chat or platform.profile.default_chat_limit
+        bot_limit = bot.rate_limit_bot or platform.profile.default_bot_limit
+        for limit, ident in ((chat_limit, f"{bot.platform}:{bot.bot_id}:{message.chat_id}"), (bot_limit, f"{bot.platform}:{bot.bot_id}")):
+            while True:
+                wait = await self.limits.acquire(limit, ident)
+                if wait <= 0:
+                    break
+                await self.sleep(min(wait, 5.0))
+
+    async def _dead(
+        self, message: OutboundMessage, reason: str, detail: str, topic: str, partition: int, offset: int, attempts: int
+    ) -> None:
+        metrics.EGRESS.labels(message.platform, "dead_lettered").inc()
+        log.warning("outbound %s dead-lettered: %s", message.outbound_id, reason)
+        await self.outputs.dead_letter(
+            "egress", reason, message.model_dump_json(), error=detail, key=message.conversation_key,
+            topic=topic, partition=partition, offset=offset, attempts=attempts,
+        )
+
+    @staticmethod
+    def _observe(message: OutboundMessage) -> None:
+        if message.kind != "reply":
+            return
+        now = now_ms()
+        hops = message.hops
+        ingress = hops.get("ingress")
+        if ingress is None:
+            return
+        total = max(0.0, (now - ingress) / 1000.0)
+        metrics.END_TO_END.labels(message.platform).observe(total)
+        dispatched, streamed = hops.get("dispatch"), hops.get("stream")
+        if dispatched is not None and streamed is not None:
+            agent = max(0.0, (streamed - dispatched) / 1000.0)
+            metrics.PIPELINE_OVERHEAD.labels(message.platform).observe(max(0.0, total - agent))
+        metrics.observe_hop("egress", hops, "render", now)

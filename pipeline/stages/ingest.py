@@ -1,0 +1,277 @@
+"""Ingest: `im.inbound` → `session.input` (and notices to `im.outbound.<platform>`).
+
+Drops duplicates, decides whether a message triggers the agent, keeps the group-context window,
+handles chat commands, and emits a user turn. Session creation is left to dispatch: it is a slow
+HTTP call, and ingest must keep up with every group message (5,500/s per worker target).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline import metrics
+from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, now_ms
+from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
+from pipeline.settings import BotConfig, Settings
+from pipeline.state import ContextEntry, StateStore, TurnContext
+
+from ._ids import stable_id, user_message_id
+from .notices import Notices
+from .outputs import Outputs
+
+log = logging.getLogger(__name__)
+
+TriggerReason = Literal["private", "mention", "reply_to_bot", "command", "keyword"]
+CommandName = Literal["stop", "reset", "allow", "deny"]
+_COMMAND_RE = re.compile(r"^\s*/(stop|reset|allow|deny)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ChatCommand:
+    name: CommandName
+    argument: str = ""
+
+
+def parse_chat_command(text: str) -> ChatCommand | None:
+    """`/stop`, `/reset`, `/allow [tool id]`, `/deny [reason]` (Telegram's `/stop@botname` too)."""
+    match = _COMMAND_RE.match(text)
+    if match is None:
+        return None
+    return ChatCommand(name=match.group(1).lower(), argument=(match.group(2) or "").strip())  # type: ignore[arg-type]
+
+
+def trigger_reason(message: InboundMessage, bot: BotConfig) -> TriggerReason | None:
+    """Why this message should start a turn, or None. Private: always; group: per policy."""
+    if message.chat_type == "private":
+        return "private"
+    policy = bot.trigger
+    if policy.mention and (message.mentions_bot or (bot.self_id is not None and bot.self_id in message.mentions)):
+        return "mention"
+    if policy.reply_to_bot and message.reply_to is not None and message.reply_to.is_bot:
+        return "reply_to_bot"
+    text = message.text.lstrip()
+    if policy.command_prefix and text.startswith(policy.command_prefix):
+        return "command"
+    if policy.keywords:
+        lowered = text.lower()
+        if any(keyword.lower() in lowered for keyword in policy.keywords):
+            return "keyword"
+    return None
+
+
+def strip_trigger(text: str, bot: BotConfig) -> str:
+    """Remove the command prefix a message was triggered with (the agent needs the question)."""
+    prefix = bot.trigger.command_prefix
+    stripped = text.lstrip()
+    if prefix and stripped.startswith(prefix):
+        return stripped[len(prefix) :].lstrip()
+    return text
+
+
+def content_blocks(message: InboundMessage, bot: BotConfig, *, label_sender: bool) -> list[dict[str, object]]:
+    """Session content blocks (text, image) from the message's neutral segments."""
+    head = f"[{message.sender.name or message.sender.user_id} ({message.sender.user_id})] " if label_sender else ""
+    blocks: list[dict[str, object]] = []
+    texts: list[str] = []
+    for segment in message.segments:
+        if isinstance(segment, TextSegment):
+            texts.append(segment.data.text)
+        elif isinstance(segment, MentionSegment):
+            if segment.data.target != bot.self_id:
+                texts.append(f"@{segment.data.target}")
+        elif isinstance(segment, ImageSegment) and segment.data.media.kind == "url":
+            blocks.append({"type": "image", "source": {"type": "url", "url": segment.data.media.value}})
+    text = "".join(texts).strip() if texts else message.text
+    text = strip_trigger(text, bot)
+    blocks.insert(0, {"type": "text", "text": head + text})
+    return blocks
+
+
+PromptBuilder = Callable[[BotConfig, InboundMessage, list[ContextEntry]], str | None]
+
+
+class IngestStage:
+    def __init__(
+        self,
+        settings: Settings,
+        state: StateStore,
+        outputs: Outputs,
+        notices: Notices,
+        prompt: PromptBuilder,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.outputs = outputs
+        self.notices = notices
+        self.prompt = prompt
+
+    async def handle(self, message: InboundMessage) -> None:
+        bot = self.settings.bot(message.platform, message.bot_id)
+        if bot is None:
+            metrics.INBOUND_DROPPED.labels(message.platform, "unknown_bot").inc()
+            await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())
+            return
+        dedup_id = f"{message.platform}:{message.bot_id}:{message.event_id or message.message_id}"
+        if not await self.state.first_time("in", dedup_id):
+            metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
+            return
+        message.hops["ingest"] = now_ms()
+        command = parse_chat_command(message.text)
+        if command is not None:
+            await self._command(bot, message, command)
+            return
+        reason = trigger_reason(message, bot)
+        if message.chat_type == "group":
+            window = await self.state.context(message.conversation_key, self.settings.group_context_size)
+            await self.state.push_context(
+                message.conversation_key,
+                ContextEntry(
+                    message_id=message.message_id,
+                    user_id=message.sender.user_id,
+                    name=message.sender.name,
+                    text=message.text[:500],
+                    at_ms=message.sent_at_ms or message.hops.get("ingress", 0.0),
+                ),
+                self.settings.group_context_size,
+            )
+        else:
+            window = []
+        if reason is None:
+            metrics.INBOUND_FILTERED.labels(message.platform).inc()
+            return
+        metrics.TURNS_TRIGGERED.labels(message.platform, reason).inc()
+        await self.outputs.session_command(self.user_turn(bot, message, window))
+
+    def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
+        inbound_ids = [message.message_id]
+        event = {
+            "type": "user.message",
+            "id": user_message_id(message.conversation_key, inbound_ids),
+            "content": content_blocks(message, bot, label_sender=message.chat_type == "group"),
+        }
+        return SessionCommand(
+            kind="user_turn",
+            conversation_key=message.conversation_key,
+            platform=message.platform,
+            bot_id=message.bot_id,
+            chat_id=message.chat_id,
+            chat_type=message.chat_type,
+            events=[event],
+            system_text=self.prompt(bot, message, window),
+            inbound_ids=inbound_ids,
+            sender=message.sender,
+            reply_to_message_id=message.message_id,
+            route=message.route,
+            trace_id=message.trace_id,
+            hops=message.hops,
+            known_ids=_known_ids(bot, message, window),
+        )
+
+    async def _command(self, bot: BotConfig, message: InboundMessage, command: ChatCommand) -> None:
+        metrics.CHAT_COMMANDS.labels(message.platform, command.name).inc()
+        conversation = message.conversation_key
+        if command.name == "reset":
+            await self.state.unmap_session(conversation)
+            await self.outputs.outbound(self._notice(bot, message, "reset"))
+            return
+        if command.name == "stop":
+            await self.outputs.session_command(self._control(message, "interrupt", []))
+            return
+        # /allow, /deny: answer the pending tool confirmations, if this sender may.
+        state = await self.state.conversation(conversation)
+        confirmations = [p for p in state.pending if p.kind == "confirmation"]
+        if command.argument and command.name == "allow":
+            confirmations = [p for p in confirmations if p.event_id == command.argument] or confirmations
+        if not confirmations:
+            metrics.INBOUND_DROPPED.labels(message.platform, "nothing_to_confirm").inc()
+            return
+        if not may_answer(bot, state.turn.starter_id if state.turn else None, message):
+            metrics.INBOUND_DROPPED.labels(message.platform, "confirmation_refused").inc()
+            await self.outputs.outbound(
+                self._notice(bot, message, "confirmation_refused", who=_who_may_answer(bot, state.turn))
+            )
+            return
+        events: list[dict[str, object]] = []
+        for pending in confirmations:
+            event: dict[str, object] = {
+                "type": "user.tool_confirmation",
+                "tool_use_id": pending.event_id,
+                "result": command.name,
+            }
+            if command.name == "deny" and command.argument:
+                event["deny_message"] = command.argument
+            if pending.session_thread_id:
+                event["session_thread_id"] = pending.session_thread_id
+            events.append(event)
+        await self.outputs.session_command(self._control(message, "tool_confirmation", events))
+
+    def _control(self, message: InboundMessage, kind: str, events: list[dict[str, object]]) -> SessionCommand:
+        return SessionCommand(
+            kind=kind,  # type: ignore[arg-type]
+            conversation_key=message.conversation_key,
+            platform=message.platform,
+            bot_id=message.bot_id,
+            chat_id=message.chat_id,
+            chat_type=message.chat_type,
+            events=events,
+            inbound_ids=[message.message_id],
+            sender=message.sender,
+            reply_to_message_id=message.message_id,
+            route=message.route,
+            trace_id=message.trace_id,
+            hops=message.hops,
+        )
+
+    def _notice(self, bot: BotConfig, message: InboundMessage, name: str, **params: str) -> OutboundMessage:
+        return self.notices.outbound(
+            bot,
+            name,
+            params=params,
+            platform=message.platform,
+            chat_id=message.chat_id,
+            chat_type=message.chat_type,
+            conversation_key=message.conversation_key,
+            outbound_id=stable_id("notice-", message.conversation_key, message.message_id, name),
+            reply_to_message_id=message.message_id,
+            route=message.route,
+            trace_id=message.trace_id,
+            hops=message.hops,
+        )
+
+
+def may_answer(bot: BotConfig, starter_id: str | None, message: InboundMessage) -> bool:
+    """Who may answer a tool confirmation: a policy per bot."""
+    if bot.confirm_policy == "anyone" or message.chat_type == "private":
+        return True
+    if message.sender.is_admin:
+        return True
+    return bot.confirm_policy == "starter_and_admins" and starter_id == message.sender.user_id
+
+
+def _who_may_answer(bot: BotConfig, turn: TurnContext | None) -> str:
+    if bot.confirm_policy == "anyone":
+        return "anyone"
+    starter = f"@{turn.starter_id}" if turn is not None and turn.starter_id else ""
+    if bot.confirm_policy == "admins" or not starter:
+        return "admins"
+    return f"{starter} / admins"
+
+
+def _known_ids(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> list[str]:
+    """Ids the agent may mention this turn (S5): sender, replied-to author, context, mentions."""
+    ids = [message.sender.user_id]
+    if message.reply_to is not None and message.reply_to.user_id:
+        ids.append(message.reply_to.user_id)
+    ids.extend(entry.user_id for entry in window)
+    ids.extend(message.mentions)
+    seen: set[str] = set()
+    unique = []
+    for ident in ids:
+        if ident and ident != bot.self_id and ident not in seen:
+            seen.add(ident)
+            unique.append(ident)
+    return unique

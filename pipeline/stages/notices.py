@@ -1,0 +1,38 @@
+"""Host-written notices as outbound messages (the texts live in `pipeline.segments.notices`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline import metrics
+from pipeline.records import OutboundKind, OutboundMessage
+from pipeline.segments.models import TextData, TextSegment
+from pipeline.segments.notices import NoticeCatalog, NoticeKind
+from pipeline.settings import BotConfig, Settings
+
+
+class Notices:
+    def __init__(self, settings: Settings) -> None:
+        self.catalog = NoticeCatalog(
+            bot_overrides={bot.bot_id: {bot.language: dict(bot.notices)} for bot in settings.bots if bot.notices}
+        )
+
+    def text(self, bot: BotConfig, kind: NoticeKind | str, **params: str) -> str:
+        return self.catalog.render(NoticeKind(kind), language=bot.language, bot_id=bot.bot_id, **params).text
+
+    def outbound(
+        self,
+        bot: BotConfig,
+        kind: NoticeKind | str,
+        *,
+        params: dict[str, str] | None = None,
+        message_kind: OutboundKind = "notice",
+        **routing: Any,
+    ) -> OutboundMessage:
+        metrics.NOTICES.labels(bot.platform, str(NoticeKind(kind).value)).inc()
+        return OutboundMessage(
+            kind=message_kind,
+            bot_id=bot.bot_id,
+            segments=[TextSegment(type="text", data=TextData(text=self.text(bot, kind, **(params or {}))))],
+            **routing,
+        )

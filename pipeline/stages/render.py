@@ -1,0 +1,367 @@
+"""Render: `session.events` → `im.outbound.<platform>` (and tool answers to `session.input`).
+
+A per-conversation turn state machine. The last `agent.message` before `session.status_idle` with
+`end_turn` is the final reply: it goes through the segments contract (validation, one correction,
+mentions, leak and media checks) and out as one `OutboundMessage`. `requires_action` becomes a
+confirmation prompt in the chat, or an answer from a registered IM tool. Errors, exhausted retries
+and dead sessions become fixed host notices; a dead session is unmapped. Thinking is never shown.
+
+Replays are harmless: every outbound id and every answer id is derived from server event ids, so
+egress and dispatch drop what they already did.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pipeline import metrics
+from pipeline.records import OutboundKind, OutboundMessage, SessionCommand, SessionEventRecord, now_ms
+from pipeline.segments import finalize as contract
+from pipeline.segments.context import Capabilities, Member, ReplyPolicy
+from pipeline.segments.context import TurnContext as ReplyContext
+from pipeline.segments.models import Segment, TextData, TextSegment
+from pipeline.settings import BotConfig, Settings
+from pipeline.state import ConversationState, StateStore
+from pipeline.state.store import PendingAction
+
+from ._ids import stable_id
+from .notices import Notices
+from .outputs import Outputs
+from .tools import ImTools
+
+log = logging.getLogger(__name__)
+
+_TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
+
+
+def message_text(event: dict[str, Any]) -> str:
+    """The text of an agent.message: its text blocks joined (the reply contract is one string)."""
+    blocks = event.get("content") or []
+    return "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+
+
+def pending_from_tool_event(event: dict[str, Any], event_type: str) -> PendingAction | None:
+    """A tool call the chat (or Switchboard) must answer: `ask` permissions and custom tools."""
+    event_id = event.get("id")
+    if not event_id:
+        return None
+    if event_type == "agent.custom_tool_use":
+        kind = "custom_tool"
+    elif event.get("evaluated_permission") == "ask":
+        kind = "confirmation"
+    else:
+        return None
+    return PendingAction(
+        event_id=event_id,
+        kind=kind,  # type: ignore[arg-type]
+        name=str(event.get("name") or ""),
+        input=event.get("input") if isinstance(event.get("input"), dict) else {},
+        session_thread_id=event.get("session_thread_id"),
+    )
+
+
+class RenderStage:
+    def __init__(
+        self,
+        settings: Settings,
+        state: StateStore,
+        outputs: Outputs,
+        notices: Notices,
+        policies: dict[tuple[str, str], ReplyPolicy],
+        capabilities: dict[str, Capabilities],
+        tools: ImTools,
+        *,
+        corrector: contract.ReplyCorrector | None = None,
+        media: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.outputs = outputs
+        self.notices = notices
+        self.policies = policies
+        self.capabilities = capabilities
+        self.tools = tools
+        self.corrector = corrector
+        self.media = media
+
+    async def handle(self, record: SessionEventRecord) -> None:
+        event = record.event
+        event_type = record.event_type
+        conversation = record.conversation_key
+        if event_type == "agent.message":
+            await self.state.update_conversation(
+                conversation, last_message=message_text(event), last_message_id=record.event_id
+            )
+            return
+        if event_type in _TOOL_CALLS:
+            await self._tool_call(record)
+            return
+        if event_type == "span.model_request_end":
+            usage = event.get("model_usage") or {}
+            for kind in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                value = usage.get(kind)
+                if isinstance(value, int) and value > 0:
+                    metrics.TOKENS.labels(kind).inc(value)
+            return
+        if event_type == "session.error":
+            error = event.get("error") or {}
+            retry = (error.get("retry_status") or {}).get("type", "unknown")
+            metrics.SESSION_ERRORS.labels(str(error.get("type", "unknown"))[:40], retry).inc()
+            return
+        if event_type not in ("session.status_idle", "session.status_terminated", "session.deleted"):
+            return  # running, usage, spans, thread events, thinking: nothing for the chat
+        state = await self.state.conversation(conversation)
+        bot = self._bot(conversation, state)
+        if bot is None:
+            log.warning("render: no bot for %s", conversation)
+            return
+        if event_type == "session.status_idle":
+            stop = (event.get("stop_reason") or {}).get("type", "end_turn")
+            metrics.TURNS_FINISHED.labels(bot.platform, stop).inc()
+            if stop == "requires_action":
+                await self._requires_action(bot, record, state)
+            elif stop == "end_turn":
+                await self._final_reply(bot, record, state)
+            else:  # retries_exhausted, budget_reached, …: the turn ends, the session stays usable
+                notice = "retries_exhausted" if stop == "retries_exhausted" else "session_error"
+                await self._notice(bot, record, state, notice)
+                await self._turn_over(bot, record, state)
+            return
+        # Terminal: say so once, forget the session; the next message starts a new one.
+        metrics.TURNS_FINISHED.labels(bot.platform, event_type.rsplit(".", 1)[-1]).inc()
+        kind = "session_terminated" if event_type == "session.status_terminated" else "session_deleted"
+        await self._notice(bot, record, state, kind)
+        await self.state.unmap_session(conversation, record.session_id)
+
+    # -- steps ---------------------------------------------------------------------------------
+    async def _tool_call(self, record: SessionEventRecord) -> None:
+        conversation = record.conversation_key
+        state = await self.state.conversation(conversation)
+        updates: dict[str, Any] = {}
+        pending = pending_from_tool_event(record.event, record.event_type)
+        if pending is not None:
+            tools = dict(state.tools)
+            tools[pending.event_id] = pending
+            updates["tools"] = tools
+        bot = self._bot(conversation, state)
+        if state.last_message and bot is not None and bot.progress:
+            # The agent.message before a tool call is progress, shown as plain text (S16).
+            await self._emit(bot, record, state, "progress", [_text(state.last_message)], suffix="progress")
+        if state.last_message:
+            updates["last_message"] = None
+        if updates:
+            await self.state.update_conversation(conversation, **updates)
+
+    async def _requires_action(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
+        stop = record.event.get("stop_reason") or {}
+        ids = [str(i) for i in stop.get("event_ids") or []]
+        pending = [state.tools.get(i) or PendingAction(event_id=i, kind="confirmation") for i in ids]
+        confirmations = [p for p in pending if p.kind == "confirmation"]
+        custom = [p for p in pending if p.kind == "custom_tool"]
+        await self.state.update_conversation(
+            record.conversation_key, status="requires_action", pending=confirmations, last_message=None
+        )
+        if custom:
+            await self._answer_custom_tools(bot, record, state, custom)
+        if confirmations:
+            turn = state.turn
+            who = f"@{turn.starter_id}" if turn and turn.starter_id and bot.confirm_policy != "admins" else "admins"
+            if bot.confirm_policy == "anyone" or (turn is not None and turn.chat_type == "private"):
+                who = "anyone" if bot.confirm_policy == "anyone" else who
+            names = ", ".join(sorted({p.name or "?" for p in confirmations}))
+            await self._notice(
+                bot, record, state, "tool_confirmation_prompt", kind="confirmation",
+                params={"tool_name": names, "who": who, "tool_input": json.dumps(confirmations[0].input)[:200]},
+            )
+
+    async def _answer_custom_tools(
+        self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, calls: list[PendingAction]
+    ) -> None:
+        turn = state.turn
+        events = []
+        for call in calls:
+            result = await self.tools.run(bot, record.conversation_key, turn, call)
+            metrics.CUSTOM_TOOLS.labels(call.name if self.tools.known(call.name) else "unregistered",
+                                        "error" if result.is_error else "ok").inc()
+            if result.outbound is not None:
+                await self.outputs.outbound(
+                    self._outbound(bot, record, state, "progress", result.outbound, suffix=f"tool:{call.event_id}")
+                )
+            event: dict[str, Any] = {
+                "type": "user.custom_tool_result",
+                "custom_tool_use_id": call.event_id,
+                "content": [{"type": "text", "text": result.text}],
+            }
+            if result.is_error:
+                event["is_error"] = True
+            if call.session_thread_id:
+                event["session_thread_id"] = call.session_thread_id
+            events.append(event)
+        if turn is None:
+            return
+        await self.outputs.session_command(
+            SessionCommand(
+                kind="tool_result",
+                conversation_key=record.conversation_key,
+                platform=turn.platform,
+                bot_id=turn.bot_id,
+                chat_id=turn.chat_id,
+                chat_type=turn.chat_type,
+                session_id=record.session_id,
+                events=events,
+                route=turn.route,
+                trace_id=turn.trace_id,
+                hops=turn.hops,
+            )
+        )
+
+    async def _final_reply(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
+        if state.interrupted:
+            await self._notice(bot, record, state, "stopped")
+            await self._turn_over(bot, record, state)
+            return
+        turn = state.turn
+        ctx = ReplyContext(
+            bot_id=bot.bot_id,
+            platform=bot.platform,
+            chat_type=turn.chat_type if turn else "private",
+            sender_id=turn.starter_id or "" if turn else "",
+            chat_id=turn.chat_id if turn else "",
+            context_members=tuple(Member(user_id=i) for i in (turn.known_ids if turn else [])),
+            bot_self_ids=frozenset({bot.self_id} if bot.self_id else ()),
+        )
+        policy = self.policies[(bot.platform, bot.bot_id)]
+        outcome = await contract.finalize_reply(
+            state.last_message or "",
+            ctx,
+            policy,
+            corrector=self.corrector,
+            media=self.media,
+            capabilities=self.capabilities.get(bot.platform, Capabilities()),
+        )
+        platform = bot.platform
+        metrics.SEGMENTS.labels(platform, _segments_outcome(outcome)).inc()
+        if outcome.leak_hits:
+            metrics.LEAK_HITS.labels(platform).inc(outcome.leak_hits)
+        if outcome.media_rejected:
+            metrics.MEDIA_REJECTED.labels(platform).inc(outcome.media_rejected)
+        if outcome.unknown_mentions:
+            metrics.UNKNOWN_MENTIONS.labels(platform).inc(outcome.unknown_mentions)
+        if outcome.reason not in (contract.OutcomeReason.OK, contract.OutcomeReason.NO_REPLY):
+            log.info("reply of %s: %s %s", record.conversation_key, outcome.reason.value, outcome.detail)
+        if outcome.notice is not None:
+            metrics.NOTICES.labels(platform, outcome.notice.kind.value).inc()
+            await self._emit(bot, record, state, "notice", [_text(outcome.notice.text)], suffix="reply")
+        elif outcome.passthrough is not None:
+            await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply")
+        elif outcome.segments:
+            await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply")
+        await self._turn_over(bot, record, state)
+
+    async def _turn_over(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
+        """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
+        await self.state.update_conversation(
+            record.conversation_key, status="idle", last_message=None, pending=[], tools={}, interrupted=False
+        )
+        if state.held > 0 and state.turn is not None:
+            turn = state.turn
+            await self.outputs.session_command(
+                SessionCommand(
+                    kind="flush",
+                    conversation_key=record.conversation_key,
+                    platform=turn.platform,
+                    bot_id=turn.bot_id,
+                    chat_id=turn.chat_id,
+                    chat_type=turn.chat_type,
+                    session_id=record.session_id,
+                    trace_id=stable_id("flush-", record.event_id or record.conversation_key),
+                )
+            )
+
+    # -- output helpers ------------------------------------------------------------------------
+    async def _notice(
+        self,
+        bot: BotConfig,
+        record: SessionEventRecord,
+        state: ConversationState,
+        notice: str,
+        *,
+        kind: OutboundKind = "notice",
+        params: dict[str, str] | None = None,
+    ) -> None:
+        metrics.NOTICES.labels(bot.platform, notice).inc()
+        text = self.notices.text(bot, notice, **(params or {}))
+        await self._emit(bot, record, state, kind, [_text(text)], suffix=notice)
+
+    async def _emit(
+        self,
+        bot: BotConfig,
+        record: SessionEventRecord,
+        state: ConversationState,
+        kind: OutboundKind,
+        segments: list[Segment],
+        *,
+        suffix: str,
+    ) -> None:
+        await self.outputs.outbound(self._outbound(bot, record, state, kind, segments, suffix=suffix))
+
+    def _outbound(
+        self,
+        bot: BotConfig,
+        record: SessionEventRecord,
+        state: ConversationState,
+        kind: OutboundKind,
+        segments: list[Segment],
+        *,
+        suffix: str,
+    ) -> OutboundMessage:
+        turn = state.turn
+        hops = dict(turn.hops) if turn else {}
+        hops.update(record.hops)
+        hops["render"] = now_ms()
+        chat_id, chat_type = _chat_of(record.conversation_key, turn)
+        return OutboundMessage(
+            outbound_id=stable_id("out-", record.conversation_key, record.event_id or record.session_id, suffix),
+            kind=kind,
+            platform=bot.platform,
+            bot_id=bot.bot_id,
+            chat_id=chat_id,
+            chat_type=chat_type,
+            conversation_key=record.conversation_key,
+            segments=segments,
+            reply_to_message_id=turn.reply_to_message_id if turn and kind == "reply" else None,
+            route=turn.route if turn else {},
+            trace_id=turn.trace_id if turn else record.trace_id,
+            hops=hops,
+        )
+
+    def _bot(self, conversation: str, state: ConversationState) -> BotConfig | None:
+        if state.turn is not None:
+            return self.settings.bot(state.turn.platform, state.turn.bot_id)
+        platform, bot_id = conversation.split(":", 2)[:2]
+        return self.settings.bot(platform, bot_id)
+
+
+def _text(text: str) -> TextSegment:
+    return TextSegment(type="text", data=TextData(text=text))
+
+
+def _chat_of(conversation: str, turn: Any) -> tuple[str, Any]:
+    if turn is not None:
+        return turn.chat_id, turn.chat_type
+    # platform:bot:chat[:user] — without turn state (Redis lost) the chat id is still in the key.
+    parts = conversation.split(":")
+    return parts[2] if len(parts) > 2 else "", "group" if len(parts) > 3 else "private"
+
+
+def _segments_outcome(outcome: contract.ReplyOutcome) -> str:
+    reason = outcome.reason
+    if reason is contract.OutcomeReason.NO_REPLY:
+        return "empty"
+    if reason is contract.OutcomeReason.CORRECTED:
+        return "corrected"
+    if outcome.notice is not None:
+        return "failed"
+    return "valid"

@@ -1,0 +1,7 @@
+"""Shared state in Redis: conversation ↔ session, turn state, held messages, streams in flight,
+de-duplication markers, the group-context window. All keys live under one prefix."""
+
+from pipeline.state.exceptions import StateError
+from pipeline.state.store import ContextEntry, ConversationState, InflightStream, StateStore, TurnContext
+
+__all__ = ["ContextEntry", "ConversationState", "InflightStream", "StateError", "StateStore", "TurnContext"]

@@ -1,0 +1,5 @@
+"""Errors of the state package."""
+
+
+class StateError(Exception):
+    """Redis could not be reached or answered unexpectedly."""

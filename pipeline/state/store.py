@@ -1,0 +1,299 @@
+"""Typed access to Switchboard's Redis state.
+
+Every key is `<prefix><kind>:<id>`. Conversation keys (`platform:bot:chat[:user]`) contain colons;
+Redis does not care. TTLs: the conversation ↔ session mapping and the conversation's state expire
+after `mapping_ttl` of inactivity (the next message starts a fresh session); de-duplication markers
+after `dedup_ttl`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+
+ConversationStatus = Literal["idle", "running", "requires_action"]
+
+
+class ContextEntry(BaseModel):
+    """One recent group message, for the agent's context and the known mention targets."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message_id: str
+    user_id: str
+    name: str = ""
+    text: str = ""
+    at_ms: float = 0.0
+
+
+class PendingAction(BaseModel):
+    """A tool waiting on the chat: a confirmation (`ask`) or a custom tool result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event_id: str
+    kind: Literal["confirmation", "custom_tool"]
+    name: str = ""
+    input: dict[str, Any] = Field(default_factory=dict)
+    session_thread_id: str | None = None
+
+
+class TurnContext(BaseModel):
+    """What render needs to know about the turn dispatch started."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    trace_id: str
+    platform: str
+    bot_id: str
+    chat_id: str
+    chat_type: Literal["private", "group"]
+    starter_id: str | None = None
+    known_ids: list[str] = Field(default_factory=list)
+    reply_to_message_id: str | None = None
+    route: dict[str, str] = Field(default_factory=dict)
+    hops: dict[str, float] = Field(default_factory=dict)
+    inbound_ids: list[str] = Field(default_factory=list)
+
+
+class ConversationState(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    status: ConversationStatus = "idle"
+    session_id: str | None = None
+    turn: TurnContext | None = None
+    last_message: str | None = None
+    last_message_id: str | None = None
+    pending: list[PendingAction] = Field(default_factory=list)
+    tools: dict[str, PendingAction] = Field(default_factory=dict)
+    interrupted: bool = False
+    held: int = 0
+
+
+@dataclass
+class InflightStream:
+    """A session whose stream a worker must hold: routing and where to resume."""
+
+    session_id: str
+    conversation_key: str
+    cursor: str | None = None
+    trace_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class StateStore:
+    def __init__(self, redis: Redis, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400):
+        self.redis = redis
+        self.prefix = prefix
+        self.mapping_ttl = mapping_ttl
+        self.dedup_ttl = dedup_ttl
+
+    def key(self, kind: str, ident: str) -> str:
+        return f"{self.prefix}{kind}:{ident}"
+
+    # -- conversation ↔ session -------------------------------------------------------------
+    async def session_for(self, conversation: str) -> str | None:
+        value = await self.redis.get(self.key("c2s", conversation))
+        return _text(value)
+
+    async def conversation_for(self, session_id: str) -> str | None:
+        return _text(await self.redis.get(self.key("s2c", session_id)))
+
+    async def map_session(self, conversation: str, session_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.key("c2s", conversation), session_id, ex=self.mapping_ttl)
+            pipe.set(self.key("s2c", session_id), conversation, ex=self.mapping_ttl)
+            pipe.hset(self.key("conv", conversation), "session_id", session_id)
+            pipe.expire(self.key("conv", conversation), self.mapping_ttl)
+            await pipe.execute()
+
+    async def unmap_session(self, conversation: str, session_id: str | None = None) -> None:
+        """Forget the conversation's session (terminal, deleted, /reset): the next message starts anew.
+
+        Only unmaps if the mapping still names `session_id` (a newer session must survive a late
+        notice about an older one).
+        """
+        current = await self.session_for(conversation)
+        if session_id is not None and current is not None and current != session_id:
+            await self.redis.delete(self.key("s2c", session_id))
+            return
+        keys = [self.key("c2s", conversation), self.key("conv", conversation), self.key("held", conversation)]
+        if current:
+            keys.append(self.key("s2c", current))
+        if session_id and session_id != current:
+            keys.append(self.key("s2c", session_id))
+        await self.redis.delete(*keys)
+
+    # -- conversation state -----------------------------------------------------------------
+    async def conversation(self, conversation: str) -> ConversationState:
+        raw = await self.redis.hgetall(self.key("conv", conversation))
+        if not raw:
+            return ConversationState()
+        data = {_text(k): _text(v) for k, v in raw.items()}
+        return ConversationState(
+            status=data.get("status") or "idle",  # type: ignore[arg-type]
+            session_id=data.get("session_id"),
+            turn=TurnContext.model_validate_json(data["turn"]) if data.get("turn") else None,
+            last_message=data.get("last_message"),
+            last_message_id=data.get("last_message_id"),
+            pending=[PendingAction.model_validate(p) for p in json.loads(data.get("pending") or "[]")],
+            tools={k: PendingAction.model_validate(v) for k, v in json.loads(data.get("tools") or "{}").items()},
+            interrupted=data.get("interrupted") == "1",
+            held=int(data.get("held") or 0),
+        )
+
+    async def update_conversation(self, conversation: str, **fields: Any) -> None:
+        mapping: dict[str, str] = {}
+        deletes: list[str] = []
+        for name, value in fields.items():
+            if value is None:
+                deletes.append(name)
+            elif isinstance(value, BaseModel):
+                mapping[name] = value.model_dump_json()
+            elif isinstance(value, bool):
+                mapping[name] = "1" if value else "0"
+            elif isinstance(value, list):
+                mapping[name] = json.dumps([v.model_dump() if isinstance(v, BaseModel) else v for v in value])
+            elif isinstance(value, dict):
+                mapping[name] = json.dumps(
+                    {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in value.items()}
+                )
+            else:
+                mapping[name] = str(value)
+        key = self.key("conv", conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+            if deletes:
+                pipe.hdel(key, *deletes)
+            pipe.expire(key, self.mapping_ttl)
+            await pipe.execute()
+
+    # -- held messages (busy policies merge / queue) ------------------------------------------
+    async def hold(self, conversation: str, command_json: str) -> int:
+        key = self.key("held", conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, command_json)
+            pipe.expire(key, self.mapping_ttl)
+            pipe.hincrby(self.key("conv", conversation), "held", 1)
+            count, _, _ = await pipe.execute()
+        return int(count)
+
+    async def take_held(self, conversation: str, limit: int | None = None) -> list[str]:
+        """Remove and return up to `limit` held commands (all when None), oldest first."""
+        key = self.key("held", conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if limit is None:
+                pipe.lrange(key, 0, -1)
+                pipe.delete(key)
+            else:
+                pipe.lpop(key, limit)
+            pipe.llen(key)
+            results = await pipe.execute()
+        taken = [_text(v) or "" for v in (results[0] or [])]
+        remaining = int(results[-1])
+        await self.redis.hset(self.key("conv", conversation), "held", remaining)
+        return taken
+
+    # -- de-duplication markers ---------------------------------------------------------------
+    async def first_time(self, kind: str, ident: str, ttl: int | None = None) -> bool:
+        """True the first time `ident` is seen (sets the marker atomically)."""
+        return bool(await self.redis.set(self.key(f"dedup:{kind}", ident), "1", nx=True, ex=ttl or self.dedup_ttl))
+
+    async def marker(self, kind: str, ident: str) -> str | None:
+        return _text(await self.redis.get(self.key(f"dedup:{kind}", ident)))
+
+    async def set_marker(self, kind: str, ident: str, value: str = "1", ttl: int | None = None) -> None:
+        await self.redis.set(self.key(f"dedup:{kind}", ident), value, ex=ttl or self.dedup_ttl)
+
+    async def clear_marker(self, kind: str, ident: str) -> None:
+        await self.redis.delete(self.key(f"dedup:{kind}", ident))
+
+    # -- streams in flight, per partition -------------------------------------------------------
+    async def add_inflight(self, partition: int, stream: InflightStream) -> None:
+        await self.redis.hset(self.key("inflight", str(partition)), stream.session_id, _dump_inflight(stream))
+
+    async def set_cursor(self, partition: int, stream: InflightStream) -> None:
+        await self.add_inflight(partition, stream)
+
+    async def remove_inflight(self, partition: int, session_id: str) -> None:
+        await self.redis.hdel(self.key("inflight", str(partition)), session_id)
+
+    async def inflight(self, partition: int) -> list[InflightStream]:
+        raw = await self.redis.hgetall(self.key("inflight", str(partition)))
+        streams = []
+        for session_id, value in raw.items():
+            data = json.loads(_text(value) or "{}")
+            streams.append(
+                InflightStream(
+                    session_id=_text(session_id) or "",
+                    conversation_key=data.get("conversation_key", ""),
+                    cursor=data.get("cursor"),
+                    trace_id=data.get("trace_id"),
+                    extra=data.get("extra") or {},
+                )
+            )
+        return streams
+
+    # -- stream cursors (the last event id processed, per session) --------------------------------
+    async def session_cursor(self, session_id: str) -> str | None:
+        return _text(await self.redis.get(self.key("cursor", session_id)))
+
+    async def save_session_cursor(self, session_id: str, cursor: str) -> None:
+        await self.redis.set(self.key("cursor", session_id), cursor, ex=self.mapping_ttl)
+
+    # -- group-context window -----------------------------------------------------------------
+    async def push_context(self, conversation: str, entry: ContextEntry, size: int) -> None:
+        if size <= 0:
+            return
+        key = self.key("ctx", conversation)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, entry.model_dump_json())
+            pipe.ltrim(key, 0, size - 1)
+            pipe.expire(key, self.mapping_ttl)
+            await pipe.execute()
+
+    async def context(self, conversation: str, size: int) -> list[ContextEntry]:
+        """The window, oldest first."""
+        if size <= 0:
+            return []
+        raw = await self.redis.lrange(self.key("ctx", conversation), 0, size - 1)
+        return [ContextEntry.model_validate_json(v) for v in reversed(raw)]
+
+    # -- console deliveries ---------------------------------------------------------------------
+    async def append_console(self, bot_id: str, chat_id: str, payload: str, cap: int = 500) -> int:
+        key = self.key("console", f"{bot_id}:{chat_id}")
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(key, payload)
+            pipe.ltrim(key, -cap, -1)
+            pipe.expire(key, self.mapping_ttl)
+            pipe.publish(self.key("console-live", bot_id), chat_id)
+            count, *_ = await pipe.execute()
+        return int(count)
+
+    async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
+        raw = await self.redis.lrange(self.key("console", f"{bot_id}:{chat_id}"), 0, -1)
+        return [_text(v) or "" for v in raw]
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def _dump_inflight(stream: InflightStream) -> str:
+    return json.dumps(
+        {
+            "conversation_key": stream.conversation_key,
+            "cursor": stream.cursor,
+            "trace_id": stream.trace_id,
+            "extra": stream.extra,
+        }
+    )

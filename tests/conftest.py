@@ -1,0 +1,182 @@
+"""Shared fixtures: real brokers and Redis started on free ports for the test session.
+
+Brokers
+    ``kafka_bootstrap`` (session, str) is parametrised over the brokers named in
+    ``SWITCHBOARD_TEST_BROKERS`` (comma separated; default ``tansu``; add ``kafka`` for Apache
+    Kafka, which is fetched with Maven on first use and takes a few seconds to boot). A test that
+    takes ``kafka_bootstrap`` (or ``kafka_broker``, ``topic_factory``) runs once per broker, with
+    ids ``[tansu]`` / ``[kafka]``. ``tansu_broker`` / ``apache_kafka`` give one broker explicitly
+    (``apache_kafka`` skips unless enabled).
+
+Redis
+    ``redis_server`` (session) is a real redis-server; ``redis_url`` (function) is a URL to a DB
+    number no other test in the session is using (flushed before use); ``redis_prefix`` a unique
+    key prefix; ``redis_client`` a ``redis.asyncio.Redis`` on ``redis_url``.
+
+Factories for fault tests that stop/kill services: ``redis_server_factory`` and
+``tansu_broker_factory`` start private instances that are stopped when the test ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
+from pipeline.kafka.testing import TopicFactory
+from pipeline.kafka.testing import unique_name as _unique_name
+
+BROKERS_ENV = "SWITCHBOARD_TEST_BROKERS"
+KNOWN_BROKERS = ("tansu", "kafka")
+#: DBs per session Redis: each test gets its own, so tests never see each other's keys
+REDIS_DATABASES = 512
+
+KafkaBroker = TansuBroker | ApacheKafka
+
+
+def enabled_brokers() -> list[str]:
+    raw = os.environ.get(BROKERS_ENV, "tansu")
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    unknown = [n for n in names if n not in KNOWN_BROKERS]
+    if unknown:
+        raise pytest.UsageError(f"{BROKERS_ENV}: unknown broker(s) {unknown}; known: {KNOWN_BROKERS}")
+    return names or ["tansu"]
+
+
+# -- brokers ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def tansu_broker() -> Iterator[TansuBroker]:
+    """The session's Tansu broker (always available)."""
+    with TansuBroker() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[ApacheKafka]:
+    """The session's Apache Kafka broker; skips unless SWITCHBOARD_TEST_BROKERS includes ``kafka``."""
+    if "kafka" not in enabled_brokers():
+        pytest.skip(f"Apache Kafka not enabled (set {BROKERS_ENV}=tansu,kafka)")
+    with ApacheKafka() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session", params=enabled_brokers())
+def kafka_broker(request: pytest.FixtureRequest) -> KafkaBroker:
+    """The broker object for this parametrisation (``.bootstrap``, ``.kind``, ``.restart()``...)."""
+    name = "tansu_broker" if request.param == "tansu" else "apache_kafka"
+    broker: KafkaBroker = request.getfixturevalue(name)
+    return broker
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: KafkaBroker) -> str:
+    """``"127.0.0.1:PORT"`` of the broker under test (one test run per enabled broker)."""
+    return kafka_broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_fetch_max_wait_ms(kafka_broker: KafkaBroker) -> int:
+    """Consumer fetch wait suited to the broker (20 ms on Tansu, which never answers a fetch early)."""
+    return kafka_broker.recommended_fetch_max_wait_ms
+
+
+@pytest.fixture(scope="session")
+def kafka_consumer_config(kafka_broker: KafkaBroker) -> dict[str, int]:
+    """aiokafka consumer kwargs for the broker: fetch wait plus a short session timeout (Tansu
+    answers a group's first JoinGroup only after session_timeout_ms / 2)."""
+    return dict(kafka_broker.recommended_consumer_config)
+
+
+# -- names and topics ---------------------------------------------------------------------------------
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[..., str]:
+    """``unique_name(prefix="t") -> str``: unique in the session, includes the test's name."""
+    scope = request.node.name
+
+    def make(prefix: str = "t") -> str:
+        return _unique_name(prefix, scope)
+
+    return make
+
+
+@pytest.fixture
+def topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) -> TopicFactory:
+    """``await topic_factory(partitions=N, config=...) -> name``; ``await topic_factory.many(k, N)``."""
+    return TopicFactory(kafka_bootstrap, scope=request.node.name)
+
+
+# -- redis --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server for the session (no persistence)."""
+    with RedisServer(databases=REDIS_DATABASES) as server:
+        yield server
+
+
+_redis_db_counter = itertools.count(1)  # DB 0 is left for code that ignores the URL's DB
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """``redis://127.0.0.1:PORT/N`` with a DB no other test of the session uses (flushed first)."""
+    db = 1 + (next(_redis_db_counter) - 1) % (redis_server.databases - 1)
+    client = redis.Redis(host=redis_server.host, port=redis_server.port, db=db)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return redis_server.url_for_db(db)
+
+
+@pytest.fixture
+def redis_prefix(unique_name: Callable[..., str]) -> str:
+    """A unique key prefix ending in ``:``, for code that shares one DB."""
+    return unique_name("sb") + ":"
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# -- private instances for fault tests ----------------------------------------------------------------
+@pytest.fixture
+async def redis_server_factory() -> AsyncIterator[Callable[..., Awaitable[RedisServer]]]:
+    """``await redis_server_factory(aof=True)`` -> a started private RedisServer (stopped at the end)."""
+    started: list[RedisServer] = []
+
+    async def make(**kwargs: Any) -> RedisServer:
+        server = RedisServer(**kwargs)
+        started.append(server)
+        return await server.start()
+
+    yield make
+    for server in reversed(started):
+        await server.stop()
+        server.cleanup()
+
+
+@pytest.fixture
+async def tansu_broker_factory() -> AsyncIterator[Callable[..., Awaitable[TansuBroker]]]:
+    """``await tansu_broker_factory()`` -> a started private TansuBroker (stopped at the end)."""
+    started: list[TansuBroker] = []
+
+    async def make(**kwargs: Any) -> TansuBroker:
+        broker = TansuBroker(**kwargs)
+        started.append(broker)
+        return await broker.start()
+
+    yield make
+    for broker in reversed(started):
+        await broker.stop()
+        broker.cleanup()

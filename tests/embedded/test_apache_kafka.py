@@ -1,0 +1,26 @@
+"""Apache Kafka supervisor: runs only with SWITCHBOARD_TEST_BROKERS including ``kafka``."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.kafka import TopicSpec, apply_topics, consume_count, produce
+
+pytestmark = pytest.mark.slow
+
+
+async def test_started_and_healthy(apache_kafka):
+    assert await apache_kafka.health()
+    assert apache_kafka.last_start_seconds is not None
+    assert apache_kafka.last_start_seconds < apache_kafka.start_timeout
+
+
+async def test_restart_keeps_data(apache_kafka, unique_name):
+    topic = unique_name("persist")
+    await apply_topics(apache_kafka.bootstrap, [TopicSpec(topic, 2)])
+    await produce(apache_kafka.bootstrap, topic, b"k", b"before-restart")
+    port = apache_kafka.port
+    await apache_kafka.restart()
+    assert apache_kafka.port == port
+    records = await consume_count(apache_kafka.bootstrap, topic, 1, timeout=30)
+    assert records[0].value == b"before-restart"

@@ -1,0 +1,163 @@
+"""TansuBroker lifecycle and the Tansu behaviours the rest of Switchboard designs around."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from pipeline.embedded import TansuBroker, port_open
+from pipeline.kafka import admin_client, consume_count, produce
+
+
+async def test_start_health_stop(tmp_path):
+    broker = TansuBroker(run_dir=tmp_path)
+    await broker.start()
+    try:
+        assert broker.is_running
+        assert await broker.health()
+        assert broker.bootstrap == f"127.0.0.1:{broker.port}"
+        assert broker.log_path.exists()
+        async with admin_client(broker.bootstrap) as admin:
+            assert await admin.list_topics() is not None
+    finally:
+        await broker.stop()
+    assert not broker.is_running
+    assert not await broker.health()
+    assert not port_open("127.0.0.1", broker.port)
+    await broker.stop()  # idempotent
+
+
+def test_sync_context_manager_cleans_run_dir():
+    with TansuBroker() as broker:
+        run_dir = broker.run_dir
+        assert port_open("127.0.0.1", broker.port)
+    assert not broker.is_running
+    assert not run_dir.exists()
+
+
+async def test_restart_keeps_port_but_loses_data(tansu_broker_factory, unique_name):
+    """Memory storage: a restarted Tansu is empty. Broker-restart fault tests need Apache Kafka."""
+    broker = await tansu_broker_factory()
+    topic = unique_name("restart")
+    await produce(broker.bootstrap, topic, b"k", b"v")  # auto-created by Produce
+    port = broker.port
+    await broker.restart()
+    assert broker.port == port
+    async with admin_client(broker.bootstrap) as admin:
+        assert topic not in await admin.list_topics()
+
+
+async def test_kill_then_start(tansu_broker_factory):
+    broker = await tansu_broker_factory()
+    await broker.kill()
+    assert not broker.is_running
+    await broker.start()
+    assert await broker.health()
+
+
+async def test_metadata_request_auto_creates_topics(tansu_broker, unique_name):
+    """Naming an unknown topic in a Metadata request creates it on Tansu (check_topics must not)."""
+    topic = unique_name("meta")
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu_broker.bootstrap)
+    await admin.start()
+    try:
+        await admin.describe_topics([topic])
+        assert topic in await admin.list_topics()
+    finally:
+        await admin.close()
+
+
+async def test_consumer_group_commit_and_committed(tansu_broker, topic_factory, unique_name):
+    if topic_factory.bootstrap != tansu_broker.bootstrap:
+        pytest.skip("Tansu-only characterisation")
+    topic = await topic_factory(partitions=2)
+    for i in range(6):
+        await produce(tansu_broker.bootstrap, topic, f"k{i}", b"v", partition=i % 2)
+    group = unique_name("g")
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=tansu_broker.bootstrap, group_id=group, enable_auto_commit=False,
+        auto_offset_reset="earliest", **tansu_broker.recommended_consumer_config,
+    )
+    await consumer.start()
+    try:
+        seen = 0
+        async with asyncio.timeout(20):
+            while seen < 6:
+                batch = await consumer.getmany(timeout_ms=500)
+                seen += sum(len(v) for v in batch.values())
+        await consumer.commit()
+        assert await consumer.committed(TopicPartition(topic, 0)) == 3
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.slow
+async def test_first_join_waits_half_the_session_timeout(kafka_broker, topic_factory, unique_name):
+    """Tansu answers a group's first JoinGroup after session_timeout_ms / 2 (Kafka: at once)."""
+    topic = await topic_factory()
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=kafka_broker.bootstrap, group_id=unique_name("join"),
+        session_timeout_ms=4000, heartbeat_interval_ms=300, fetch_max_wait_ms=20,
+    )
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await consumer.start()
+    try:
+        async with asyncio.timeout(20):
+            while not consumer.assignment():
+                await consumer.getmany(timeout_ms=50)
+        took = loop.time() - t0
+    finally:
+        await consumer.stop()
+    if kafka_broker.kind == "tansu":
+        assert took >= 1.8, took
+    else:
+        assert took < 1.8, took
+
+
+@pytest.mark.slow
+async def test_fetch_wait_latency(kafka_broker, topic_factory):
+    """Tansu holds a fetch for the whole fetch_max_wait_ms; Apache Kafka answers as data arrives.
+
+    With a 1000 ms wait a record produced at a random moment waits ~U(0, 1000) ms on Tansu; the
+    median of 5 is above 100 ms unless 3 of 5 fall in the first 10 % (p < 0.01).
+    """
+    topic = await topic_factory(partitions=1)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=1000
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=0)
+    await consumer.start()
+    await producer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        loop = asyncio.get_running_loop()
+        latencies = []
+        for delay in (0.31, 0.57, 0.13, 0.77, 0.45):
+            await asyncio.sleep(delay)
+            t0 = loop.time()
+            await producer.send_and_wait(topic, b"x", partition=0)
+            got = await consumer.getmany(tp, timeout_ms=5000)
+            assert got.get(tp), "record not received"
+            latencies.append((loop.time() - t0) * 1000)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    median = statistics.median(latencies)
+    if kafka_broker.kind == "tansu":
+        assert median > 100, latencies
+    else:
+        assert median < 100, latencies
+
+
+async def test_consume_helpers_on_tansu(tansu_broker, unique_name):
+    topic = unique_name("helpers")
+    await produce(tansu_broker.bootstrap, topic, b"a", b"1")
+    records = await consume_count(tansu_broker.bootstrap, topic, 1, timeout=10)
+    assert records[0].value == b"1"

@@ -1,0 +1,182 @@
+"""Keyed executor: per-key FIFO, global bound, acks in offset order per partition."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from pipeline.executor import KeyedExecutor
+
+
+async def test_work_for_one_key_runs_in_submission_order() -> None:
+    executor = KeyedExecutor(max_in_flight=8)
+    seen: list[int] = []
+
+    def make(i: int):
+        async def work() -> None:
+            await asyncio.sleep(random.random() / 200)
+            seen.append(i)
+
+        return work
+
+    for i in range(50):
+        await executor.submit("conv-a", make(i), offset=i)
+    await executor.join()
+    assert seen == list(range(50))
+
+
+async def test_different_keys_run_concurrently_up_to_the_bound() -> None:
+    executor = KeyedExecutor(max_in_flight=3)
+    running = 0
+    peak = 0
+    gate = asyncio.Event()
+
+    async def work() -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await gate.wait()
+        running -= 1
+
+    for i in range(10):
+        await executor.submit(f"k{i}", work, offset=i)
+    await asyncio.sleep(0.05)
+    assert peak == 3
+    assert executor.in_flight == 3
+    gate.set()
+    await executor.join()
+    assert running == 0
+
+
+async def test_ack_never_passes_an_unfinished_message() -> None:
+    executor = KeyedExecutor(max_in_flight=16)
+    acked: list[int] = []
+    gates = {i: asyncio.Event() for i in range(6)}
+
+    def make(i: int):
+        async def work() -> None:
+            await gates[i].wait()
+
+        return work
+
+    for i in range(6):
+        await executor.submit(f"k{i}", make(i), partition=0, offset=i, ack=lambda i=i: acked.append(i))
+
+    # finish 1..5 but not 0: nothing may be acked
+    for i in range(1, 6):
+        gates[i].set()
+    await asyncio.sleep(0.05)
+    assert acked == []
+    gates[0].set()
+    await executor.join()
+    assert acked == [0, 1, 2, 3, 4, 5]
+
+
+async def test_acks_of_partitions_are_independent() -> None:
+    executor = KeyedExecutor(max_in_flight=16)
+    acked: list[tuple[int, int]] = []
+    blocker = asyncio.Event()
+
+    async def slow() -> None:
+        await blocker.wait()
+
+    async def fast() -> None:
+        return None
+
+    await executor.submit("a", slow, partition=0, offset=0, ack=lambda: acked.append((0, 0)))
+    await executor.submit("b", fast, partition=1, offset=0, ack=lambda: acked.append((1, 0)))
+    await executor.submit("c", fast, partition=1, offset=1, ack=lambda: acked.append((1, 1)))
+    await asyncio.sleep(0.05)
+    assert acked == [(1, 0), (1, 1)]
+    blocker.set()
+    await executor.join()
+    assert acked[-1] == (0, 0)
+
+
+async def test_random_completion_order_releases_acks_in_offset_order() -> None:
+    rng = random.Random(7)
+    executor = KeyedExecutor(max_in_flight=32)
+    acked: dict[int, list[int]] = {0: [], 1: []}
+    for offset in range(200):
+        partition = offset % 2
+
+        async def work(delay: float = rng.random() / 100) -> None:
+            await asyncio.sleep(delay)
+
+        await executor.submit(
+            f"k{rng.randrange(40)}",
+            work,
+            partition=partition,
+            offset=offset,
+            ack=lambda p=partition, o=offset: acked[p].append(o),
+        )
+    await executor.join()
+    assert acked[0] == sorted(acked[0]) and len(acked[0]) == 100
+    assert acked[1] == sorted(acked[1]) and len(acked[1]) == 100
+
+
+async def test_a_failing_work_item_is_reported_and_does_not_stall_its_key() -> None:
+    errors: list[BaseException] = []
+    executor = KeyedExecutor(max_in_flight=2, on_error=lambda t, e: errors.append(e))
+    done: list[int] = []
+
+    async def boom() -> None:
+        raise ValueError("bad")
+
+    async def ok() -> None:
+        done.append(1)
+
+    await executor.submit("k", boom, offset=0)
+    await executor.submit("k", ok, offset=1)
+    await executor.join()
+    assert [type(e) for e in errors] == [ValueError]
+    assert done == [1]
+
+
+async def test_submit_waits_when_too_much_is_pending() -> None:
+    executor = KeyedExecutor(max_in_flight=1, max_pending=2)
+    gate = asyncio.Event()
+
+    async def work() -> None:
+        await gate.wait()
+
+    await executor.submit("a", work, offset=0)
+    await executor.submit("b", work, offset=1)
+    third = asyncio.create_task(executor.submit("c", work, offset=2))
+    await asyncio.sleep(0.05)
+    assert not third.done()
+    gate.set()
+    await asyncio.wait_for(third, 1)
+    await executor.join()
+
+
+async def test_dropped_partition_acks_do_not_run_and_queued_work_is_skipped() -> None:
+    executor = KeyedExecutor(max_in_flight=4)
+    acked: list[int] = []
+    ran: list[int] = []
+    gate = asyncio.Event()
+
+    def make(i: int):
+        async def work() -> None:
+            ran.append(i)
+            await gate.wait()
+
+        return work
+
+    for i in range(3):
+        await executor.submit("same", make(i), partition=5, offset=i, ack=lambda i=i: acked.append(i))
+    await asyncio.sleep(0.02)
+    assert executor.drop_partitions({5}) == 3
+    gate.set()
+    await executor.join()
+    assert ran == [0]
+    assert acked == []
+    assert executor.pending == 0
+
+
+@pytest.mark.parametrize("max_in_flight", [0, -1])
+def test_invalid_bound_is_rejected(max_in_flight: int) -> None:
+    with pytest.raises(ValueError):
+        KeyedExecutor(max_in_flight=max_in_flight)

@@ -1,0 +1,116 @@
+"""Ark control plane (signed OpenAPI), the correction endpoint, admin endpoints and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from pipeline.session import ArkOpenAPIProvisioner, AuthError, SessionClient
+from pipeline.sim import SimServer
+
+from .conftest import API_KEY
+from .helpers import final_reply, segments_text, turn
+
+
+async def test_ark_openapi_provisioner_round_trip(sim: SimServer, ark: SessionClient) -> None:
+    provisioner = ArkOpenAPIProvisioner(access_key="sim-ak", secret_key="sim-sk", agent_id="agent-1", endpoint=sim.root_url)
+    try:
+        sid = await provisioner.create_session()
+        assert sid in sim.sessions
+        assert segments_text(final_reply(await turn(ark, sid, "hi"))) == "echo: hi"
+        await provisioner.delete_session(sid)
+        assert sid not in sim.sessions
+        await provisioner.delete_session(sid)  # already gone: not an error
+    finally:
+        await provisioner.aclose()
+
+
+async def test_ark_openapi_rejects_bad_signature(sim: SimServer) -> None:
+    provisioner = ArkOpenAPIProvisioner(access_key="sim-ak", secret_key="wrong", agent_id="a", endpoint=sim.root_url)
+    try:
+        with pytest.raises(AuthError):
+            await provisioner.create_session()
+    finally:
+        await provisioner.aclose()
+
+
+async def _complete(sim: SimServer, content: str, *, key: str = API_KEY, path: str = "/chat/completions", timeout: float = 5) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=sim.root_url, timeout=timeout) as http:
+        return await http.post(
+            path,
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "model": "corrector",
+                "messages": [{"role": "system", "content": "fix it"}, {"role": "user", "content": content}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}}},
+            },
+        )
+
+
+def _answer(response: httpx.Response) -> str:
+    assert response.status_code == 200
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+async def test_correction_endpoint(sim: SimServer) -> None:
+    valid = '{"segments":[{"type":"text","data":{"text":"hi"}}]}'
+    assert json.loads(_answer(await _complete(sim, f"```json\n{valid}\n```"))) == json.loads(valid)
+    assert json.loads(_answer(await _complete(sim, f"Sure! Here it is: {valid} hope that helps", path="/api/v3/chat/completions"))) == json.loads(valid)
+    wrapped = json.loads(_answer(await _complete(sim, "<reply>just prose</reply>")))
+    assert wrapped == {"segments": [{"type": "text", "data": {"text": "just prose"}}]}
+    still_bad = _answer(await _complete(sim, "SIM-UNCORRECTABLE nope"))
+    with pytest.raises(ValueError):
+        json.loads(still_bad)
+    assert (await _complete(sim, "x", key="wrong")).status_code == 401
+
+
+async def test_slow_correction_hits_the_callers_deadline(sim: SimServer) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        await _complete(sim, "SIM-SLOW-CORRECTION please", timeout=0.3)
+
+
+async def test_admin_faults_and_stats(sim: SimServer) -> None:
+    async with httpx.AsyncClient(base_url=sim.root_url) as http:
+        assert (await http.post("/_sim/faults", json={"nope": 1})).status_code == 400
+        faults = (await http.post("/_sim/faults", json={"latency_ms": 5, "seed": 1})).json()
+        assert faults["latency_ms"] == 5
+        assert (await http.get("/_sim/faults")).json()["latency_ms"] == 5
+        sid = (await http.post("/_sim/sessions")).json()["id"]
+        assert sid.startswith("sesn-")
+        stats = (await http.get("/_sim/stats")).json()
+        assert stats["sessions"] == 1 and stats["open_streams"] == 0
+
+
+def test_cli_starts_fast_and_prints_port() -> None:
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sim.cli", "--port", "0", "--api-key", "k"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline(), process.stdout.readline()]
+        elapsed = time.monotonic() - started
+        port = int(lines[1].strip().removeprefix("port="))
+        response = httpx.get(f"http://127.0.0.1:{port}/_sim/stats")
+        assert response.status_code == 200
+        assert elapsed < 2.0, f"sim took {elapsed:.2f}s to start"
+    finally:
+        process.terminate()
+        process.wait(5)
+
+
+async def test_sim_server_start_is_fast() -> None:
+    started = time.monotonic()
+    server = SimServer()
+    port = await server.start()
+    assert port > 0 and time.monotonic() - started < 2.0
+    await server.stop()
+    await asyncio.sleep(0)
