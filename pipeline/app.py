@@ -78,8 +78,9 @@ def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platfo
         stream_wait_empty=True,
         producer_linger_ms=1,
         producer_acks=-1,
-        broker_session_timeout=30.0,
-        broker_heartbeat_interval=3.0,
+        broker_session_timeout=settings.kafka_session_timeout_seconds,
+        broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_seconds / 3),
+        broker_rebalance_timeout=max(settings.kafka_session_timeout_seconds, 10.0),
     )
     app.switchboard_fetch_max_wait_ms = settings.kafka_fetch_max_wait_ms  # type: ignore[attr-defined]
     runtime = Runtime(settings, send=_producer_send(app), produce_acked=_producer_send(app, acked=True))

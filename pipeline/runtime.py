@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -42,7 +42,7 @@ from pipeline.segments import (
 from pipeline.segments import TurnContext as ReplyContext
 from pipeline.segments.context import Member, RepliedMessage
 from pipeline.segments.exceptions import MediaUnavailable
-from pipeline.segments.sniff import sniff_mime
+from pipeline.segments.sniff import SNIFF_BYTES, sniff_mime
 from pipeline.session import (
     AnthropicProvisioner,
     ArkOpenAPIProvisioner,
@@ -115,8 +115,11 @@ class Runtime:
         s = self.settings
         assert s.redis_url, "redis_url is required"
         # Retries ride out a Redis restart; beyond them a stage's call fails and is retried by replay.
-        self.redis = Redis.from_url(
+        # A blocking pool: a burst waits for a connection instead of failing with "too many".
+        pool = BlockingConnectionPool.from_url(
             s.redis_url,
+            max_connections=s.redis_max_connections,
+            timeout=20,
             decode_responses=True,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 8),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
@@ -124,6 +127,7 @@ class Runtime:
             socket_timeout=10,
             socket_connect_timeout=5,
         )
+        self.redis = Redis(connection_pool=pool)
         self.state = StateStore(self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds)
         self.notices = Notices(s)
         self.session_client = SessionClient(
@@ -247,7 +251,7 @@ class Runtime:
         if media.kind == "file":
             raise MediaUnavailable("platform_file")
         data = await self.media._read(media.kind, media.value, self.settings.media_max_bytes)
-        return data, sniff_mime(data[:64]) or "application/octet-stream"
+        return data, sniff_mime(data[:SNIFF_BYTES]) or "application/octet-stream"
 
 
 SendFn = Callable[[str, str | None, bytes], Awaitable[None]]

@@ -80,11 +80,15 @@ class Settings(BaseSettings):
     # Tansu never answers a fetch early, so the consumer's wait is pure latency there (see
     # ARCHITECTURE.md, measured facts). Small by default; raise it on a busy Apache Kafka.
     kafka_fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
+    # Tansu answers a group join only after about half the session timeout: keep it short so a
+    # worker joins (and a dead one is noticed) in seconds. Apache Kafka is fine with it too.
+    kafka_session_timeout_seconds: float = Field(default=10.0, ge=3.0, le=300.0)
     partitions: int = Field(default=8, ge=1, le=1024)
     replication_factor: int = Field(default=1, ge=1)
     app_id: str = "switchboard"
     redis_url: str | None = None
     redis_prefix: str = "sb:"
+    redis_max_connections: int = Field(default=256, ge=4)
 
     # Session API.
     session_base_url: str | None = None

@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -29,8 +28,9 @@ from pipeline.embedded.exceptions import ServiceStartError, ServiceStopError
 T = TypeVar("T")
 
 # Every supervisor still running when the interpreter exits is killed, so a crashed test run does not
-# leave brokers listening on the machine (CI runs on the session's own machine).
-_LIVE: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+# leave brokers listening on the machine (CI runs on the session's own machine). A strong set: a
+# supervisor dropped without stop() must still be found here.
+_LIVE: set[ManagedProcess] = set()
 
 
 @atexit.register
@@ -161,6 +161,7 @@ class ManagedProcess:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _spawn(self) -> None:
+        self._reap()  # a previous process that died on its own: close its log handle
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._prepare()
         argv = self._command()

@@ -143,7 +143,7 @@ class ApacheKafka(ManagedProcess):
     #: Apache Kafka answers a fetch early, so the wait only bounds idle polling
     recommended_fetch_max_wait_ms = 500
     #: same keys as TansuBroker's; the broker allows 2 s sessions (group.min.session.timeout.ms below)
-    recommended_consumer_config: dict[str, int] = {  # noqa: RUF012 (read-only by convention)
+    recommended_consumer_config: dict[str, int] = {
         "fetch_max_wait_ms": 500,
         "session_timeout_ms": 2000,
         "heartbeat_interval_ms": 300,

@@ -63,7 +63,7 @@ class TansuBroker(ManagedProcess):
     #: fetch wait that keeps per-hop latency small on Tansu (it never answers a fetch early)
     recommended_fetch_max_wait_ms = 20
     #: aiokafka consumer kwargs that keep Tansu fast (short fetch wait, short join wait)
-    recommended_consumer_config: dict[str, int] = {  # noqa: RUF012 (read-only by convention)
+    recommended_consumer_config: dict[str, int] = {
         "fetch_max_wait_ms": 20,
         "session_timeout_ms": 2000,
         "heartbeat_interval_ms": 300,

@@ -76,11 +76,17 @@ DEFAULT_API_BASE = "http://127.0.0.1:3000"  # NapCat's default HTTP server port
 _STANDALONE = {"record", "video", "file", "forward", "dice", "rps", "share"}
 _MEDIA_TYPE = {"image": "image", "audio": "record", "video": "video", "file": "file"}
 
-# retcode → (status, reason). 1400-1404 are the v11 HTTP-API codes; others are reported as failed.
+# retcode → (status, reason). 1400-1404 mirror the HTTP statuses (used over WebSocket); 100-201 are
+# the codes documented by the CQHTTP lineage that most implementations kept. Anything else failed.
 _RETCODES: dict[int, tuple[SendStatus, str]] = {
+    100: ("permanent", "bad_request"),
+    102: ("permanent", "failed"),
+    103: ("permanent", "failed"),
+    104: ("permanent", "unauthorized"),
+    201: ("retry", "server_error"),
     1400: ("permanent", "bad_request"),
     1401: ("permanent", "unauthorized"),
-    1403: ("permanent", "forbidden"),
+    1403: ("permanent", "unauthorized"),
     1404: ("permanent", "unsupported_api"),
 }
 
@@ -329,8 +335,8 @@ class OneBotPlatform(Platform):
             return SendOutcome("permanent", reason="unauthorized", detail=f"HTTP {response.status_code}")
         if response.status_code == 404:
             return SendOutcome("permanent", reason="unsupported_api", detail=f"HTTP 404 {call.path}")
-        if response.status_code == 400:
-            return SendOutcome("permanent", reason="bad_request", detail=response.text[:500])
+        if response.status_code >= 400:  # 400 bad body, 406 bad content type
+            return SendOutcome("permanent", reason="bad_request", detail=f"HTTP {response.status_code}")
         data = response_json(response)
         if data is None:
             return SendOutcome("retry", reason="bad_response", detail=response.text[:200])

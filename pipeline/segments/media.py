@@ -19,17 +19,12 @@ from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.fetch import SafeFetcher
 from pipeline.segments.models import (
     MEDIA_SEGMENT_TYPES,
-    AudioSegment,
-    FileSegment,
-    ImageSegment,
+    MediaSegment,
     Segment,
     TextData,
     TextSegment,
-    VideoSegment,
 )
 from pipeline.segments.sniff import SNIFF_BYTES, mime_fits_segment, sniff_mime
-
-MediaSegment = ImageSegment | AudioSegment | VideoSegment | FileSegment
 
 _GENERIC_BINARY = "application/octet-stream"
 

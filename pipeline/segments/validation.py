@@ -7,6 +7,7 @@ strict models, built once at import, so a typical reply costs tens of microsecon
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,14 +50,40 @@ def invalid_reason(error: ValidationError) -> str:
     return f"schema:{_location_text(tuple(first.get('loc', ())))}:{kind}"
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey
+    return obj
+
+
+def _has_duplicate_keys(text: str) -> bool:
+    # pydantic-core keeps the last of duplicated keys, silently dropping the others: that would be
+    # partial acceptance (S8). The stdlib parser with a pairs hook sees every key.
+    try:
+        json.loads(text, object_pairs_hook=_pairs_without_duplicates)
+    except _DuplicateKey:
+        return True
+    except ValueError:  # e.g. a number the stdlib reads differently; pydantic already accepted the text
+        return False
+    return False
+
+
 def validate_reply(text: str) -> Reply:
     """Parse `text` as one strict `{"segments": [...]}` object or raise `ReplyInvalid`."""
     if not isinstance(text, str):
         raise ReplyInvalid("not_text")
     try:
-        return reply_adapter.validate_json(text, strict=True)
+        reply = reply_adapter.validate_json(text, strict=True)
     except ValidationError as error:
         raise ReplyInvalid(invalid_reason(error)) from None
+    if _has_duplicate_keys(text):
+        raise ReplyInvalid("duplicate_key")
+    return reply
 
 
 def validate_reply_object(obj: Any) -> Reply:

@@ -54,7 +54,7 @@ def _tagged(known: frozenset[str], unknown_tag: str = "unknown") -> Discriminato
 
     def pick(value: Any) -> str:
         tag = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-        return tag if tag in known else unknown_tag
+        return tag if isinstance(tag, str) and tag in known else unknown_tag
 
     return Discriminator(pick)
 
@@ -661,8 +661,9 @@ def parse_server_event(data: dict[str, Any]) -> ServerEvent:
     try:
         event: ServerEvent = _SERVER_ADAPTER.validate_python(data)
         return event
-    except ValidationError as exc:
-        return UnknownEvent(type=str(data.get("type", "")), raw=data, error=str(exc))
+    except (ValidationError, TypeError, ValueError) as exc:
+        raw = data if isinstance(data, dict) else {"data": data}
+        return UnknownEvent(type=str(raw.get("type", "")), raw=raw, error=str(exc))
 
 
 def parse_server_event_json(payload: str | bytes) -> ServerEvent:

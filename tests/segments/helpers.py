@@ -37,8 +37,16 @@ def _finite_float(text: str) -> float:
     return number
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("duplicate key")
+    return obj
+
+
 def strict_json_loads(text: str) -> Any:
-    """RFC 8259 JSON only: no NaN/Infinity, no overflow to inf, no lone surrogates."""
-    value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    """RFC 8259 JSON, strictly: no NaN/Infinity, no overflow to inf, no lone surrogates, no duplicate keys."""
+    value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                       object_pairs_hook=_unique_pairs)
     _check_strings(value)
     return value

@@ -39,7 +39,7 @@ async def collect_until(
     stop_types: tuple[str, ...] = ("session.status_idle",),
     deltas: bool = False,
     idles: int = 1,
-    timeout: float = 10.0,
+    within: float = 10.0,
 ) -> list[ServerEvent | Preview]:
     """Subscribe from ``after`` and collect items until ``idles`` stop events were seen."""
     items: list[ServerEvent | Preview] = []
@@ -47,13 +47,15 @@ async def collect_until(
     async def run() -> None:
         seen = 0
         async for item in client.subscribe(session_id, after=after, deltas=deltas):
-            items.append(item if not isinstance(item, Preview) else Preview(item.event_id, item.event_type, list(item.parts)))
+            items.append(
+                item if not isinstance(item, Preview) else Preview(item.event_id, item.event_type, list(item.parts))
+            )
             if getattr(item, "type", None) in stop_types:
                 seen += 1
                 if seen >= idles or item.type != "session.status_idle":
                     return
 
-    await asyncio.wait_for(run(), timeout)
+    await asyncio.wait_for(run(), within)
     return items
 
 

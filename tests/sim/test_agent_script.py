@@ -136,7 +136,11 @@ async def test_custom_tool_error_result(sim: SimServer, anthropic_client: Sessio
     assert isinstance(idle.stop_reason, RequiresAction)
     answer = await anthropic_client.send(
         sid,
-        [UserCustomToolResult(custom_tool_use_id=idle.stop_reason.event_ids[0], content=[TextBlock(text="boom")], is_error=True)],
+        [
+            UserCustomToolResult(
+                custom_tool_use_id=idle.stop_reason.event_ids[0], content=[TextBlock(text="boom")], is_error=True
+            )
+        ],
     )
     assert segments_text(final_reply(await _until_idle(anthropic_client, sid, answer[-1].id))) == "tool error: boom"
 
@@ -146,7 +150,7 @@ async def test_interrupt_running_turn_ends_with_end_turn(sim: SimServer, ark: Se
     echoed = await ark.send(sid, [user_message("slow [sim:think=5] [sim:deltas]"), system_message()])
     await asyncio.sleep(0.1)
     await ark.send(sid, [UserInterrupt()])
-    items = await collect_until(ark, sid, after=echoed[-1].id, timeout=3)
+    items = await collect_until(ark, sid, after=echoed[-1].id, within=3)
     kinds = types_of(items)
     assert "agent.message" not in kinds
     assert kinds[-4:] == ["user.interrupt", "session.thread_status_idle", "session.usage", "session.status_idle"]
@@ -163,7 +167,9 @@ async def test_interrupt_while_awaiting_action(sim: SimServer, ark: SessionClien
     assert segments_text(final_reply(await turn(ark, sid, "next"))) == "echo: next"
 
 
-async def test_interrupt_idle_session_per_profile(sim: SimServer, ark: SessionClient, anthropic_client: SessionClient) -> None:
+async def test_interrupt_idle_session_per_profile(
+    sim: SimServer, ark: SessionClient, anthropic_client: SessionClient
+) -> None:
     sid = await sim.create_session()
     await ark.send(sid, [UserInterrupt()])
     history = [e async for e in ark.list(sid)]

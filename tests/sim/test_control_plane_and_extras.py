@@ -19,7 +19,9 @@ from .helpers import final_reply, segments_text, turn
 
 
 async def test_ark_openapi_provisioner_round_trip(sim: SimServer, ark: SessionClient) -> None:
-    provisioner = ArkOpenAPIProvisioner(access_key="sim-ak", secret_key="sim-sk", agent_id="agent-1", endpoint=sim.root_url)
+    provisioner = ArkOpenAPIProvisioner(
+        access_key="sim-ak", secret_key="sim-sk", agent_id="agent-1", endpoint=sim.root_url
+    )
     try:
         sid = await provisioner.create_session()
         assert sid in sim.sessions
@@ -40,15 +42,20 @@ async def test_ark_openapi_rejects_bad_signature(sim: SimServer) -> None:
         await provisioner.aclose()
 
 
-async def _complete(sim: SimServer, content: str, *, key: str = API_KEY, path: str = "/chat/completions", timeout: float = 5) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=sim.root_url, timeout=timeout) as http:
+async def _complete(
+    sim: SimServer, content: str, *, key: str = API_KEY, path: str = "/chat/completions", read_timeout: float = 5
+) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=sim.root_url, timeout=read_timeout) as http:
         return await http.post(
             path,
             headers={"Authorization": f"Bearer {key}"},
             json={
                 "model": "corrector",
                 "messages": [{"role": "system", "content": "fix it"}, {"role": "user", "content": content}],
-                "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}}},
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "reply", "schema": {"type": "object"}},
+                },
             },
         )
 
@@ -61,7 +68,9 @@ def _answer(response: httpx.Response) -> str:
 async def test_correction_endpoint(sim: SimServer) -> None:
     valid = '{"segments":[{"type":"text","data":{"text":"hi"}}]}'
     assert json.loads(_answer(await _complete(sim, f"```json\n{valid}\n```"))) == json.loads(valid)
-    assert json.loads(_answer(await _complete(sim, f"Sure! Here it is: {valid} hope that helps", path="/api/v3/chat/completions"))) == json.loads(valid)
+    assert json.loads(
+        _answer(await _complete(sim, f"Sure! Here it is: {valid} hope that helps", path="/api/v3/chat/completions"))
+    ) == json.loads(valid)
     wrapped = json.loads(_answer(await _complete(sim, "<reply>just prose</reply>")))
     assert wrapped == {"segments": [{"type": "text", "data": {"text": "just prose"}}]}
     still_bad = _answer(await _complete(sim, "SIM-UNCORRECTABLE nope"))
@@ -72,7 +81,7 @@ async def test_correction_endpoint(sim: SimServer) -> None:
 
 async def test_slow_correction_hits_the_callers_deadline(sim: SimServer) -> None:
     with pytest.raises(httpx.ReadTimeout):
-        await _complete(sim, "SIM-SLOW-CORRECTION please", timeout=0.3)
+        await _complete(sim, "SIM-SLOW-CORRECTION please", read_timeout=0.3)
 
 
 async def test_admin_faults_and_stats(sim: SimServer) -> None:

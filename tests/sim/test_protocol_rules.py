@@ -71,7 +71,8 @@ async def test_lone_system_message_rejected(sim: SimServer) -> None:
     sid = await sim.create_session()
     async with httpx.AsyncClient(base_url=sim.base_url("anthropic"), headers={"x-api-key": API_KEY}) as http:
         lone = await http.post(
-            f"/sessions/{sid}/events", json={"events": [{"type": "system.message", "content": [{"type": "text", "text": "x"}]}]}
+            f"/sessions/{sid}/events",
+            json={"events": [{"type": "system.message", "content": [{"type": "text", "text": "x"}]}]},
         )
         assert lone.status_code == 400
         reversed_pair = await http.post(
@@ -101,7 +102,9 @@ async def test_ark_rejects_multi_event_batches_anthropic_accepts(sim: SimServer)
     sid = await sim.create_session()
     two_interrupts = {"events": [{"type": "user.interrupt"}, {"type": "user.interrupt"}]}
     async with httpx.AsyncClient(base_url=sim.root_url) as http:
-        ark = await http.post(f"/api/v3/sessions/{sid}/events", json=two_interrupts, headers={"Authorization": f"Bearer {API_KEY}"})
+        ark = await http.post(
+            f"/api/v3/sessions/{sid}/events", json=two_interrupts, headers={"Authorization": f"Bearer {API_KEY}"}
+        )
         assert ark.status_code == 400
         anthropic = await http.post(f"/v1/sessions/{sid}/events", json=two_interrupts, headers={"x-api-key": API_KEY})
         assert anthropic.status_code == 200

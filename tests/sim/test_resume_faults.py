@@ -22,7 +22,9 @@ async def _set_faults(sim: SimServer, **faults: Any) -> None:
         assert response.status_code == 200
 
 
-async def _drive_turns(client: SessionClient, sid: str, turns: int, *, deltas: bool = False) -> tuple[list[ServerEvent], int]:
+async def _drive_turns(
+    client: SessionClient, sid: str, turns: int, *, deltas: bool = False
+) -> tuple[list[ServerEvent], int]:
     """Send a message, wait for its idle on the subscription, repeat; returns what the subscription saw."""
     seen: list[ServerEvent] = []
     subscription = client.subscribe(sid, deltas=deltas, reconnect_base=0.01, reconnect_max=0.05)
@@ -62,7 +64,9 @@ async def test_subscription_survives_random_stream_drops(sim: SimServer) -> None
 async def test_subscription_with_drops_and_flaky_sends(sim: SimServer) -> None:
     await _set_faults(sim, drop_stream_prob=0.1, rate_500=0.25, rate_429=0.25, retry_after=0.01, seed=11)
     sid = await sim.create_session()
-    async with make_client(sim, "anthropic", retry=RetryPolicy(max_attempts=12, base_delay=0.005, max_delay=0.02)) as client:
+    async with make_client(
+        sim, "anthropic", retry=RetryPolicy(max_attempts=12, base_delay=0.005, max_delay=0.02)
+    ) as client:
         seen, _ = await asyncio.wait_for(_drive_turns(client, sid, 8), 30)
         await _set_faults(sim, drop_stream_prob=0.0, rate_500=0.0, rate_429=0.0)
         history = [e async for e in client.list(sid)]

@@ -63,11 +63,17 @@ async def test_sdk_send_stream_list_against_sim(sim: SimServer, sdk: Any) -> Non
     seen: list[Any] = []
     for n, script in enumerate(SCRIPTS):
         events = [
-            {"type": "user.message", "id": f"cli-{n}", "content": [{"type": "text", "text": f"{script} [sim:think=0.05]"}]},
+            {
+                "type": "user.message",
+                "id": f"cli-{n}",
+                "content": [{"type": "text", "text": f"{script} [sim:think=0.05]"}],
+            },
             {"type": "system.message", "content": [{"type": "text", "text": "contract"}]},
         ]
         await _stream_turn(sdk, sid, events, seen)
-    assert {"event_start", "event_delta", "session.usage", "session.thread_created", "session.error"} <= {e.type for e in seen}
+    assert {"event_start", "event_delta", "session.usage", "session.thread_created", "session.error"} <= {
+        e.type for e in seen
+    }
 
     # Strict validation of every stream event with the SDK's union (the sim's raw JSON, re-validated).
     raw_stream = [e.model_dump(mode="json", exclude_unset=True) for e in seen]

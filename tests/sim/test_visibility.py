@@ -12,7 +12,9 @@ from pipeline.sim import SimServer
 from .helpers import system_message, user_message
 
 
-async def _read_stream(client: SessionClient, sid: str, deltas: tuple[str, ...], out: list[Any], ready: asyncio.Event) -> None:
+async def _read_stream(
+    client: SessionClient, sid: str, deltas: tuple[str, ...], out: list[Any], ready: asyncio.Event
+) -> None:
     async with client.stream(sid, deltas=deltas) as events:
         ready.set()
         async for event in events:
@@ -21,7 +23,9 @@ async def _read_stream(client: SessionClient, sid: str, deltas: tuple[str, ...],
                 return
 
 
-async def _with_streams(sim: SimServer, client: SessionClient, sid: str, text: str, *deltas_per_stream: tuple[str, ...]) -> list[list[Any]]:
+async def _with_streams(
+    sim: SimServer, client: SessionClient, sid: str, text: str, *deltas_per_stream: tuple[str, ...]
+) -> list[list[Any]]:
     outputs: list[list[Any]] = [[] for _ in deltas_per_stream]
     readies = [asyncio.Event() for _ in deltas_per_stream]
     tasks = [

@@ -249,6 +249,13 @@ add("invalid_face_nan", '{"segments":[{"type":"face","data":{"id":NaN}}]}', "inv
 add("invalid_face_infinity", '{"segments":[{"type":"face","data":{"id":-Infinity}}]}', "invalid", detail="schema:")
 add("invalid_nan_in_text_field", '{"segments":[{"type":"text","data":{"text":NaN}}]}', "invalid", detail="schema:")
 add("invalid_face_1e400", '{"segments":[{"type":"face","data":{"id":1e400}}]}', "invalid", detail="schema:")
+# Duplicate keys: the parser would keep the last and silently drop the rest (partial acceptance).
+add("invalid_duplicate_segments_key_both_valid",
+    '{"segments":[{"type":"text","data":{"text":"first"}}],"segments":[]}', "invalid", detail="duplicate_key")
+add("invalid_duplicate_text_key_in_data",
+    '{"segments":[{"type":"text","data":{"text":"shown","text":"hidden"}}]}', "invalid", detail="duplicate_key")
+add("invalid_duplicate_type_key",
+    '{"segments":[{"type":"dice","type":"rps","data":{}}]}', "invalid", detail="duplicate_key")
 add("invalid_duplicate_segments_key_last_bad",
     '{"segments":[{"type":"text","data":{"text":"a"}}],"segments":[1]}', "invalid", detail="schema:")
 

@@ -1,0 +1,221 @@
+"""The whole pipeline through the console platform, on a real broker and a real Redis.
+
+Each test uses its own chats; the simulator's agent is steered by `[sim:…]` directives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import redis.asyncio as aioredis
+
+from pipeline.stack import Stack
+
+from .console import ConsoleClient, texts
+
+pytestmark = [__import__("pytest").mark.integration]
+
+
+async def test_private_message_gets_exactly_one_reply(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "hello there")
+    await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert texts(got) == ["echo: hello there"]
+    assert got[0]["kind"] == "reply"
+
+
+async def test_group_mention_replies_and_untriggered_message_lands_in_context(
+    console: ConsoleClient, stack: Stack
+) -> None:
+    chat = console.chat("group")
+    await console.send(chat, "just chatting", chat_type="group", user_id="u7", user_name="Quiet")
+    await console.send(chat, "hi bot", chat_type="group", user_id="u8", user_name="Cy", mentions=["bot"])
+    await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert len(got) == 1
+    assert texts(got)[0].startswith("echo: ") and "hi bot" in texts(got)[0]
+    settings = stack.settings()
+    client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
+    try:
+        window = await client.lrange(f"{settings.redis_prefix}ctx:console:demo:{chat}", 0, -1)
+    finally:
+        await client.aclose()
+    assert any('"just chatting"' in entry for entry in window)
+
+
+async def test_untriggered_group_message_gets_no_reply(console: ConsoleClient) -> None:
+    chat = console.chat("group")
+    await console.send(chat, "nobody asked the bot", chat_type="group")
+    # Prove the pipeline is live in this chat, then that the first message produced nothing.
+    await console.send(chat, "now you", chat_type="group", mentions=["bot"])
+    got = await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert len(got) == 1 and "now you" in texts(got)[0] and "nobody asked" not in texts(got)[0]
+
+
+async def test_messages_sent_while_running_are_merged_into_one_turn(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:think=2] first")
+    await asyncio.sleep(0.8)  # the first turn is running now
+    for word in ("alpha", "beta", "gamma"):
+        await console.send(chat, word)
+    await console.wait_for(chat, 2, timeout=40)
+    got = await console.settle(chat, quiet=3)
+    replies = texts(got)
+    assert len(replies) == 2, replies
+    assert replies[0] == "echo: first"
+    assert [w in replies[1] for w in ("alpha", "beta", "gamma")] == [True, True, True]
+    assert replies[1].index("alpha") < replies[1].index("beta") < replies[1].index("gamma")
+
+
+async def test_stop_interrupts_a_running_turn(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:think=6] a long task")
+    await asyncio.sleep(1.0)
+    await console.send(chat, "/stop")
+    got = await console.wait_for(chat, 1, timeout=20)
+    got = await console.settle(chat, quiet=3)
+    assert texts(got) == ["Stopped."]
+    assert got[0]["kind"] == "notice"
+
+
+async def test_tool_confirmation_round_trip_with_authorisation(console: ConsoleClient) -> None:
+    chat = console.chat("group")
+    await console.send(chat, "[sim:confirm_tool] please", chat_type="group", user_id="starter", mentions=["bot"])
+    got = await console.wait_for(chat, 1)
+    assert got[0]["kind"] == "confirmation"
+    assert "@starter" in texts(got)[0]
+    await console.send(chat, "/allow", chat_type="group", user_id="stranger")
+    got = await console.wait_for(chat, 2)
+    assert got[1]["kind"] == "notice" and "Only" in texts(got)[1]
+    await console.send(chat, "/allow", chat_type="group", user_id="starter")
+    got = await console.wait_for(chat, 3)
+    got = await console.settle(chat)
+    assert texts(got)[2] == "echo: tool allowed" or texts(got)[2] == "tool allowed"
+    assert len(got) == 3
+
+
+async def test_admin_may_deny_a_confirmation(console: ConsoleClient) -> None:
+    chat = console.chat("group")
+    await console.send(chat, "[sim:confirm_tool] please", chat_type="group", user_id="starter", mentions=["bot"])
+    await console.wait_for(chat, 1)
+    await console.send(chat, "/deny not today", chat_type="group", user_id="boss", is_admin=True)
+    got = await console.wait_for(chat, 2)
+    assert "tool denied" in texts(got)[1] and "not today" in texts(got)[1]
+
+
+async def test_invalid_reply_is_corrected_once(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:invalid_json] fix me")
+    got = await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert texts(got) == ["echo: fix me"] and got[0]["kind"] == "reply"
+
+
+async def test_fenced_reply_is_corrected(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:fenced_json] fenced")
+    got = await console.wait_for(chat, 1)
+    assert texts(got) == ["echo: fenced"]
+
+
+async def test_uncorrectable_reply_becomes_the_fixed_notice(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:uncorrectable] broken")
+    got = await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert len(got) == 1 and got[0]["kind"] == "notice"
+    assert texts(got)[0].startswith("Sorry, I could not produce a reply")
+    assert "SIM-UNCORRECTABLE" not in texts(got)[0]
+
+
+async def test_exhausted_retries_give_a_notice_and_the_session_stays_usable(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:error=exhausted] try")
+    got = await console.wait_for(chat, 1)
+    assert got[0]["kind"] == "notice" and "several retries" in texts(got)[0]
+    await console.send(chat, "again")
+    got = await console.wait_for(chat, 2)
+    assert texts(got)[1] == "echo: again"
+
+
+async def _session_of(stack: Stack, chat: str) -> str | None:
+    settings = stack.settings()
+    client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
+    try:
+        value = await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}")
+    finally:
+        await client.aclose()
+    return value
+
+
+async def test_terminal_error_notice_and_next_message_starts_a_new_session(
+    console: ConsoleClient, stack: Stack
+) -> None:
+    chat = console.chat()
+    await console.send(chat, "hello")
+    await console.wait_for(chat, 1)
+    first_session = await _session_of(stack, chat)
+    assert first_session
+    await console.send(chat, "[sim:error=terminal] boom")
+    got = await console.wait_for(chat, 2)
+    assert got[1]["kind"] == "notice" and "ended" in texts(got)[1]
+    await console.send(chat, "hello again")
+    got = await console.wait_for(chat, 3)
+    assert texts(got)[2] == "echo: hello again"
+    assert await _session_of(stack, chat) not in (None, first_session)
+
+
+async def test_deleted_session_notice_and_next_message_starts_a_new_session(
+    console: ConsoleClient, stack: Stack
+) -> None:
+    chat = console.chat()
+    await console.send(chat, "hello")
+    await console.wait_for(chat, 1)
+    first_session = await _session_of(stack, chat)
+    await console.send(chat, "[sim:delete] go away")
+    got = await console.wait_for(chat, 2)
+    assert got[1]["kind"] == "notice" and "removed" in texts(got)[1]
+    await console.send(chat, "back")
+    got = await console.wait_for(chat, 3)
+    assert texts(got)[2] == "echo: back"
+    assert await _session_of(stack, chat) not in (None, first_session)
+
+
+async def test_redelivered_webhook_produces_one_reply(console: ConsoleClient) -> None:
+    chat = console.chat()
+    for _ in range(3):
+        await console.send(chat, "only once", message_id="platform-msg-1")
+    await console.wait_for(chat, 1)
+    got = await console.settle(chat, quiet=3)
+    assert texts(got) == ["echo: only once"]
+
+
+async def test_two_hundred_conversations_in_parallel_get_replies_in_order(console: ConsoleClient) -> None:
+    chats = [console.chat("par") for _ in range(200)]
+
+    async def converse(chat: str) -> None:
+        for i in range(3):
+            await console.send(chat, f"message {i}", bot_id="queue")
+
+    await asyncio.gather(*(converse(c) for c in chats))
+
+    async def replies(chat: str) -> list[str]:
+        return texts(await console.wait_for(chat, 3, timeout=120, bot_id="queue"))
+
+    results = await asyncio.gather(*(replies(c) for c in chats))
+    for chat, got in zip(chats, results, strict=True):
+        assert got == [f"echo: message {i}" for i in range(3)], (chat, got)
+
+
+async def test_bad_webhook_is_rejected_with_400(stack: Stack) -> None:
+    async with httpx.AsyncClient(timeout=10) as client:
+        url = stack.workers[0].url
+        response = await client.post(f"{url}/webhooks/console/demo", content=b"{not json")
+        assert response.status_code == 400
+        response = await client.post(f"{url}/webhooks/console/nobody", json={})
+        assert response.status_code == 404
+        metrics = (await client.get(f"{url}/metrics")).text
+    assert 'switchboard_webhooks_total{outcome="malformed",platform="console"}' in metrics
