@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/session_bench.py [--sessions 200] [--turns 10] [--streams 10000]
 
-1. turns/s: the sim (own process, think 0) driven by SessionClient: every session subscribes, sends
-   user.message + system.message, waits for session.status_idle, repeats.
+1. turns/s: the sim (own process, think 0) driven by a lean aiohttp driver (its capacity), then by
+   SessionClient (send + resumable subscription, the pipeline's client): every session opens its
+   stream, sends user.message + system.message, waits for session.status_idle, repeats.
 2. open streams: raw sockets open SSE streams until --streams are held; reports the sim's RSS.
 3. client overhead per event: µs to parse one SSE frame and pass it through the Subscription, both
    end to end over an in-memory transport and for parse + dispatch alone.
@@ -26,9 +27,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.session import Preview, RetryPolicy, SessionClient, SystemMessage, TextBlock, UserMessage  # noqa: E402
-from pipeline.session.models import parse_server_event_json  # noqa: E402
-from pipeline.session.subscription import Subscription  # noqa: E402
+from pipeline.session import Preview, RetryPolicy, SessionClient, SystemMessage, TextBlock, UserMessage
+from pipeline.session.models import parse_server_event_json
+from pipeline.session.subscription import Subscription
 
 API_KEY = "bench-key"
 
@@ -60,23 +61,23 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def new_session(root: str) -> str:
+async def new_sessions(root: str, count: int) -> list[str]:
     async with httpx.AsyncClient(base_url=root) as http:
-        return str((await http.post("/_sim/sessions")).json()["id"])
+        return [str((await http.post("/_sim/sessions")).json()["id"]) for _ in range(count)]
 
 
 # ---------------------------------------------------------------------------- 1. turns/s
 
 
-async def bench_turns(root: str, sessions: int, turns: int) -> dict[str, float]:
+async def bench_client_turns(root: str, sessions: int, turns: int, pool: int = 16) -> dict[str, float]:
     client = SessionClient(
         api_key=API_KEY,
         base_url=root + "/api/v3",
-        max_connections=sessions,
-        max_keepalive_connections=sessions,
+        max_connections=pool,
+        max_keepalive_connections=pool,
         retry=RetryPolicy(max_attempts=5, base_delay=0.01),
     )
-    session_ids = await asyncio.gather(*(new_session(root) for _ in range(sessions)))
+    session_ids = await new_sessions(root, sessions)
     latencies: list[float] = []
 
     async def drive(session_id: str) -> None:
@@ -112,6 +113,50 @@ async def bench_turns(root: str, sessions: int, turns: int) -> dict[str, float]:
     }
 
 
+async def bench_sim_turns(root: str, sessions: int, turns: int) -> dict[str, float]:
+    """Sim capacity with a lean driver (aiohttp, raw SSE lines) so the client is not the bottleneck."""
+    import aiohttp
+
+    session_ids = await new_sessions(root, sessions)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {
+        "events": [
+            {"type": "user.message", "content": [{"type": "text", "text": "bench"}]},
+            {"type": "system.message", "content": [{"type": "text", "text": "contract"}]},
+        ]
+    }
+    latencies: list[float] = []
+    posts = aiohttp.TCPConnector(limit=32)
+    streams = aiohttp.TCPConnector(limit=0)
+    async with (
+        aiohttp.ClientSession(connector=posts, headers=headers) as post_http,
+        aiohttp.ClientSession(connector=streams, headers=headers) as stream_http,
+    ):
+
+        async def drive(session_id: str) -> None:
+            async with stream_http.get(f"{root}/api/v3/sessions/{session_id}/events/stream") as stream:
+                for _ in range(turns):
+                    sent_at = time.perf_counter()
+                    async with post_http.post(f"{root}/api/v3/sessions/{session_id}/events", json=body) as answer:
+                        await answer.read()
+                    while (line := await stream.content.readline()) != b"event: session.status_idle\n":
+                        if not line:
+                            raise RuntimeError("stream ended")
+                    latencies.append(time.perf_counter() - sent_at)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(drive(s) for s in session_ids))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "turns": sessions * turns,
+        "seconds": elapsed,
+        "turns_per_s": sessions * turns / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+    }
+
+
 # ---------------------------------------------------------------------------- 2. open streams
 
 
@@ -134,7 +179,7 @@ async def open_raw_stream(port: int, session_id: str) -> asyncio.StreamWriter | 
 async def bench_streams(root: str, port: int, pid: int, target: int) -> dict[str, float]:
     baseline = rss_mib(pid)
     per_session = 100
-    session_ids = await asyncio.gather(*(new_session(root) for _ in range(max(target // per_session, 1))))
+    session_ids = await new_sessions(root, max(target // per_session, 1))
     writers: list[asyncio.StreamWriter] = []
     batch = 500
     started = time.perf_counter()
@@ -303,11 +348,17 @@ async def main() -> None:
     process, port = start_sim()
     root = f"http://127.0.0.1:{port}"
     try:
-        turns = await bench_turns(root, args.sessions, args.turns)
+        turns = await bench_sim_turns(root, args.sessions, args.turns)
         print(
-            f"sim turns/s (think 0, {args.sessions} concurrent sessions, client in another process): "
+            f"sim capacity (think 0, {args.sessions} concurrent sessions, lean aiohttp driver in another process): "
             f"{turns['turns_per_s']:.0f} turns/s ({turns['turns']} turns in {turns['seconds']:.2f}s, "
             f"p50 {turns['p50_ms']:.1f} ms, p99 {turns['p99_ms']:.1f} ms per turn)"
+        )
+        client_turns = await bench_client_turns(root, args.sessions, args.turns)
+        print(
+            f"SessionClient end to end (send + resumable subscription, {args.sessions} sessions): "
+            f"{client_turns['turns_per_s']:.0f} turns/s (p50 {client_turns['p50_ms']:.1f} ms, "
+            f"p99 {client_turns['p99_ms']:.1f} ms per turn)"
         )
         streams = await bench_streams(root, port, process.pid, args.streams)
         print(

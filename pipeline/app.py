@@ -51,7 +51,9 @@ def _patch_fetch_wait() -> None:
     AIOKafkaConsumerThread._switchboard_patched = True  # type: ignore[attr-defined]
 
 
-def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None) -> faust.App:
+def create_app(
+    settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None
+) -> faust.App:
     if not settings.kafka_bootstrap:
         raise ValueError("SWITCHBOARD_KAFKA_BOOTSTRAP is required for a worker")
     if not settings.redis_url:
@@ -99,6 +101,9 @@ def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platfo
         topic = app.topic(topic_name, key_type=bytes, value_type=bytes, partitions=settings.partitions)
 
         async def loop(stream: faust.Stream) -> None:
+            # The service opens Redis and the clients after Faust starts the agents: wait for it,
+            # or the first records of a restart would meet a half-built runtime.
+            await runtime.started_event.wait()
             manual = stream.noack()
             async for event in manual.events():
                 message = event.message
@@ -107,8 +112,13 @@ def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platfo
                     record = model.model_validate_json(raw)
                 except ValidationError as exc:
                     await runtime.outputs.dead_letter(
-                        stage, "invalid_record", raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw),
-                        error=str(exc)[:500], topic=message.topic, partition=message.partition, offset=message.offset,
+                        stage,
+                        "invalid_record",
+                        raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw),
+                        error=str(exc)[:500],
+                        topic=message.topic,
+                        partition=message.partition,
+                        offset=message.offset,
                         key=event.key.decode() if isinstance(event.key, bytes) else None,
                     )
                     await manual.ack(event)
@@ -119,7 +129,10 @@ def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platfo
                     await handler(record, message)
 
                 await executor(stage).submit(
-                    key, work, partition=(message.topic, message.partition), offset=message.offset,
+                    key,
+                    work,
+                    partition=(message.topic, message.partition),
+                    offset=message.offset,
                     ack=lambda event=event: manual.ack(event),
                 )
 
@@ -135,15 +148,20 @@ def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platfo
     if "egress" in stage_set:
         for platform in platform_list:
             agent_loop(
-                "egress", outbound_topic(platform), OutboundMessage,
+                "egress",
+                outbound_topic(platform),
+                OutboundMessage,
                 lambda r, m: runtime.egress.handle(r, topic=m.topic, partition=m.partition, offset=m.offset),
             )
 
+    assignment: dict[str, set[int]] = {"session_input": set()}
+
     @app.on_partitions_assigned.connect
     async def on_assigned(app: faust.App, assigned: set[Any], **_: Any) -> None:
+        # Streams of sessions in flight follow the conversation's partition of session.input.
+        assignment["session_input"] = {tp.partition for tp in assigned if tp.topic == SESSION_INPUT}
         if "dispatch" in stage_set and runtime.started:
-            partitions = {tp.partition for tp in assigned if tp.topic == SESSION_INPUT}
-            await runtime.streams.on_partitions_assigned(partitions)
+            await runtime.streams.on_partitions_assigned(assignment["session_input"])
 
     @app.timer(interval=2.0)
     async def export_gauges() -> None:
@@ -158,6 +176,8 @@ def create_app(settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platfo
 
         async def on_start(self) -> None:
             await runtime.start()
+            if "dispatch" in stage_set:
+                await runtime.streams.on_partitions_assigned(assignment["session_input"])
             await runtime.start_web(settings.web_host, settings.web_port)
 
         async def on_stop(self) -> None:

@@ -7,6 +7,7 @@ directly against real Redis and the simulator; the Faust app (`pipeline.app`) dr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -107,6 +108,7 @@ class Runtime:
         self.outputs = Outputs(send)
         self._produce_acked = produce_acked or send
         self.started = False
+        self.started_event = asyncio.Event()
         self._web_runner: web.AppRunner | None = None
         self.web_port: int | None = None
 
@@ -128,7 +130,9 @@ class Runtime:
             socket_connect_timeout=5,
         )
         self.redis = Redis(connection_pool=pool)
-        self.state = StateStore(self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds)
+        self.state = StateStore(
+            self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+        )
         self.notices = Notices(s)
         self.session_client = SessionClient(
             api_key=s.session_api_key.get_secret_value() if s.session_api_key else "",
@@ -139,7 +143,9 @@ class Runtime:
         )
         self.provisioner = self._provisioner()
         self.streams = StreamRegistry(self.state, self.session_client, self.outputs)
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200))
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200)
+        )
         self.media = MediaChecker(
             MediaSettings(media_root=s.media_root, max_bytes=s.media_max_bytes),
             SafeFetcher(),
@@ -173,16 +179,30 @@ class Runtime:
             s, self.state, self.session_client, self.provisioner, self.streams, self.outputs, self.notices
         )
         self.render = RenderStage(
-            s, self.state, self.outputs, self.notices, self.policies, capabilities, ImTools(s, self.state),
-            corrector=self.corrector, media=self.media,
+            s,
+            self.state,
+            self.outputs,
+            self.notices,
+            self.policies,
+            capabilities,
+            ImTools(s, self.state),
+            corrector=self.corrector,
+            media=self.media,
         )
         self.egress = EgressStage(
             s, self.state, self.outputs, self.http, self.load_media, RateLimits(s.redis_url, s.redis_prefix)
         )
         self.started = True
+        self.started_event.set()
 
     async def start_web(self, host: str, port: int) -> int:
-        deps = WebDeps(settings=self.settings, state=self.state, produce=self._produce_acked, outputs=self.outputs, ready=self.ready)
+        deps = WebDeps(
+            settings=self.settings,
+            state=self.state,
+            produce=self._produce_acked,
+            outputs=self.outputs,
+            ready=self.ready,
+        )
         self._web_runner = web.AppRunner(build_web_app(deps), access_log=None)
         await self._web_runner.setup()
         site = web.TCPSite(self._web_runner, host, port, reuse_address=True)
@@ -234,14 +254,18 @@ class Runtime:
             return StaticPoolProvisioner(s.session_static_ids)
         if s.session_provisioner == "ark-openapi":
             if not (s.ark_access_key and s.ark_secret_key):
-                raise ValueError("ark-openapi provisioner needs SWITCHBOARD_ARK_ACCESS_KEY and SWITCHBOARD_ARK_SECRET_KEY")
+                raise ValueError(
+                    "ark-openapi provisioner needs SWITCHBOARD_ARK_ACCESS_KEY and SWITCHBOARD_ARK_SECRET_KEY"
+                )
             return ArkOpenAPIProvisioner(
                 access_key=s.ark_access_key.get_secret_value(),
                 secret_key=s.ark_secret_key.get_secret_value(),
                 endpoint=s.ark_openapi_url or "https://open.volcengineapi.com",
                 agent_id=s.session_agent_id,
             )
-        return AnthropicProvisioner(self.session_client, agent=s.session_agent_id, environment_id=s.session_environment_id)
+        return AnthropicProvisioner(
+            self.session_client, agent=s.session_agent_id, environment_id=s.session_environment_id
+        )
 
     def _prompt(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> str | None:
         return build_im_prompt(reply_context(bot, message, window), self.policies[(bot.platform, bot.bot_id)])

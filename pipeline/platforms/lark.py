@@ -36,6 +36,7 @@ from pipeline.platforms._common import (
     network_outcome,
     notice,
     obj,
+    payload_guard,
     response_json,
     retry_after_header,
     rps_text,
@@ -143,6 +144,7 @@ class LarkPlatform(Platform):
             raise WebhookRejected(400, "malformed_payload", "decrypted event is not an object")
         return inner
 
+    @payload_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         token = bot.secret("verification_token")
         encrypt_key = bot.secret("encrypt_key")
@@ -164,6 +166,7 @@ class LarkPlatform(Platform):
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
                 raise WebhookRejected(401, "bad_token")
 
+    @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         event = self._open(bot, request.body)
         if event.get("type") == "url_verification":
@@ -202,7 +205,7 @@ class LarkPlatform(Platform):
 
         # Mentions come as placeholders (`@_user_1`) resolved through `message.mentions`.
         keys: dict[str, tuple[str, str]] = {}
-        for mention in msg.get("mentions") or []:
+        for mention in arr(msg.get("mentions")):
             if isinstance(mention, dict) and isinstance(mention.get("key"), str):
                 ids = obj(mention.get("id"))
                 keys[mention["key"]] = (str(ids.get("open_id") or ""), str(mention.get("name") or ""))

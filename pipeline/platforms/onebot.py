@@ -31,6 +31,7 @@ from pipeline.platforms._common import (
     network_outcome,
     notice,
     obj,
+    payload_guard,
     response_json,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_plain
@@ -116,6 +117,7 @@ class OneBotPlatform(Platform):
         if not hmac.compare_digest(given.lower(), expected):
             raise WebhookRejected(401, "bad_signature")
 
+    @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         event = load_json(request.body)
         if not isinstance(event, dict):

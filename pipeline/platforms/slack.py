@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import httpx
 
 from pipeline.platforms._common import (
+    arr,
     base_url,
     build_inbound,
     dice_text,
@@ -32,6 +33,7 @@ from pipeline.platforms._common import (
     network_outcome,
     notice,
     obj,
+    payload_guard,
     response_json,
     retry_after_header,
     rps_text,
@@ -142,6 +144,7 @@ class SlackPlatform(Platform):
         if not hmac.compare_digest(signature.encode(), expected.encode()):
             raise WebhookRejected(401, "bad_signature")
 
+    @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         payload = load_json(request.body)
         if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
@@ -173,7 +176,7 @@ class SlackPlatform(Platform):
 
         text = event.get("text")
         segments, plain, mentions = _parse_slack_text(text if isinstance(text, str) else "")
-        for f in event.get("files") or []:
+        for f in arr(event.get("files")):
             if not isinstance(f, dict) or not isinstance(f.get("id"), str):
                 continue
             mime = str(f.get("mimetype") or "")

@@ -27,6 +27,7 @@ from pipeline.platforms._common import (
     network_outcome,
     notice,
     obj,
+    payload_guard,
     response_json,
     rps_text,
 )
@@ -108,6 +109,7 @@ class TelegramPlatform(Platform):
         if not hmac.compare_digest(given.encode(), secret.encode()):
             raise WebhookRejected(401, "bad_signature")
 
+    @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         update = load_json(request.body)
         if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):

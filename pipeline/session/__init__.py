@@ -3,8 +3,8 @@
 Public API::
 
     SessionClient(api_key=..., profile="ark"|"anthropic", base_url=None, timeout=30.0, connect_timeout=5.0,
-                  stream_read_timeout=90.0, max_connections=100, max_keepalive_connections=20,
-                  max_stream_connections=10_000, retry=RetryPolicy(), transport=None)
+                  stream_read_timeout=90.0, max_connections=16, max_keepalive_connections=16,
+                  max_stream_connections=10_000, streams_per_pool=256, retry=RetryPolicy(), transport=None)
         await send(session_id, events) -> list[ServerEvent]      # split per profile, idempotent retries
         list(session_id, after=None, limit=100, order="asc")     # async iterator over all pages
         stream(session_id, deltas=())                            # async with ... as events: async for

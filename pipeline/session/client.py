@@ -116,9 +116,7 @@ class EventStream:
             await response.aread()
             body = _decode_body(response)
             await response.aclose()
-            raise error_for_status(
-                response.status_code, body, parse_retry_after(response.headers.get("retry-after"))
-            )
+            raise error_for_status(response.status_code, body, parse_retry_after(response.headers.get("retry-after")))
         self._response = response
         return self
 
@@ -155,9 +153,10 @@ class SessionClient:
         timeout: float = 30.0,
         connect_timeout: float = 5.0,
         stream_read_timeout: float = 90.0,
-        max_connections: int = 100,
-        max_keepalive_connections: int = 20,
+        max_connections: int = 16,
+        max_keepalive_connections: int = 16,
         max_stream_connections: int = 10_000,
+        streams_per_pool: int = 256,
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         assign_message_ids: bool = True,
@@ -168,24 +167,43 @@ class SessionClient:
         self.retry = retry or RetryPolicy()
         self.assign_message_ids = assign_message_ids
         self.history_lookup_limit = history_lookup_limit
-        headers = {"Accept": "application/json", **self.profile.auth_headers(api_key)}
-        # Requests and long-lived streams use separate pools so 10k open streams never starve sends.
+        self._headers = {"Accept": "application/json", **self.profile.auth_headers(api_key)}
+        self._transport = transport
+        # One TLS context for every pool: building one costs tens of milliseconds.
+        self._ssl_context = httpx.create_ssl_context()
+        # httpcore's pool does O(connections) work per request, so the request pool stays small
+        # (a few keep-alive connections serve thousands of sends per second) ...
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
-            headers=headers,
+            headers=self._headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_keepalive_connections
-            ),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive_connections),
             transport=transport,
+            verify=self._ssl_context,
         )
-        self._stream_http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(connect_timeout, read=stream_read_timeout),
-            limits=httpx.Limits(max_connections=max_stream_connections, max_keepalive_connections=0),
-            transport=transport,
-        )
+        # Callers beyond the pool size wait here, not in httpcore's queue (costly to scan when long).
+        self._request_slots = asyncio.Semaphore(max_connections)
+        # ... and long-lived streams are spread over shards of ``streams_per_pool`` connections, kept
+        # apart from the request pool so 10k open streams never starve sends.
+        self._stream_timeout = httpx.Timeout(connect_timeout, read=stream_read_timeout)
+        self._streams_per_pool = max(streams_per_pool, 1)
+        shard_count = -(-max_stream_connections // self._streams_per_pool)
+        self._stream_pools: list[httpx.AsyncClient | None] = [None] * max(shard_count, 1)
+
+    def _stream_pool(self, session_id: str) -> httpx.AsyncClient:
+        index = hash(session_id) % len(self._stream_pools)
+        pool = self._stream_pools[index]
+        if pool is None:
+            pool = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=self._headers,
+                timeout=self._stream_timeout,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+                transport=self._transport,
+                verify=self._ssl_context,
+            )
+            self._stream_pools[index] = pool
+        return pool
 
     async def __aenter__(self) -> SessionClient:
         return self
@@ -197,7 +215,9 @@ class SessionClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-        await self._stream_http.aclose()
+        for pool in self._stream_pools:
+            if pool is not None:
+                await pool.aclose()
 
     # ------------------------------------------------------------------ plain requests
 
@@ -216,7 +236,8 @@ class SessionClient:
         while True:
             retry_after: float | None = None
             try:
-                response = await self._http.request(method, path, json=json, params=params)
+                async with self._request_slots:
+                    response = await self._http.request(method, path, json=json, params=params)
             except _NOT_SENT as exc:
                 error: SessionAPIError = TransportError(f"{method} {path}: {exc!r}")
             except _OUTCOME_UNKNOWN as exc:
@@ -228,9 +249,7 @@ class SessionClient:
                     return _decode_body(response) if response.content else None
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 error = error_for_status(response.status_code, _decode_body(response), retry_after)
-                retryable = response.status_code in RETRYABLE_STATUSES and (
-                    idempotent or response.status_code == 429
-                )
+                retryable = response.status_code in RETRYABLE_STATUSES and (idempotent or response.status_code == 429)
                 if not retryable:
                     raise error
             attempt += 1
@@ -295,7 +314,8 @@ class SessionClient:
                         log.info("send to %s confirmed in history after an unknown outcome", session_id)
                         return found
                     maybe_delivered = False
-                response = await self._http.post(path, json={"events": batch})
+                async with self._request_slots:
+                    response = await self._http.post(path, json={"events": batch})
             except _NOT_SENT as exc:
                 error = TransportError(f"POST {path}: {exc!r}")
             except _OUTCOME_UNKNOWN as exc:
@@ -382,13 +402,14 @@ class SessionClient:
     def stream(self, session_id: str, *, deltas: Sequence[str] = ()) -> EventStream:
         """Raw SSE stream of the session (no resume: see :func:`subscribe` for that). ``deltas`` lists the
         event types to preview (``agent.message``, ``agent.thinking``)."""
-        request = self._stream_http.build_request(
+        pool = self._stream_pool(session_id)
+        request = pool.build_request(
             "GET",
             f"/sessions/{session_id}/events/stream",
             params=self.profile.delta_params(deltas),
             headers={"Accept": "text/event-stream"},
         )
-        return EventStream(self._stream_http, request)
+        return EventStream(pool, request)
 
     def subscribe(
         self,

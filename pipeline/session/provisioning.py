@@ -135,9 +135,7 @@ class ArkOpenAPIProvisioner:
                 service=self._service,
             )
             try:
-                response = await self._http.post(
-                    f"{self._endpoint}/", params=query, content=body, headers=headers
-                )
+                response = await self._http.post(f"{self._endpoint}/", params=query, content=body, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt + 1 >= self._max_attempts:
                     raise TransportError(f"{action}: {exc!r}") from exc

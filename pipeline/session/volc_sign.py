@@ -58,9 +58,7 @@ def _signature(
         ]
     )
     scope = f"{x_date[:8]}/{region}/{service}/request"
-    string_to_sign = "\n".join(
-        [ALGORITHM, x_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()]
-    )
+    string_to_sign = "\n".join([ALGORITHM, x_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()])
     key = signing_key(secret_key, x_date[:8], region, service)
     return hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest()
 

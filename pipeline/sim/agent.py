@@ -106,9 +106,7 @@ def _run_subagent(session: SimSession, task_text: str) -> str:
             "to_agent_name": SUBAGENT_NAME,
         },
     )
-    session.emit(
-        "session.thread_status_running", {"agent_name": SUBAGENT_NAME, "session_thread_id": thread_id}
-    )
+    session.emit("session.thread_status_running", {"agent_name": SUBAGENT_NAME, "session_thread_id": thread_id})
     # The sub-thread's thinking, replies and spans exist only on the thread itself (P7): not emitted here.
     session.context.stats["subthread_hidden_events"] += 4
     return thread_id

@@ -61,18 +61,14 @@ def extract_invalid_reply(messages: list[dict[str, Any]]) -> str:
 
 async def handle_chat_completions(request: web.Request, api_key: str) -> web.Response:
     if request.headers.get("Authorization") != f"Bearer {api_key}":
-        return web.json_response(
-            {"error": {"type": "authentication_error", "message": "bad api key"}}, status=401
-        )
+        return web.json_response({"error": {"type": "authentication_error", "message": "bad api key"}}, status=401)
     try:
         body = await request.json()
         messages = body["messages"]
         if not isinstance(messages, list):
             raise TypeError("messages must be a list")
     except (ValueError, KeyError, TypeError) as exc:
-        return web.json_response(
-            {"error": {"type": "invalid_request_error", "message": str(exc)}}, status=400
-        )
+        return web.json_response({"error": {"type": "invalid_request_error", "message": str(exc)}}, status=400)
     invalid_reply = extract_invalid_reply(messages)
     if "SIM-SLOW-CORRECTION" in invalid_reply:
         await asyncio.sleep(SLOW_SECONDS)
@@ -83,9 +79,7 @@ async def handle_chat_completions(request: web.Request, api_key: str) -> web.Res
             "object": "chat.completion",
             "created": int(time.time()),
             "model": str(body.get("model", "sim-corrector")),
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {
                 "prompt_tokens": len(invalid_reply) // 4,
                 "completion_tokens": len(content) // 4,

@@ -148,9 +148,7 @@ class SimApp:
             return _error(400, "invalid_request_error", "body is not JSON")
         if not isinstance(body, dict) or "agent" not in body:
             return _error(400, "invalid_request_error", "agent is required")
-        session = self.create_session(
-            agent=body.get("agent"), environment_id=str(body.get("environment_id") or "")
-        )
+        session = self.create_session(agent=body.get("agent"), environment_id=str(body.get("environment_id") or ""))
         return web.json_response(self.session_object(session))
 
     async def delete_session_anthropic(self, request: web.Request) -> web.Response:
@@ -173,9 +171,7 @@ class SimApp:
         rng = self.context.rng
         if faults.rate_429 and rng.random() < faults.rate_429:
             stats["injected_429"] += 1
-            return _error(
-                429, "rate_limit_error", "simulated rate limit", {"retry-after": f"{faults.retry_after:g}"}
-            )
+            return _error(429, "rate_limit_error", "simulated rate limit", {"retry-after": f"{faults.retry_after:g}"})
         if faults.rate_500 and rng.random() < faults.rate_500:
             stats["injected_500"] += 1
             return _error(500, "api_error", "simulated server error")
@@ -220,9 +216,7 @@ class SimApp:
             kind = raw["type"]
             if kind == "user.message" and raw.get("id") and raw["id"] in session.index:
                 return f"duplicate event id {raw['id']}"
-            answered = (
-                raw.get("custom_tool_use_id") if kind == "user.custom_tool_result" else raw.get("tool_use_id")
-            )
+            answered = raw.get("custom_tool_use_id") if kind == "user.custom_tool_result" else raw.get("tool_use_id")
             if kind in ("user.tool_confirmation", "user.tool_result", "user.custom_tool_result"):
                 if answered not in open_ids:
                     return f"{answered} is not awaiting an answer"
@@ -299,15 +293,11 @@ class SimApp:
         session = await self._enter(request, profile)
         if isinstance(session, web.Response):
             return session
-        deltas = frozenset(
-            request.query.getall("event_deltas", []) + request.query.getall("event_deltas[]", [])
-        )
+        deltas = frozenset(request.query.getall("event_deltas", []) + request.query.getall("event_deltas[]", []))
         subscriber = Subscriber(deltas)
         # Registered before the headers go out: once the client sees the response, nothing is missed.
         session.subscribers.add(subscriber)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         self.open_streams += 1
         self.context.stats["streams_opened"] += 1
         try:
@@ -445,7 +435,11 @@ class SimServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self._runner = web.AppRunner(
-            self.sim.app, access_log=None, handle_signals=False, shutdown_timeout=1.0
+            self.sim.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            handler_cancellation=True,  # a client that goes away ends its stream handler at once
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=4096)

@@ -86,9 +86,7 @@ class SimContext:
 
 
 class SimSession:
-    def __init__(
-        self, session_id: str, context: SimContext, *, agent: Any = None, environment_id: str = ""
-    ) -> None:
+    def __init__(self, session_id: str, context: SimContext, *, agent: Any = None, environment_id: str = "") -> None:
         self.id = session_id
         self.context = context
         self.agent = agent

@@ -121,14 +121,15 @@ async def test_first_join_waits_half_the_session_timeout(kafka_broker, topic_fac
 
 @pytest.mark.slow
 async def test_fetch_wait_latency(kafka_broker, topic_factory):
-    """Tansu holds a fetch for the whole fetch_max_wait_ms; Apache Kafka answers as data arrives.
+    """Tansu does not answer a pending fetch when data arrives; Apache Kafka does.
 
-    With a 1000 ms wait a record produced at a random moment waits ~U(0, 1000) ms on Tansu; the
-    median of 5 is above 100 ms unless 3 of 5 fall in the first 10 % (p < 0.01).
+    Measured on Tansu with fetch_max_wait_ms=1500: single-hop latency spread over ~1-740 ms
+    (median ~240). With a 2000 ms wait, 8 records at random moments all arriving within 150 ms has
+    probability ~0.1 % on Tansu; on Kafka every one takes a few ms.
     """
     topic = await topic_factory(partitions=1)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=1000
+        bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=2000
     )
     producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=0)
     await consumer.start()
@@ -137,9 +138,10 @@ async def test_fetch_wait_latency(kafka_broker, topic_factory):
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
+        await consumer.position(tp)
         loop = asyncio.get_running_loop()
         latencies = []
-        for delay in (0.31, 0.57, 0.13, 0.77, 0.45):
+        for delay in (0.31, 0.17, 0.43, 0.11, 0.29, 0.37, 0.23, 0.19):
             await asyncio.sleep(delay)
             t0 = loop.time()
             await producer.send_and_wait(topic, b"x", partition=0)
@@ -149,11 +151,10 @@ async def test_fetch_wait_latency(kafka_broker, topic_factory):
     finally:
         await producer.stop()
         await consumer.stop()
-    median = statistics.median(latencies)
     if kafka_broker.kind == "tansu":
-        assert median > 100, latencies
+        assert max(latencies) > 150, latencies
     else:
-        assert median < 100, latencies
+        assert statistics.median(latencies) < 100, latencies
 
 
 async def test_consume_helpers_on_tansu(tansu_broker, unique_name):

@@ -3,10 +3,12 @@ every request and answers with scripted responses, so `send()` is tested over re
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,7 +49,9 @@ class FakeApi:
         else:
             self.defaults[path] = handler
 
-    def reply(self, path: str, status: int, body: Any, headers: dict[str, str] | None = None, *, once: bool = False) -> None:
+    def reply(
+        self, path: str, status: int, body: Any, headers: dict[str, str] | None = None, *, once: bool = False
+    ) -> None:
         self.on(path, lambda _seen: (status, body, headers or {}), once=once)
 
     def calls(self, path: str) -> list[Seen]:
@@ -118,9 +122,9 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-)
+# A 1x1 PNG.
+PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+PNG = base64.b64decode(PNG_B64)
 
 
 async def load_media(media: Media) -> tuple[bytes, str]:
@@ -128,8 +132,7 @@ async def load_media(media: Media) -> tuple[bytes, str]:
     if media.kind == "base64":
         return base64.b64decode(media.value), "image/png"
     if media.kind == "path":
-        with open(media.value, "rb") as fh:
-            data = fh.read()
+        data = await asyncio.to_thread(Path(media.value).read_bytes)
         return data, "image/png" if data.startswith(b"\x89PNG") else "application/octet-stream"
     raise ValueError(f"cannot load {media.kind}")
 

@@ -35,38 +35,71 @@ ALICE = "ou_alice000000000000000000000000002"
 
 def bot_config(api: FakeApi | None = None, **extra: Any) -> BotConfig:
     return BotConfig(
-        platform="lark", bot_id="lk1", self_id=BOT_OPEN_ID,
-        credentials={"app_id": APP_ID, "app_secret": APP_SECRET, "verification_token": VERIFY_TOKEN,
-                     "encrypt_key": ENCRYPT_KEY},
-        api_base=api.url if api else None, **extra,
+        platform="lark",
+        bot_id="lk1",
+        self_id=BOT_OPEN_ID,
+        credentials={
+            "app_id": APP_ID,
+            "app_secret": APP_SECRET,
+            "verification_token": VERIFY_TOKEN,
+            "encrypt_key": ENCRYPT_KEY,
+        },
+        api_base=api.url if api else None,
+        **extra,
     )
 
 
-def receive_event(message_type: str, content: dict[str, Any], *, chat_type: str = "group",
-                  mentions: list[dict[str, Any]] | None = None, parent_id: str | None = None,
-                  event_id: str = "5e3702a84e847582be8db7fb73283c02") -> dict[str, Any]:
+def receive_event(
+    message_type: str,
+    content: dict[str, Any],
+    *,
+    chat_type: str = "group",
+    mentions: list[dict[str, Any]] | None = None,
+    parent_id: str | None = None,
+    event_id: str = "5e3702a84e847582be8db7fb73283c02",
+) -> dict[str, Any]:
     """An im.message.receive_v1 callback, passed through the SDK's typed model: a field the SDK
     does not know would not survive the round trip."""
     raw = {
         "schema": "2.0",
-        "header": {"event_id": event_id, "token": VERIFY_TOKEN, "create_time": "1608725989000",
-                   "event_type": "im.message.receive_v1", "tenant_key": "2ca1d211f64f6438", "app_id": APP_ID},
+        "header": {
+            "event_id": event_id,
+            "token": VERIFY_TOKEN,
+            "create_time": "1608725989000",
+            "event_type": "im.message.receive_v1",
+            "tenant_key": "2ca1d211f64f6438",
+            "app_id": APP_ID,
+        },
         "event": {
-            "sender": {"sender_id": {"union_id": "on_8ed6aa67826108097d9ee143816345", "user_id": "e33ggbyz",
-                                     "open_id": ALICE}, "sender_type": "user", "tenant_key": "2ca1d211f64f6438"},
-            "message": {"message_id": "om_5ce6d572455d361153b7cb51da133945", "root_id": parent_id,
-                        "parent_id": parent_id, "create_time": "1609073151345", "update_time": "1609073151345",
-                        "chat_id": "oc_5ce6d572455d361153b7xx51da133945", "chat_type": chat_type,
-                        "message_type": message_type, "content": json.dumps(content, ensure_ascii=False),
-                        "mentions": mentions or []},
+            "sender": {
+                "sender_id": {"union_id": "on_8ed6aa67826108097d9ee143816345", "user_id": "e33ggbyz", "open_id": ALICE},
+                "sender_type": "user",
+                "tenant_key": "2ca1d211f64f6438",
+            },
+            "message": {
+                "message_id": "om_5ce6d572455d361153b7cb51da133945",
+                "root_id": parent_id,
+                "parent_id": parent_id,
+                "create_time": "1609073151345",
+                "update_time": "1609073151345",
+                "chat_id": "oc_5ce6d572455d361153b7xx51da133945",
+                "chat_type": chat_type,
+                "message_type": message_type,
+                "content": json.dumps(content, ensure_ascii=False),
+                "mentions": mentions or [],
+            },
         },
     }
     return json.loads(lark.JSON.marshal(P2ImMessageReceiveV1(raw)))
 
 
 def mention(key: str, open_id: str, name: str) -> dict[str, Any]:
-    return {"key": key, "id": {"union_id": "on_x", "user_id": "u_x", "open_id": open_id}, "name": name,
-            "tenant_key": "2ca1d211f64f6438"}
+    return {
+        "key": key,
+        "id": {"union_id": "on_x", "user_id": "u_x", "open_id": open_id},
+        "name": name,
+        "tenant_key": "2ca1d211f64f6438",
+    }
 
 
 def encrypt(plaintext: str, key: str = ENCRYPT_KEY) -> str:
@@ -79,30 +112,39 @@ def encrypt(plaintext: str, key: str = ENCRYPT_KEY) -> str:
     return encrypted
 
 
-def encrypted_request(event: dict[str, Any], *, key: str = ENCRYPT_KEY, sign_key: str = ENCRYPT_KEY,
-                      signed: bool = True) -> WebhookRequest:
+def encrypted_request(
+    event: dict[str, Any], *, key: str = ENCRYPT_KEY, sign_key: str = ENCRYPT_KEY, signed: bool = True
+) -> WebhookRequest:
     body = json.dumps({"encrypt": encrypt(json.dumps(event), key)}).encode()
     headers = {"content-type": "application/json"}
     if signed:
         timestamp, nonce = str(int(time.time())), "a8bd7e2b"
         signature = hashlib.sha256((timestamp + nonce + sign_key).encode() + body).hexdigest()
-        headers.update({"x-lark-request-timestamp": timestamp, "x-lark-request-nonce": nonce,
-                        "x-lark-signature": signature})
+        headers.update(
+            {"x-lark-request-timestamp": timestamp, "x-lark-request-nonce": nonce, "x-lark-signature": signature}
+        )
     return WebhookRequest(headers=headers, body=body)
 
 
 def sdk_accepts(request: WebhookRequest) -> bool:
     """The SDK's own dispatcher on the same bytes and headers."""
     received: list[Any] = []
-    handler = (lark.EventDispatcherHandler.builder(ENCRYPT_KEY, VERIFY_TOKEN)
-               .register_p2_im_message_receive_v1(received.append).build())
+    handler = (
+        lark.EventDispatcherHandler.builder(ENCRYPT_KEY, VERIFY_TOKEN)
+        .register_p2_im_message_receive_v1(received.append)
+        .build()
+    )
     raw = RawRequest()
     raw.uri = "/webhooks/lark/lk1"
     raw.body = request.body
     raw.headers = {k.title(): v for k, v in request.headers.items()}
-    raw.headers.update({"X-Lark-Request-Timestamp": request.headers.get("x-lark-request-timestamp", ""),
-                        "X-Lark-Request-Nonce": request.headers.get("x-lark-request-nonce", ""),
-                        "X-Lark-Signature": request.headers.get("x-lark-signature", "")})
+    raw.headers.update(
+        {
+            "X-Lark-Request-Timestamp": request.headers.get("x-lark-request-timestamp", ""),
+            "X-Lark-Request-Nonce": request.headers.get("x-lark-request-nonce", ""),
+            "X-Lark-Signature": request.headers.get("x-lark-signature", ""),
+        }
+    )
     response = handler.do(raw)
     return response.status_code == 200
 
@@ -118,8 +160,11 @@ def parse(request: WebhookRequest, **extra: Any):
 
 
 def test_encrypted_group_text_mentioning_bot() -> None:
-    event = receive_event("text", {"text": "@_user_1 hello @_user_2 !"},
-                          mentions=[mention("@_user_1", BOT_OPEN_ID, "Switch"), mention("@_user_2", ALICE, "Alice")])
+    event = receive_event(
+        "text",
+        {"text": "@_user_1 hello @_user_2 !"},
+        mentions=[mention("@_user_1", BOT_OPEN_ID, "Switch"), mention("@_user_2", ALICE, "Alice")],
+    )
     request = encrypted_request(event)
     assert sdk_accepts(request)
     [m] = parse(request).messages
@@ -133,10 +178,13 @@ def test_encrypted_group_text_mentioning_bot() -> None:
 
 
 def test_p2p_post_with_image_and_reply() -> None:
-    post = {"title": "Report", "content": [
-        [{"tag": "text", "text": "see "}, {"tag": "a", "href": "https://example.com", "text": "this"}],
-        [{"tag": "img", "image_key": "img_v2_041b28e3-5680-48c2-9af2-497ace79333g"}],
-    ]}
+    post = {
+        "title": "Report",
+        "content": [
+            [{"tag": "text", "text": "see "}, {"tag": "a", "href": "https://example.com", "text": "this"}],
+            [{"tag": "img", "image_key": "img_v2_041b28e3-5680-48c2-9af2-497ace79333g"}],
+        ],
+    }
     event = receive_event("post", post, chat_type="p2p", parent_id="om_parent")
     [m] = parse(encrypted_request(event), session_scope="user").messages
     assert m.chat_type == "private" and not m.mentions_bot
@@ -250,10 +298,15 @@ class LarkStandIn:
 
 def outbound(segments: list[dict[str, Any]], **extra: Any) -> OutboundMessage:
     return OutboundMessage(
-        outbound_id="out-l", kind="reply", platform="lark", bot_id="lk1",
-        chat_id="oc_5ce6d572455d361153b7xx51da133945", chat_type="group",
+        outbound_id="out-l",
+        kind="reply",
+        platform="lark",
+        bot_id="lk1",
+        chat_id="oc_5ce6d572455d361153b7xx51da133945",
+        chat_type="group",
         conversation_key="lark:lk1:oc_5ce6d572455d361153b7xx51da133945",
-        segments=segment_list_adapter.validate_python(segments), **extra,
+        segments=segment_list_adapter.validate_python(segments),
+        **extra,
     )
 
 
@@ -263,17 +316,20 @@ async def test_text_post_image_file_and_token_cache(api: FakeApi, http: httpx.As
     bot = bot_config(api)
     pdf = tmp_path / "r.pdf"
     pdf.write_bytes(b"%PDF-1.4 test")
-    message = outbound([
-        {"type": "text", "data": {"text": "plain first"}},
-        {"type": "image", "data": {"media": {"kind": "base64", "value": base64.b64encode(PNG).decode()}}},
-        {"type": "mention", "data": {"target": ALICE}},
-        {"type": "text", "data": {"text": " see below\nsecond line"}},
-        {"type": "markdown", "data": {"content": "**bold** and `code`"}},
-        {"type": "share", "data": {"url": "https://example.com", "title": "Example"}},
-        {"type": "dice", "data": {}},
-        {"type": "file", "data": {"media": {"kind": "path", "value": str(pdf)}}},
-        {"type": "image", "data": {"media": {"kind": "file", "value": "img_v2_existing"}}},
-    ], reply_to_message_id="om_parent")
+    message = outbound(
+        [
+            {"type": "text", "data": {"text": "plain first"}},
+            {"type": "image", "data": {"media": {"kind": "base64", "value": base64.b64encode(PNG).decode()}}},
+            {"type": "mention", "data": {"target": ALICE}},
+            {"type": "text", "data": {"text": " see below\nsecond line"}},
+            {"type": "markdown", "data": {"content": "**bold** and `code`"}},
+            {"type": "share", "data": {"url": "https://example.com", "title": "Example"}},
+            {"type": "dice", "data": {}},
+            {"type": "file", "data": {"media": {"kind": "path", "value": str(pdf)}}},
+            {"type": "image", "data": {"media": {"kind": "file", "value": "img_v2_existing"}}},
+        ],
+        reply_to_message_id="om_parent",
+    )
     calls = platform.render(bot, message)
     for call in calls:
         outcome = await platform.send(bot, call, http, load_media)
@@ -296,23 +352,28 @@ async def test_text_post_image_file_and_token_cache(api: FakeApi, http: httpx.As
     assert kinds[4] == ("image", {"image_key": "img_v2_existing"})
     assert len({s.json["uuid"] for s in sent}) == len(sent)
     # A re-render gives the same uuids, so Lark drops a replayed send.
-    assert [c.json["uuid"] for c in platform.render(bot, message)] == [c.json["uuid"] for c in calls]
+    uuids = [(c.json or {})["uuid"] for c in calls]
+    assert [(c.json or {})["uuid"] for c in platform.render(bot, message)] == uuids
 
 
 async def test_long_markdown_split_and_unreadable_image(api: FakeApi, http: httpx.AsyncClient) -> None:
     LarkStandIn(api)
     platform = LarkPlatform()
     bot = bot_config(api, language="en")
-    message = outbound([
-        {"type": "markdown", "data": {"content": "\n".join(f"- 第{i}行 **要点** 😀" for i in range(1500))}},
-        {"type": "image", "data": {"media": {"kind": "path", "value": "/missing.png"}}},
-    ])
+    message = outbound(
+        [
+            {"type": "markdown", "data": {"content": "\n".join(f"- 第{i}行 **要点** 😀" for i in range(1500))}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "/missing.png"}}},
+        ]
+    )
     calls = platform.render(bot, message)
     assert len(calls) >= 3
     for call in calls:
         assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
     sent = [s for s in api.seen if s.path == "/open-apis/im/v1/messages"]
-    joined = "".join(el["text"] for s in sent[:-1] for p in json.loads(s.json["content"])["en_us"]["content"] for el in p)
+    joined = "".join(
+        el["text"] for s in sent[:-1] for p in json.loads(s.json["content"])["en_us"]["content"] for el in p
+    )
     assert joined.count("要点") == 1500
     assert json.loads(sent[-1].json["content"]) == {"text": "[attachment unavailable]"}
 

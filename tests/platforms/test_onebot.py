@@ -33,8 +33,8 @@ SPEC_PRIVATE = {
     "sub_type": "friend",
     "message_id": 12,
     "user_id": 12345678,
-    "message": "你好～",
-    "raw_message": "你好～",
+    "message": "你好\uff5e",
+    "raw_message": "你好\uff5e",
     "font": 456,
     "sender": {"nickname": "小不点", "sex": "male", "age": 18},
 }
@@ -55,8 +55,17 @@ def group_event(message: Any, **extra: Any) -> dict[str, Any]:
         "message": message,
         "raw_message": message if isinstance(message, str) else "",
         "font": 456,
-        "sender": {"user_id": 12345678, "nickname": "小不点", "card": "群名片", "sex": "male", "age": 18,
-                   "area": "", "level": "1", "role": "admin", "title": ""},
+        "sender": {
+            "user_id": 12345678,
+            "nickname": "小不点",
+            "card": "群名片",
+            "sex": "male",
+            "age": 18,
+            "area": "",
+            "level": "1",
+            "role": "admin",
+            "title": "",
+        },
     }
     event.update(extra)
     return event
@@ -64,9 +73,12 @@ def group_event(message: Any, **extra: Any) -> dict[str, Any]:
 
 def bot_config(api: FakeApi | None = None, **extra: Any) -> BotConfig:
     return BotConfig(
-        platform="onebot", bot_id="qq1", self_id="10001000",
+        platform="onebot",
+        bot_id="qq1",
+        self_id="10001000",
         credentials={"secret": SECRET, "access_token": TOKEN},
-        api_base=api.url if api else None, **extra,
+        api_base=api.url if api else None,
+        **extra,
     )
 
 
@@ -91,14 +103,16 @@ def test_spec_private_message() -> None:
     [m] = parse(SPEC_PRIVATE).messages
     assert m.chat_type == "private" and m.chat_id == "private_12345678"
     assert m.sender.user_id == "12345678" and m.sender.name == "小不点" and not m.sender.is_admin
-    assert m.text == "你好～" and m.message_id == "12"
+    assert m.text == "你好\uff5e" and m.message_id == "12"
     assert m.sent_at_ms == 1515204254000
     assert m.conversation_key == "onebot:qq1:private_12345678"
 
 
 def test_group_cq_string_with_at_reply_image_and_escapes() -> None:
-    raw = ("[CQ:reply,id=1999][CQ:at,qq=10001000] 看看 &#91;这个&#93; &amp; "
-           "[CQ:image,file=abc.jpg,url=https://gchat.qpic.cn/x?a=1&amp;b=2][CQ:face,id=14]")
+    raw = (
+        "[CQ:reply,id=1999][CQ:at,qq=10001000] 看看 &#91;这个&#93; &amp; "
+        "[CQ:image,file=abc.jpg,url=https://gchat.qpic.cn/x?a=1&amp;b=2][CQ:face,id=14]"
+    )
     [m] = parse(group_event(raw)).messages
     assert m.chat_id == "group_123456" and m.chat_type == "group"
     assert m.sender.name == "群名片" and m.sender.is_admin
@@ -136,13 +150,23 @@ def test_signature_and_ignored_and_malformed() -> None:
         platform.verify(bot, unsigned)
     platform.verify(BotConfig(platform="onebot", bot_id="open"), unsigned)  # no secret: no check
 
-    heartbeat = {"time": 1, "self_id": 10001000, "post_type": "meta_event", "meta_event_type": "heartbeat",
-                 "status": {}, "interval": 5000}
+    heartbeat = {
+        "time": 1,
+        "self_id": 10001000,
+        "post_type": "meta_event",
+        "meta_event_type": "heartbeat",
+        "status": {},
+        "interval": 5000,
+    }
     assert parse(heartbeat).ignored == "post_type:meta_event"
     own = dict(SPEC_PRIVATE, user_id=10001000)
     assert parse(own).ignored == "own_message"
-    for body in (b"\xff\xfe", b"[1]", b'{"post_type": "message", "message_type": "group", "user_id": 1, "message_id": 2}',
-                 b'{"post_type": "message", "message_type": "private", "user_id": 1, "message_id": 2, "message": 5}'):
+    for body in (
+        b"\xff\xfe",
+        b"[1]",
+        b'{"post_type": "message", "message_type": "group", "user_id": 1, "message_id": 2}',
+        b'{"post_type": "message", "message_type": "private", "user_id": 1, "message_id": 2, "message": 5}',
+    ):
         with pytest.raises(WebhookRejected) as exc:
             platform.parse(bot, WebhookRequest(headers={}, body=body))
         assert exc.value.status == 400
@@ -159,9 +183,18 @@ def test_cq_roundtrip() -> None:
 # --- out -----------------------------------------------------------------------------------------
 
 _SEGMENT_FIELDS = {  # message/segment.md: the data fields each sendable segment needs
-    "text": {"text"}, "at": {"qq"}, "image": {"file"}, "record": {"file"}, "video": {"file"},
-    "face": {"id"}, "reply": {"id"}, "forward": {"id"}, "dice": set(), "rps": set(),
-    "share": {"url", "title"}, "file": {"file", "name"},
+    "text": {"text"},
+    "at": {"qq"},
+    "image": {"file"},
+    "record": {"file"},
+    "video": {"file"},
+    "face": {"id"},
+    "reply": {"id"},
+    "forward": {"id"},
+    "dice": set(),
+    "rps": set(),
+    "share": {"url", "title"},
+    "file": {"file", "name"},
 }
 
 
@@ -185,12 +218,19 @@ def check_onebot(seen: Seen) -> tuple[int, Any]:
     return 200, {"status": "ok", "retcode": 0, "data": {"message_id": 30000 + len(seen.body)}}
 
 
-def outbound(segments: list[dict[str, Any]], chat_id: str = "group_123456", chat_type: str = "group",
-             **extra: Any) -> OutboundMessage:
+def outbound(
+    segments: list[dict[str, Any]], chat_id: str = "group_123456", chat_type: str = "group", **extra: Any
+) -> OutboundMessage:
     return OutboundMessage(
-        outbound_id="out-9", kind="reply", platform="onebot", bot_id="qq1", chat_id=chat_id,
-        chat_type=chat_type, conversation_key=f"onebot:qq1:{chat_id}",
-        segments=segment_list_adapter.validate_python(segments), **extra,
+        outbound_id="out-9",
+        kind="reply",
+        platform="onebot",
+        bot_id="qq1",
+        chat_id=chat_id,
+        chat_type=chat_type,
+        conversation_key=f"onebot:qq1:{chat_id}",
+        segments=segment_list_adapter.validate_python(segments),
+        **extra,
     )
 
 
@@ -200,21 +240,24 @@ async def test_every_segment_type(api: FakeApi, http: httpx.AsyncClient, tmp_pat
     bot = bot_config(api)
     pic = tmp_path / "p.png"
     pic.write_bytes(PNG)
-    message = outbound([
-        {"type": "mention", "data": {"target": "12345678"}},
-        {"type": "text", "data": {"text": " 结果如下："}},
-        {"type": "markdown", "data": {"content": "**重点** 见 [文档](https://example.com)"}},
-        {"type": "image", "data": {"media": {"kind": "url", "value": "https://example.com/a.png"}}},
-        {"type": "image", "data": {"media": {"kind": "path", "value": str(pic)}}},
-        {"type": "face", "data": {"id": 14}},
-        {"type": "audio", "data": {"media": {"kind": "base64", "value": "AAAA"}}},
-        {"type": "video", "data": {"media": {"kind": "file", "value": "v.mp4"}}},
-        {"type": "file", "data": {"media": {"kind": "url", "value": "https://example.com/r.pdf"}}},
-        {"type": "forward", "data": {"forward_id": "fw-123"}},
-        {"type": "dice", "data": {}},
-        {"type": "rps", "data": {}},
-        {"type": "share", "data": {"url": "https://example.com", "title": "Example"}},
-    ], reply_to_message_id="2001")
+    message = outbound(
+        [
+            {"type": "mention", "data": {"target": "12345678"}},
+            {"type": "text", "data": {"text": " 结果如下\uff1a"}},
+            {"type": "markdown", "data": {"content": "**重点** 见 [文档](https://example.com)"}},
+            {"type": "image", "data": {"media": {"kind": "url", "value": "https://example.com/a.png"}}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": str(pic)}}},
+            {"type": "face", "data": {"id": 14}},
+            {"type": "audio", "data": {"media": {"kind": "base64", "value": "AAAA"}}},
+            {"type": "video", "data": {"media": {"kind": "file", "value": "v.mp4"}}},
+            {"type": "file", "data": {"media": {"kind": "url", "value": "https://example.com/r.pdf"}}},
+            {"type": "forward", "data": {"forward_id": "fw-123"}},
+            {"type": "dice", "data": {}},
+            {"type": "rps", "data": {}},
+            {"type": "share", "data": {"url": "https://example.com", "title": "Example"}},
+        ],
+        reply_to_message_id="2001",
+    )
     calls = platform.render(bot, message)
     for call in calls:
         outcome = await platform.send(bot, call, http, load_media)
@@ -222,7 +265,13 @@ async def test_every_segment_type(api: FakeApi, http: httpx.AsyncClient, tmp_pat
     sent = [s.json["message"] for s in api.calls("/send_group_msg")]
     assert [[seg["type"] for seg in m] for m in sent] == [
         ["reply", "at", "text", "text", "image", "image", "face"],
-        ["record"], ["video"], ["file"], ["forward"], ["dice"], ["rps"], ["share"],
+        ["record"],
+        ["video"],
+        ["file"],
+        ["forward"],
+        ["dice"],
+        ["rps"],
+        ["share"],
     ]
     first = sent[0]
     assert first[0]["data"] == {"id": "2001"} and first[1]["data"] == {"qq": "12345678"}
@@ -240,10 +289,14 @@ async def test_private_long_text_split_and_unreadable_media(api: FakeApi, http: 
     api.on("/send_private_msg", check_onebot)
     platform = get_platform("onebot")
     bot = bot_config(api, language="en")
-    message = outbound([
-        {"type": "text", "data": {"text": "段落。" * 3000}},
-        {"type": "image", "data": {"media": {"kind": "path", "value": "/missing.png"}}},
-    ], chat_id="private_12345678", chat_type="private")
+    message = outbound(
+        [
+            {"type": "text", "data": {"text": "段落。" * 3000}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "/missing.png"}}},
+        ],
+        chat_id="private_12345678",
+        chat_type="private",
+    )
     calls = platform.render(bot, message)
     assert len(calls) >= 3
     for call in calls:
@@ -259,7 +312,12 @@ async def test_private_long_text_split_and_unreadable_media(api: FakeApi, http: 
     ("status", "body", "verdict", "reason"),
     [
         (200, {"status": "async", "retcode": 1, "data": None}, "delivered", ""),
-        (200, {"status": "failed", "retcode": 1404, "data": None, "message": "API不存在"}, "permanent", "unsupported_api"),
+        (
+            200,
+            {"status": "failed", "retcode": 1404, "data": None, "message": "API不存在"},
+            "permanent",
+            "unsupported_api",
+        ),
         (200, {"status": "failed", "retcode": 100, "data": None, "wording": "参数错误"}, "permanent", "bad_request"),
         (200, {"status": "failed", "retcode": 200, "data": None, "message": "发送失败"}, "permanent", "failed"),
         (200, {"status": "failed", "retcode": 201, "data": None}, "retry", "server_error"),

@@ -18,7 +18,7 @@ from pipeline.records import OutboundMessage
 from pipeline.segments import segment_list_adapter
 from pipeline.settings import BotConfig
 
-from .conftest import PNG, FakeApi, Seen, load_media
+from .conftest import PNG, PNG_B64, FakeApi, Seen, load_media
 
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 BOT_TOKEN = "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy"
@@ -27,19 +27,26 @@ BOT_USER = "U0LAN0Z89"
 
 def bot_config(api: FakeApi | None = None, **extra: Any) -> BotConfig:
     return BotConfig(
-        platform="slack", bot_id="sl1", self_id=BOT_USER,
+        platform="slack",
+        bot_id="sl1",
+        self_id=BOT_USER,
         credentials={"signing_secret": SIGNING_SECRET, "bot_token": BOT_TOKEN},
-        api_base=api.url if api else None, **extra,
+        api_base=api.url if api else None,
+        **extra,
     )
 
 
-def signed(payload: dict[str, Any], *, ts: int | None = None, secret: str = SIGNING_SECRET,
-           retry: str | None = None) -> WebhookRequest:
+def signed(
+    payload: dict[str, Any], *, ts: int | None = None, secret: str = SIGNING_SECRET, retry: str | None = None
+) -> WebhookRequest:
     body = json.dumps(payload).encode()
     timestamp = str(ts if ts is not None else int(time.time()))
     signature = SignatureVerifier(secret).generate_signature(timestamp=timestamp, body=body)
-    headers = {"x-slack-request-timestamp": timestamp, "x-slack-signature": signature or "",
-               "content-type": "application/json"}
+    headers = {
+        "x-slack-request-timestamp": timestamp,
+        "x-slack-signature": signature or "",
+        "content-type": "application/json",
+    }
     if retry is not None:
         headers["x-slack-retry-num"] = retry
         headers["x-slack-retry-reason"] = "http_timeout"
@@ -54,23 +61,35 @@ def signed(payload: dict[str, Any], *, ts: int | None = None, secret: str = SIGN
 def callback(event: dict[str, Any], event_id: str = "Ev123ABC456") -> dict[str, Any]:
     # The outer event_callback envelope of the Events API documentation.
     return {
-        "token": "ZZZZZZWSxiZZZ2yIvs3peJ", "team_id": "T123ABC456", "api_app_id": "A123ABC456",
-        "event": event, "type": "event_callback", "event_id": event_id, "event_time": 1515449522,
+        "token": "ZZZZZZWSxiZZZ2yIvs3peJ",
+        "team_id": "T123ABC456",
+        "api_app_id": "A123ABC456",
+        "event": event,
+        "type": "event_callback",
+        "event_id": event_id,
+        "event_time": 1515449522,
         "authed_users": [BOT_USER],
     }
 
 
 # The app_mention example of the Events API documentation.
 APP_MENTION = {
-    "type": "app_mention", "user": "U123ABC456",
+    "type": "app_mention",
+    "user": "U123ABC456",
     "text": "What is the hour of the pearl, <@U0LAN0Z89>?",
-    "ts": "1515449522.000016", "channel": "C123ABC456", "event_ts": "1515449522000016",
+    "ts": "1515449522.000016",
+    "channel": "C123ABC456",
+    "event_ts": "1515449522000016",
 }
 # The message.im example.
 DM = {
-    "type": "message", "channel": "D024BE91L", "user": "U2147483697",
+    "type": "message",
+    "channel": "D024BE91L",
+    "user": "U2147483697",
     "text": "Hello hello can you hear me? <https://example.com|site> &lt;3 &amp;",
-    "ts": "1355517523.000005", "event_ts": "1355517523.000005", "channel_type": "im",
+    "ts": "1355517523.000005",
+    "event_ts": "1355517523.000005",
+    "channel_type": "im",
 }
 
 
@@ -103,10 +122,19 @@ def test_dm_and_redelivery_keeps_event_id() -> None:
 
 
 def test_thread_reply_to_bot_and_files() -> None:
-    event = dict(APP_MENTION, ts="1515449600.000100", thread_ts="1515449522.000016", parent_user_id=BOT_USER,
-                 files=[{"id": "F0001", "name": "cat.png", "mimetype": "image/png"},
-                        {"id": "F0002", "name": "r.pdf", "mimetype": "application/pdf"}])
-    [m] = parse(callback(event), ).messages
+    event = dict(
+        APP_MENTION,
+        ts="1515449600.000100",
+        thread_ts="1515449522.000016",
+        parent_user_id=BOT_USER,
+        files=[
+            {"id": "F0001", "name": "cat.png", "mimetype": "image/png"},
+            {"id": "F0002", "name": "r.pdf", "mimetype": "application/pdf"},
+        ],
+    )
+    [m] = parse(
+        callback(event),
+    ).messages
     assert m.route == {"thread_ts": "1515449522.000016"}
     assert m.reply_to is not None and m.reply_to.is_bot
     assert [s.type for s in m.segments] == ["reply", "text", "mention", "text", "image", "file"]
@@ -120,8 +148,11 @@ def test_ignored_events_and_url_verification() -> None:
     assert parse(callback(edit)).ignored == "bot_or_subtype"
     reaction = {"type": "reaction_added", "user": "U1", "reaction": "thumbsup", "item": {}, "event_ts": "1"}
     assert parse(callback(reaction)).ignored == "event:reaction_added"
-    challenge = {"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "type": "url_verification",
-                 "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}
+    challenge = {
+        "token": "Jhj5dZrVaK7ZwHHjRyZWjbDl",
+        "type": "url_verification",
+        "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+    }
     result = parse(challenge)
     assert result.body == {"challenge": challenge["challenge"]} and not result.messages
 
@@ -138,7 +169,11 @@ def test_bad_signature_stale_and_malformed() -> None:
     with pytest.raises(WebhookRejected) as exc:
         platform.verify(BotConfig(platform="slack", bot_id="x"), signed(callback(DM)))
     assert exc.value.status == 401
-    for payload in (b"nope", b'{"type": "event_callback"}', b'{"type": "event_callback", "event": {"type": "message"}}'):
+    for payload in (
+        b"nope",
+        b'{"type": "event_callback"}',
+        b'{"type": "event_callback", "event": {"type": "message"}}',
+    ):
         with pytest.raises(WebhookRejected) as exc:
             platform.parse(bot, WebhookRequest(headers={}, body=payload))
         assert exc.value.status == 400
@@ -164,9 +199,15 @@ def check_slack(seen: Seen) -> tuple[int, Any]:
 
 def outbound(segments: list[dict[str, Any]], **extra: Any) -> OutboundMessage:
     return OutboundMessage(
-        outbound_id="out-s", kind="reply", platform="slack", bot_id="sl1", chat_id="C123ABC456",
-        chat_type="group", conversation_key="slack:sl1:C123ABC456",
-        segments=segment_list_adapter.validate_python(segments), **extra,
+        outbound_id="out-s",
+        kind="reply",
+        platform="slack",
+        bot_id="sl1",
+        chat_id="C123ABC456",
+        chat_type="group",
+        conversation_key="slack:sl1:C123ABC456",
+        segments=segment_list_adapter.validate_python(segments),
+        **extra,
     )
 
 
@@ -174,23 +215,36 @@ async def test_mrkdwn_mentions_thread_and_fallbacks(api: FakeApi, http: httpx.As
     api.on("/chat.postMessage", check_slack)
     platform = get_platform("slack")
     bot = bot_config(api, language="en")
-    message = outbound([
-        {"type": "mention", "data": {"target": "U123ABC456"}},
-        {"type": "text", "data": {"text": " 1 < 2 & 3 > 2 "}},
-        {"type": "markdown", "data": {"content": "# Title\n**bold** _it_ ~~gone~~ `a<b` [link](https://example.com/x)\n- one\n```\nx = 1\n```"}},
-        {"type": "dice", "data": {}},
-        {"type": "rps", "data": {}},
-        {"type": "face", "data": {"id": ":tada:"}},
-        {"type": "share", "data": {"url": "https://example.com/s", "title": "Shared"}},
-        {"type": "forward", "data": {"forward_id": "x"}},
-    ], route={"thread_ts": "1515449522.000016"})
+    message = outbound(
+        [
+            {"type": "mention", "data": {"target": "U123ABC456"}},
+            {"type": "text", "data": {"text": " 1 < 2 & 3 > 2 "}},
+            {
+                "type": "markdown",
+                "data": {
+                    "content": (
+                        "# Title\n**bold** _it_ ~~gone~~ `a<b` [link](https://example.com/x)\n- one\n```\nx = 1\n```"
+                    )
+                },
+            },
+            {"type": "dice", "data": {}},
+            {"type": "rps", "data": {}},
+            {"type": "face", "data": {"id": ":tada:"}},
+            {"type": "share", "data": {"url": "https://example.com/s", "title": "Shared"}},
+            {"type": "forward", "data": {"forward_id": "x"}},
+        ],
+        route={"thread_ts": "1515449522.000016"},
+    )
     [call] = platform.render(bot, message)
     outcome = await platform.send(bot, call, http, load_media)
     assert outcome.status == "delivered" and outcome.platform_message_id
     [seen] = api.calls("/chat.postMessage")
     assert seen.json["thread_ts"] == "1515449522.000016"
     text = seen.json["text"]
-    assert text.startswith("<@U123ABC456> 1 &lt; 2 &amp; 3 &gt; 2 *Title*\n*bold* _it_ ~gone~ `a&lt;b` <https://example.com/x|link>\n• one\n```\nx = 1\n```")
+    assert text.startswith(
+        "<@U123ABC456> 1 &lt; 2 &amp; 3 &gt; 2 *Title*\n"
+        "*bold* _it_ ~gone~ `a&lt;b` <https://example.com/x|link>\n• one\n```\nx = 1\n```"
+    )
     assert "🎲 " in text and ":tada:" in text and "<https://example.com/s|Shared>" in text
     assert "[forwarded messages cannot be shown here]" in text
 
@@ -199,8 +253,10 @@ async def test_long_text_split(api: FakeApi, http: httpx.AsyncClient) -> None:
     api.on("/chat.postMessage", check_slack)
     platform = get_platform("slack")
     bot = bot_config(api)
-    calls = platform.render(bot, outbound([{"type": "text", "data": {"text": "lorem ipsum " * 1000}}],
-                                          reply_to_message_id="1515449522.000016"))
+    calls = platform.render(
+        bot,
+        outbound([{"type": "text", "data": {"text": "lorem ipsum " * 1000}}], reply_to_message_id="1515449522.000016"),
+    )
     assert len(calls) == 4
     for call in calls:
         assert (await platform.send(bot, call, http, load_media)).status == "delivered"
@@ -222,8 +278,11 @@ async def test_external_upload_flow(api: FakeApi, http: httpx.AsyncClient) -> No
 
     def complete(seen: Seen) -> tuple[int, Any]:
         assert seen.headers["authorization"] == f"Bearer {BOT_TOKEN}"
-        assert seen.json == {"files": [{"id": "F0UPLOADED", "title": "file.png"}], "channel_id": "C123ABC456",
-                             "thread_ts": "1515449522.000016"}
+        assert seen.json == {
+            "files": [{"id": "F0UPLOADED", "title": "file.png"}],
+            "channel_id": "C123ABC456",
+            "thread_ts": "1515449522.000016",
+        }
         return 200, {"ok": True, "files": [{"id": "F0UPLOADED"}]}
 
     api.on("/files.getUploadURLExternal", get_url)
@@ -232,11 +291,22 @@ async def test_external_upload_flow(api: FakeApi, http: httpx.AsyncClient) -> No
     api.on("/chat.postMessage", check_slack)
     platform = get_platform("slack")
     bot = bot_config(api)
-    message = outbound([
-        {"type": "text", "data": {"text": "here:"}},
-        {"type": "image", "data": {"media": {"kind": "base64", "value": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}}},
-        {"type": "image", "data": {"media": {"kind": "file", "value": "F0EXISTING"}}},
-    ], route={"thread_ts": "1515449522.000016"})
+    message = outbound(
+        [
+            {"type": "text", "data": {"text": "here:"}},
+            {
+                "type": "image",
+                "data": {
+                    "media": {
+                        "kind": "base64",
+                        "value": PNG_B64,
+                    }
+                },
+            },
+            {"type": "image", "data": {"media": {"kind": "file", "value": "F0EXISTING"}}},
+        ],
+        route={"thread_ts": "1515449522.000016"},
+    )
     calls = platform.render(bot, message)
     assert [c.path for c in calls] == ["/chat.postMessage", "/files.getUploadURLExternal", "/chat.postMessage"]
     for call in calls:
@@ -260,8 +330,9 @@ async def test_external_upload_flow(api: FakeApi, http: httpx.AsyncClient) -> No
         (503, "unavailable", {}, "retry", "server_error", None),
     ],
 )
-async def test_error_classification(api: FakeApi, http: httpx.AsyncClient, status, body, headers, verdict,
-                                    reason, retry_after) -> None:
+async def test_error_classification(
+    api: FakeApi, http: httpx.AsyncClient, status, body, headers, verdict, reason, retry_after
+) -> None:
     api.reply("/chat.postMessage", status, body, headers)
     platform = get_platform("slack")
     bot = bot_config(api)

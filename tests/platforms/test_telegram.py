@@ -19,7 +19,7 @@ from pipeline.records import OutboundMessage
 from pipeline.segments import segment_list_adapter
 from pipeline.settings import BotConfig
 
-from .conftest import PNG, FakeApi, Seen, broken_loader, load_media
+from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
 
 TOKEN = "123456:ABC-test"
 BOT = User(id=777, first_name="Switch", is_bot=True, username="switch_bot")
@@ -63,7 +63,11 @@ def test_group_mention_by_username_with_utf16_offsets() -> None:
     # The emoji is two UTF-16 units: the entity offsets below are Telegram's, not Python's.
     text = "👋 @switch_bot what is 2+2?"
     msg = Message(
-        42, WHEN, GROUP, from_user=ALICE, text=text,
+        42,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text=text,
         entities=(MessageEntity(MessageEntity.MENTION, offset=3, length=11),),
     )
     result = parse(Update(9001, message=msg))
@@ -82,7 +86,11 @@ def test_group_mention_by_username_with_utf16_offsets() -> None:
 
 def test_text_mention_of_bot_and_other_user_and_per_user_scope() -> None:
     msg = Message(
-        43, WHEN, GROUP, from_user=ALICE, text="Switch ping Bob",
+        43,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="Switch ping Bob",
         entities=(
             MessageEntity(MessageEntity.TEXT_MENTION, 0, 6, user=BOT),
             MessageEntity(MessageEntity.TEXT_MENTION, 12, 3, user=User(2002, "Bob", False)),
@@ -94,8 +102,9 @@ def test_text_mention_of_bot_and_other_user_and_per_user_scope() -> None:
 
 
 def test_mention_of_another_bot_does_not_trigger() -> None:
-    msg = Message(44, WHEN, GROUP, from_user=ALICE, text="@other_bot hi",
-                  entities=(MessageEntity(MessageEntity.MENTION, 0, 10),))
+    msg = Message(
+        44, WHEN, GROUP, from_user=ALICE, text="@other_bot hi", entities=(MessageEntity(MessageEntity.MENTION, 0, 10),)
+    )
     [m] = parse(Update(9003, message=msg)).messages
     assert not m.mentions_bot and m.mentions == ["@other_bot"]
 
@@ -108,12 +117,24 @@ def test_reply_to_bot_and_bot_command() -> None:
     assert m.reply_to.text == "earlier answer" and m.segments[0].type == "reply"
     assert not m.mentions_bot  # ingest decides the reply trigger
 
-    cmd = Message(46, WHEN, GROUP, from_user=ALICE, text="/ask@switch_bot hello",
-                  entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 15),))
+    cmd = Message(
+        46,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="/ask@switch_bot hello",
+        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 15),),
+    )
     [c] = parse(Update(9005, message=cmd)).messages
     assert c.mentions_bot
-    other = Message(47, WHEN, GROUP, from_user=ALICE, text="/ask@other_bot hello",
-                    entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 14),))
+    other = Message(
+        47,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="/ask@other_bot hello",
+        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 14),),
+    )
     [o] = parse(Update(9006, message=other)).messages
     assert not o.mentions_bot
 
@@ -128,8 +149,16 @@ def test_private_photo_with_caption_and_forum_topic() -> None:
     assert m.text == "look [image]"
 
     topic_root = Message(10, WHEN, GROUP, from_user=ALICE, text="topic")
-    in_topic = Message(49, WHEN, GROUP, from_user=ALICE, text="hi", message_thread_id=10,
-                       is_topic_message=True, reply_to_message=topic_root)
+    in_topic = Message(
+        49,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="hi",
+        message_thread_id=10,
+        is_topic_message=True,
+        reply_to_message=topic_root,
+    )
     [t] = parse(Update(9008, message=in_topic)).messages
     assert t.route == {"message_thread_id": "10"} and t.reply_to is None
 
@@ -163,9 +192,15 @@ def test_secret_token_and_malformed() -> None:
 
 def outbound(segments: list[dict[str, Any]], **extra: Any) -> OutboundMessage:
     return OutboundMessage(
-        outbound_id="out-1", kind="reply", platform="telegram", bot_id="tg1",
-        chat_id=str(GROUP.id), chat_type="group", conversation_key="telegram:tg1:-1001234567890",
-        segments=segment_list_adapter.validate_python(segments), **extra,
+        outbound_id="out-1",
+        kind="reply",
+        platform="telegram",
+        bot_id="tg1",
+        chat_id=str(GROUP.id),
+        chat_type="group",
+        conversation_key="telegram:tg1:-1001234567890",
+        segments=segment_list_adapter.validate_python(segments),
+        **extra,
     )
 
 
@@ -203,12 +238,20 @@ async def test_markdown_becomes_entities(api: FakeApi, http: httpx.AsyncClient) 
     api.on(f"/bot{TOKEN}/sendMessage", check_telegram_request)
     platform = get_platform("telegram")
     bot = bot_config(api)
-    message = outbound([
-        {"type": "mention", "data": {"target": "1001"}},
-        {"type": "text", "data": {"text": " 你好 😀 "}},
-        {"type": "markdown", "data": {"content": "**bold** and _it_ `x=1` [docs](https://example.com/d)\n\n```python\nprint('hi')\n```"}},
-        {"type": "share", "data": {"url": "https://example.com/s", "title": "Shared"}},
-    ], reply_to_message_id="42")
+    message = outbound(
+        [
+            {"type": "mention", "data": {"target": "1001"}},
+            {"type": "text", "data": {"text": " 你好 😀 "}},
+            {
+                "type": "markdown",
+                "data": {
+                    "content": "**bold** and _it_ `x=1` [docs](https://example.com/d)\n\n```python\nprint('hi')\n```"
+                },
+            },
+            {"type": "share", "data": {"url": "https://example.com/s", "title": "Shared"}},
+        ],
+        reply_to_message_id="42",
+    )
     [call] = platform.render(bot, message)
     outcome = await platform.send(bot, call, http, load_media)
     assert outcome.status == "delivered" and outcome.platform_message_id
@@ -219,7 +262,8 @@ async def test_markdown_becomes_entities(api: FakeApi, http: httpx.AsyncClient) 
     entities = [MessageEntity.de_json(e, None) for e in body["entities"]]
     parsed = Message(1, WHEN, GROUP, text=body["text"], entities=tuple(entities)).parse_entities()
     by_type = {e.type: (text, e) for e, text in parsed.items()}
-    assert by_type["text_mention"][0] == "@1001" and by_type["text_mention"][1].user.id == 1001
+    mentioned = by_type["text_mention"][1].user
+    assert by_type["text_mention"][0] == "@1001" and mentioned is not None and mentioned.id == 1001
     assert by_type["bold"][0] == "bold"
     assert by_type["italic"][0] == "it"
     assert by_type["code"][0] == "x=1"
@@ -254,19 +298,36 @@ async def test_media_url_upload_caption_dice_and_fallbacks(api: FakeApi, http: h
     bot = bot_config(api)
     path = tmp_path / "report.bin"
     path.write_bytes(b"\x00binary-report")
-    message = outbound([
-        {"type": "image", "data": {"media": {"kind": "url", "value": "https://example.com/cat.png"}}},
-        {"type": "text", "data": {"text": "a cat"}},
-        {"type": "image", "data": {"media": {"kind": "base64", "value": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}}},
-        {"type": "file", "data": {"media": {"kind": "path", "value": str(path)}}},
-        {"type": "video", "data": {"media": {"kind": "file", "value": "BAACAgQAAx0"}}},
-        {"type": "dice", "data": {}},
-        {"type": "rps", "data": {}},
-        {"type": "face", "data": {"id": 14}},
-        {"type": "forward", "data": {"forward_id": "fw1"}},
-    ])
+    message = outbound(
+        [
+            {"type": "image", "data": {"media": {"kind": "url", "value": "https://example.com/cat.png"}}},
+            {"type": "text", "data": {"text": "a cat"}},
+            {
+                "type": "image",
+                "data": {
+                    "media": {
+                        "kind": "base64",
+                        "value": PNG_B64,
+                    }
+                },
+            },
+            {"type": "file", "data": {"media": {"kind": "path", "value": str(path)}}},
+            {"type": "video", "data": {"media": {"kind": "file", "value": "BAACAgQAAx0"}}},
+            {"type": "dice", "data": {}},
+            {"type": "rps", "data": {}},
+            {"type": "face", "data": {"id": 14}},
+            {"type": "forward", "data": {"forward_id": "fw1"}},
+        ]
+    )
     calls = platform.render(bot, message)
-    assert [c.path for c in calls] == ["/sendPhoto", "/sendPhoto", "/sendDocument", "/sendVideo", "/sendDice", "/sendMessage"]
+    assert [c.path for c in calls] == [
+        "/sendPhoto",
+        "/sendPhoto",
+        "/sendDocument",
+        "/sendVideo",
+        "/sendDice",
+        "/sendMessage",
+    ]
     for call in calls:
         assert (await platform.send(bot, call, http, load_media)).status == "delivered"
     url_photo, upload_photo = api.calls(f"/bot{TOKEN}/sendPhoto")
@@ -284,7 +345,9 @@ async def test_unreadable_media_becomes_notice(api: FakeApi, http: httpx.AsyncCl
     api.on(f"/bot{TOKEN}/sendMessage", check_telegram_request)
     platform = get_platform("telegram")
     bot = bot_config(api, language="en")
-    [call] = platform.render(bot, outbound([{"type": "image", "data": {"media": {"kind": "path", "value": "/nope.png"}}}]))
+    [call] = platform.render(
+        bot, outbound([{"type": "image", "data": {"media": {"kind": "path", "value": "/nope.png"}}}])
+    )
     assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
     assert api.calls(f"/bot{TOKEN}/sendMessage")[0].json["text"] == "[attachment unavailable]"
 
@@ -292,19 +355,51 @@ async def test_unreadable_media_becomes_notice(api: FakeApi, http: httpx.AsyncCl
 @pytest.mark.parametrize(
     ("status", "body", "verdict", "reason", "retry_after"),
     [
-        (429, {"ok": False, "error_code": 429, "description": "Too Many Requests: retry after 7",
-               "parameters": {"retry_after": 7}}, "retry", "rate_limited", 7.0),
-        (403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"},
-         "permanent", "blocked", None),
-        (400, {"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
-         "permanent", "chat_not_found", None),
-        (400, {"ok": False, "error_code": 400, "description": "Bad Request: group chat was upgraded to a supergroup chat",
-               "parameters": {"migrate_to_chat_id": -1009}}, "permanent", "chat_migrated", None),
+        (
+            429,
+            {
+                "ok": False,
+                "error_code": 429,
+                "description": "Too Many Requests: retry after 7",
+                "parameters": {"retry_after": 7},
+            },
+            "retry",
+            "rate_limited",
+            7.0,
+        ),
+        (
+            403,
+            {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"},
+            "permanent",
+            "blocked",
+            None,
+        ),
+        (
+            400,
+            {"ok": False, "error_code": 400, "description": "Bad Request: chat not found"},
+            "permanent",
+            "chat_not_found",
+            None,
+        ),
+        (
+            400,
+            {
+                "ok": False,
+                "error_code": 400,
+                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                "parameters": {"migrate_to_chat_id": -1009},
+            },
+            "permanent",
+            "chat_migrated",
+            None,
+        ),
         (502, "Bad Gateway", "retry", "server_error", None),
         (500, {"ok": False, "error_code": 500, "description": "Internal Server Error"}, "retry", "server_error", None),
     ],
 )
-async def test_error_classification(api: FakeApi, http: httpx.AsyncClient, status, body, verdict, reason, retry_after) -> None:
+async def test_error_classification(
+    api: FakeApi, http: httpx.AsyncClient, status, body, verdict, reason, retry_after
+) -> None:
     api.reply(f"/bot{TOKEN}/sendMessage", status, body)
     platform = get_platform("telegram")
     bot = bot_config(api)

@@ -143,9 +143,25 @@
   }
 
   function hue(text) {
-    let n = 0;
-    for (const ch of String(text)) n = (n * 31 + ch.codePointAt(0)) % 360;
-    return n;
+    let n = 0x811c9dc5; // FNV-1a, spread around the colour wheel by the golden angle
+    for (const ch of String(text)) n = Math.imul(n ^ ch.codePointAt(0), 0x01000193) >>> 0;
+    return Math.round(((n % 997) * 137.508) % 360);
+  }
+
+  const ICONS = {
+    user: '<path d="M20 21v-2a4 4 0 0 0-4-4H8a4 4 0 0 0-4 4v2"/><circle cx="12" cy="7" r="4"/>',
+    users: '<path d="M17 21v-2a4 4 0 0 0-4-4H5a4 4 0 0 0-4 4v2"/><circle cx="9" cy="7" r="4"/><path d="M23 21v-2a4 4 0 0 0-3-3.87"/><path d="M16 3.13a4 4 0 0 1 0 7.75"/>',
+    clock: '<circle cx="12" cy="12" r="9"/><path d="M12 7v5l3 2"/>',
+  };
+
+  /** One of our own constant SVG icons (never model text). */
+  function icon(name, cls = "") {
+    const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    svg.setAttribute("viewBox", "0 0 24 24");
+    svg.setAttribute("class", `icon ${cls}`.trim());
+    svg.setAttribute("aria-hidden", "true");
+    svg.innerHTML = ICONS[name] || "";
+    return svg;
   }
 
   function avatar(label, seed, extra = "") {
@@ -764,7 +780,7 @@
         .map(([k, v]) => `${k} +${fmtDuration(Number(v) - ingress)}`);
       stages.push(`delivered +${fmtDuration(delivered - ingress)}`);
       meta.append(h("span", { class: "latency", dataset: { testid: "latency" }, title: `${stages.join("\n")}${msg.trace_id ? `\ntrace ${msg.trace_id}` : ""}` },
-        `⏱ ${fmtDuration(delivered - ingress)}`));
+        icon("clock"), fmtDuration(delivered - ingress)));
     }
     return meta;
   }
@@ -1060,7 +1076,7 @@
       return false;
     }
     if (!user) {
-      showBanner("Add a user first (＋ User in the sidebar).", "info");
+      showBanner("Add a user first (+ User in the sidebar).", "info");
       return false;
     }
     const mentions = useComposer ? composer.mentions.slice() : [];
@@ -1201,7 +1217,7 @@
       const active = key === state.chatKey;
       list.append(h("li", { class: `chat-item${active ? " active" : ""}`, dataset: { chat: c.id, type: c.type } },
         h("button", { type: "button", class: "chat-open", "aria-current": active ? "true" : undefined, onclick: () => selectChat(key) },
-          h("span", { class: `chat-icon ${c.type}`, "aria-hidden": "true", text: c.type === "group" ? "👥" : "👤" }),
+          h("span", { class: `chat-icon ${c.type}`, "aria-hidden": "true" }, icon(c.type === "group" ? "users" : "user")),
           h("span", { class: "chat-text" }, h("span", { class: "chat-label", text: c.name || c.id }),
             h("span", { class: "chat-id", text: `${c.type} · ${c.id}` })),
           chatRt && chatRt.unread && !active ? h("span", { class: "badge", text: String(chatRt.unread) }) : null),
@@ -1221,7 +1237,7 @@
           avatar(u.name, u.id, "sm"),
           h("span", { class: "user-text" }, h("span", { class: "user-label", text: u.name }), h("span", { class: "user-id", text: u.id })),
           u.admin ? h("span", { class: "admin-badge", text: "admin" }) : null,
-          active ? h("span", { class: "you", text: "sending" }) : null),
+          active ? h("span", { class: "you", text: "current" }) : null),
         h("button", { type: "button", class: "icon-btn small row-action", title: "Edit", "aria-label": `Edit user ${u.id}`, text: "✎", onclick: () => openUserDialog(u) }),
         h("button", { type: "button", class: "icon-btn small row-action", title: "Remove", "aria-label": `Remove user ${u.id}`, text: "✕", onclick: () => removeUser(u.id) })));
     }
