@@ -120,7 +120,8 @@ class LarkPlatform(Platform):
     def __init__(self) -> None:
         # (api base, app id) → (token, monotonic expiry). Per process: a few token calls per worker.
         self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
-        self._token_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
+        self._token_locks: dict[tuple[str, str, int], asyncio.Lock] = {}
 
     # --- in --------------------------------------------------------------------------------------
 
@@ -404,7 +405,7 @@ class LarkPlatform(Platform):
         cached = self._tokens.get(key)
         if cached and cached[1] > time.monotonic():
             return cached[0]
-        lock = self._token_locks.setdefault(key, asyncio.Lock())
+        lock = self._token_locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
         async with lock:  # one fetch per expiry, however many sends are waiting
             cached = self._tokens.get(key)
             if cached and cached[1] > time.monotonic():

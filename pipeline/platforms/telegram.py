@@ -334,33 +334,28 @@ class TelegramPlatform(Platform):
         token = bot.secret("token") or ""
         root = f"{base_url(bot, DEFAULT_API_BASE)}/bot{token}"
         payload = dict(call.json or {})
-        path = call.path
-        files: dict[str, tuple[str, bytes, str]] | None = None
-        if call.media is not None and call.media_field:
-            field = call.media_field
-            if call.media.kind in ("url", "file"):
-                payload[field] = call.media.value  # Telegram fetches URLs itself; file_id as is
-            else:
-                try:
-                    data, mime = await load_media(call.media)
-                except Exception:  # the loader is foreign code: any failure means "unreadable"
-                    path, field = "/sendMessage", ""
-                    for key in ("caption", "caption_entities"):
-                        payload.pop(key, None)
-                    payload["text"] = notice(bot, "attachment_unavailable")
-                else:
-                    if field == "photo" and len(data) > MAX_PHOTO_UPLOAD:
-                        path, field = "/sendDocument", "document"
-                    files = {field: (file_name(call.media, mime), data, mime or "application/octet-stream")}
+        media, field = call.media, call.media_field
+        if media is None or not field:
+            return await _post(http, root + call.path, token, json_body=payload)
+        if media.kind in ("url", "file"):
+            # Telegram fetches a URL itself and knows its file_ids: nothing to upload.
+            outcome = await _post(http, root + call.path, token, json_body={**payload, field: media.value})
+            if not (media.kind == "url" and outcome.reason == "bad_request" and _fetch_failed(outcome.detail)):
+                return outcome
+            # Telegram could not fetch the URL (size limit, its fetcher blocked): upload it ourselves.
         try:
-            if files is not None:
-                form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in payload.items()}
-                response = await http.post(root + path, data=form, files=files)
-            else:
-                response = await http.post(root + path, json=payload)
-        except httpx.HTTPError as exc:
-            return network_outcome(exc)
-        return _outcome(response)
+            data, mime = await load_media(media)
+        except Exception:  # the loader is foreign code: any failure means "unreadable"
+            for key in ("caption", "caption_entities"):
+                payload.pop(key, None)
+            payload["text"] = notice(bot, "attachment_unavailable")
+            return await _post(http, root + "/sendMessage", token, json_body=payload)
+        path = call.path
+        if field == "photo" and len(data) > MAX_PHOTO_UPLOAD:
+            path, field = "/sendDocument", "document"
+        form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in payload.items()}
+        files = {field: (file_name(media, mime), data, mime or "application/octet-stream")}
+        return await _post(http, root + path, token, form=form, files=files)
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:
         url = f"{base_url(bot, DEFAULT_API_BASE)}/bot{bot.secret('token') or ''}/sendChatAction"
@@ -368,6 +363,33 @@ class TelegramPlatform(Platform):
             await http.post(url, json={"chat_id": _chat_id(chat_id), "action": "typing"})
         except httpx.HTTPError:
             pass  # best effort: a missing typing indicator is not worth an error
+
+
+async def _post(
+    http: httpx.AsyncClient,
+    url: str,
+    token: str,
+    *,
+    json_body: dict[str, Any] | None = None,
+    form: dict[str, str] | None = None,
+    files: dict[str, tuple[str, bytes, str]] | None = None,
+) -> SendOutcome:
+    try:
+        if files is not None:
+            response = await http.post(url, data=form, files=files)
+        else:
+            response = await http.post(url, json=json_body)
+    except httpx.HTTPError as exc:
+        outcome = network_outcome(exc)
+        if token:  # the token is part of the URL: keep it out of dead letters
+            outcome.detail = outcome.detail.replace(token, "<token>")
+        return outcome
+    return _outcome(response)
+
+
+def _fetch_failed(description: str) -> bool:
+    lowered = description.lower()
+    return "http url" in lowered or "url content" in lowered or "web page" in lowered
 
 
 def _chat_id(chat_id: str) -> int | str:

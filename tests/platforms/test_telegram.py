@@ -17,6 +17,7 @@ from pipeline.platforms._richtext import utf16_len
 from pipeline.platforms.telegram import TelegramPlatform
 from pipeline.records import OutboundMessage
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
@@ -428,3 +429,28 @@ def test_profile() -> None:
     profile = TelegramPlatform.profile
     assert profile.max_text_chars == 4096 and profile.max_caption_chars == 1024
     assert profile.default_chat_limit is not None and profile.default_bot_limit is not None
+
+
+async def test_url_telegram_cannot_fetch_is_uploaded(api: FakeApi, http: httpx.AsyncClient) -> None:
+    api.reply(
+        f"/bot{TOKEN}/sendPhoto",
+        400,
+        {"ok": False, "error_code": 400, "description": "Bad Request: failed to get HTTP URL content"},
+        once=True,
+    )
+    api.on(f"/bot{TOKEN}/sendPhoto", check_telegram_request)
+    fetched: list[str] = []
+
+    async def loader(media: Media) -> tuple[bytes, str]:
+        fetched.append(media.value)
+        return PNG, "image/png"
+
+    platform = get_platform("telegram")
+    bot = bot_config(api)
+    image = {"type": "image", "data": {"media": {"kind": "url", "value": "https://intranet.example/cat.png"}}}
+    [call] = platform.render(bot, outbound([image, {"type": "text", "data": {"text": "cap"}}]))
+    outcome = await platform.send(bot, call, http, loader)
+    assert outcome.status == "delivered" and fetched == ["https://intranet.example/cat.png"]
+    by_url, uploaded = api.calls(f"/bot{TOKEN}/sendPhoto")
+    assert by_url.json["photo"] == "https://intranet.example/cat.png"
+    assert uploaded.files["photo"] == ("cat.png", PNG, "image/png") and uploaded.form["caption"] == "cap"

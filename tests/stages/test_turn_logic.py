@@ -1,0 +1,76 @@
+"""Dispatch's merge, render's reading of server events, egress's backoff."""
+
+from __future__ import annotations
+
+import random
+
+from pipeline.records import SessionCommand
+from pipeline.stages._ids import user_message_id
+from pipeline.stages.dispatch import merge_turns
+from pipeline.stages.egress import backoff_delay
+from pipeline.stages.render import message_text, pending_from_tool_event
+
+
+def turn(text: str, inbound: str, known: list[str]) -> SessionCommand:
+    return SessionCommand(
+        kind="user_turn",
+        conversation_key="console:b:c",
+        platform="console",
+        bot_id="b",
+        chat_id="c",
+        chat_type="group",
+        events=[{"type": "user.message", "id": user_message_id("console:b:c", [inbound]),
+                 "content": [{"type": "text", "text": text}]}],
+        system_text=f"context after {inbound}",
+        inbound_ids=[inbound],
+        known_ids=known,
+        trace_id=inbound,
+        hops={"ingress": float(inbound[-1])},
+    )
+
+
+def test_merge_keeps_order_and_derives_one_stable_id() -> None:
+    merged = merge_turns([turn("a", "m1", ["u1"]), turn("b", "m2", ["u2", "u1"]), turn("c", "m3", [])])
+    (event,) = merged.events
+    assert [b["text"] for b in event["content"]] == ["a", "b", "c"]
+    assert event["id"] == user_message_id("console:b:c", ["m1", "m2", "m3"])
+    assert merged.inbound_ids == ["m1", "m2", "m3"]
+    assert merged.known_ids == ["u1", "u2"]
+    assert merged.system_text == "context after m3"  # the newest context wins
+    assert merged.hops == {"ingress": 1.0}  # latency counts from the first message
+
+
+def test_merge_of_one_is_itself() -> None:
+    single = turn("a", "m1", [])
+    assert merge_turns([single]) is single
+
+
+def test_merge_is_deterministic_so_a_replay_sends_the_same_id() -> None:
+    a = merge_turns([turn("a", "m1", []), turn("b", "m2", [])])
+    b = merge_turns([turn("a", "m1", []), turn("b", "m2", [])])
+    assert a.events == b.events
+
+
+def test_message_text_joins_text_blocks_only() -> None:
+    event = {"content": [{"type": "text", "text": '{"seg'}, {"type": "image"}, {"type": "text", "text": 'ments":[]}'}]}
+    assert message_text(event) == '{"segments":[]}'
+    assert message_text({}) == ""
+
+
+def test_only_ask_permissions_and_custom_tools_are_pending() -> None:
+    ask = pending_from_tool_event({"id": "e1", "name": "bash", "evaluated_permission": "ask", "input": {"a": 1}},
+                                  "agent.tool_use")
+    assert ask is not None and ask.kind == "confirmation" and ask.name == "bash" and ask.input == {"a": 1}
+    allowed = pending_from_tool_event({"id": "e2", "name": "bash", "evaluated_permission": "allow"}, "agent.tool_use")
+    assert allowed is None
+    custom = pending_from_tool_event({"id": "e3", "name": "im_send_message", "input": {}}, "agent.custom_tool_use")
+    assert custom is not None and custom.kind == "custom_tool"
+    assert pending_from_tool_event({"name": "x"}, "agent.custom_tool_use") is None
+
+
+def test_backoff_is_full_jitter_under_a_cap() -> None:
+    rng = random.Random(3)
+    delays = [backoff_delay(a, base=0.5, cap=4.0, rng=rng) for a in range(10) for _ in range(50)]
+    assert all(0 <= d <= 4.0 for d in delays)
+    assert max(backoff_delay(0, base=0.5, rng=rng) for _ in range(100)) <= 0.5
+    assert len({round(d, 6) for d in delays}) > 400  # jittered, not fixed steps

@@ -1,0 +1,89 @@
+"""The Redis state, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from pipeline.state import ContextEntry, InflightStream, StateStore, TurnContext
+from pipeline.state.store import PendingAction
+
+
+async def store(redis_url: str, prefix: str, **kwargs: int) -> StateStore:
+    return StateStore(aioredis.from_url(redis_url, decode_responses=True), prefix, **kwargs)
+
+
+async def test_mapping_is_two_way_and_expires(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix, mapping_ttl=60)
+    await state.map_session("console:b:c", "sess-1")
+    assert await state.session_for("console:b:c") == "sess-1"
+    assert await state.conversation_for("sess-1") == "console:b:c"
+    ttl = await state.redis.ttl(state.key("c2s", "console:b:c"))
+    assert 0 < ttl <= 60
+    assert all(k.startswith(redis_prefix) for k in await state.redis.keys("*"))
+
+
+async def test_unmap_keeps_a_newer_session(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    await state.map_session("k", "old")
+    await state.map_session("k", "new")
+    await state.unmap_session("k", "old")  # a late notice about the old session
+    assert await state.session_for("k") == "new"
+    await state.unmap_session("k", "new")
+    assert await state.session_for("k") is None
+    assert await state.conversation_for("new") is None
+
+
+async def test_conversation_state_round_trip(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    assert (await state.conversation("k")).status == "idle"
+    turn = TurnContext(trace_id="t", platform="console", bot_id="b", chat_id="c", chat_type="group", starter_id="u1",
+                       known_ids=["u1", "u2"])
+    pending = [PendingAction(event_id="e1", kind="confirmation", name="bash")]
+    await state.update_conversation("k", status="requires_action", turn=turn, pending=pending, interrupted=True,
+                                    last_message="hello")
+    got = await state.conversation("k")
+    assert got.status == "requires_action" and got.turn == turn and got.pending == pending
+    assert got.interrupted and got.last_message == "hello"
+    await state.update_conversation("k", last_message=None, interrupted=False)
+    got = await state.conversation("k")
+    assert got.last_message is None and not got.interrupted
+
+
+async def test_held_messages_fifo_take_one_or_all(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    for i in range(4):
+        await state.hold("k", f"cmd{i}")
+    assert (await state.conversation("k")).held == 4
+    assert await state.take_held("k", 1) == ["cmd0"]
+    assert (await state.conversation("k")).held == 3
+    assert await state.take_held("k") == ["cmd1", "cmd2", "cmd3"]
+    assert await state.take_held("k") == []
+    assert (await state.conversation("k")).held == 0
+
+
+async def test_first_time_is_atomic_under_concurrency(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    results = await asyncio.gather(*(state.first_time("in", "msg-1") for _ in range(50)))
+    assert results.count(True) == 1
+
+
+async def test_inflight_streams_per_partition(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    await state.add_inflight(3, InflightStream("s1", "k1", cursor=None, trace_id="t1"))
+    await state.add_inflight(3, InflightStream("s2", "k2", cursor="sevt-9"))
+    await state.add_inflight(4, InflightStream("s3", "k3"))
+    got = {s.session_id: s for s in await state.inflight(3)}
+    assert set(got) == {"s1", "s2"} and got["s2"].cursor == "sevt-9" and got["s1"].conversation_key == "k1"
+    await state.remove_inflight(3, "s1")
+    assert [s.session_id for s in await state.inflight(3)] == ["s2"]
+
+
+async def test_context_window_is_capped_and_oldest_first(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    for i in range(7):
+        await state.push_context("k", ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i)), size=5)
+    window = await state.context("k", 5)
+    assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
+    assert await state.context("k", 0) == []
