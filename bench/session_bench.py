@@ -35,7 +35,7 @@ API_KEY = "bench-key"
 
 
 def raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
 
@@ -362,7 +362,8 @@ async def main() -> None:
         )
         streams = await bench_streams(root, port, process.pid, args.streams)
         print(
-            f"sim open streams: held {streams['held']}/{streams['requested']} (opened in {streams['open_seconds']:.1f}s), "
+            f"sim open streams: held {streams['held']}/{streams['requested']} "
+            f"(opened in {streams['open_seconds']:.1f}s), "
             f"RSS {streams['rss_baseline_mib']:.0f} MiB idle -> {streams['rss_held_mib']:.0f} MiB held "
             f"(~{streams['kib_per_stream']:.1f} KiB/stream); a turn fanned out to 100 streams took "
             f"{streams['fanout_turn_ms']:.0f} ms"

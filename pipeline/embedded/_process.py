@@ -100,7 +100,11 @@ class ManagedProcess:
     #: seconds between SIGTERM and SIGKILL
     stop_grace = 10.0
     #: log lines that mean "port taken": retried on a new port when the port was picked by us
-    _port_in_use_markers: Sequence[str] = ("Address already in use", "address already in use")
+    _port_in_use_markers: Sequence[str] = (
+        "Address already in use",  # redis-server, java.net.BindException
+        "Address in use",  # Tansu: Os { code: 98, kind: AddrInUse, message: "Address in use" }
+        "AddrInUse",
+    )
 
     def __init__(self, *, run_dir: str | os.PathLike[str] | None = None, keep_run_dir: bool | None = None):
         self._owns_run_dir = run_dir is None
@@ -110,6 +114,7 @@ class ManagedProcess:
             keep_run_dir = os.environ.get("SWITCHBOARD_KEEP_RUN_DIRS", "") not in ("", "0")
         self._keep_run_dir = keep_run_dir
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
         self._log_handle: Any = None
         #: whether the port was chosen by us (then a lost bind race is retried on another port)
         self._port_is_ours = True
@@ -159,6 +164,19 @@ class ManagedProcess:
             return "<no log>"
         return "\n".join(text.splitlines()[-lines:])
 
+    def current_log(self, limit: int = 64 * 1024) -> str:
+        """Output of the current (or last) run only, at most ``limit`` bytes from its start."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read(limit).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _port_taken(self) -> bool:
+        log = self.current_log()
+        return any(m in log for m in self._port_in_use_markers)
+
     # -- lifecycle --------------------------------------------------------------------------------
     def _spawn(self) -> None:
         self._reap()  # a previous process that died on its own: close its log handle
@@ -166,6 +184,7 @@ class ManagedProcess:
         self._prepare()
         argv = self._command()
         self._log_handle = open(self.log_path, "ab")  # closed in _reap
+        self._log_offset = self._log_handle.tell()  # where this run's output starts
         self._log_handle.write(f"\n--- {time.strftime('%H:%M:%S')} start: {' '.join(argv)}\n".encode())
         self._log_handle.flush()
         env = self._env()
@@ -195,9 +214,8 @@ class ManagedProcess:
                 await self._wait_ready()
             except ServiceStartError as exc:
                 last_error = exc
-                tail = self.log_tail()
                 self._kill_now()
-                if self._port_is_ours and any(m in tail for m in self._port_in_use_markers):
+                if self._port_is_ours and self._port_taken():
                     self._pick_new_port()  # lost a race for the port: try another one
                     continue
                 raise
@@ -216,6 +234,11 @@ class ManagedProcess:
                 code = proc.returncode if proc is not None else None
                 raise ServiceStartError(
                     f"{self.name} exited during start (code {code}); log {self.log_path}:\n{self.log_tail()}"
+                )
+            if self._port_taken():
+                # Fail fast: the probe would talk to whoever holds the port (and may hang on it).
+                raise ServiceStartError(
+                    f"{self.name}: port in use; log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
                 if await self._probe():

@@ -88,22 +88,14 @@ class RedisServer(ManagedProcess):
     def _command(self) -> list[str]:
         argv = [
             self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            self.host,
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--databases",
-            str(self.databases),
-            "--dir",
-            str(self.data_dir),
-            "--logfile",
-            "",  # stdout, which goes to the log file
-            "--save",
-            "",  # no RDB snapshots: tests never wait on a fork
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--databases", str(self.databases),
+            "--dir", str(self.data_dir),
+            "--logfile", "",  # stdout, which goes to the log file
+            "--save", "",  # no RDB snapshots: tests never wait on a fork
         ]
         if self.aof:
             argv += ["--appendonly", "yes", "--appendfsync", self.appendfsync]

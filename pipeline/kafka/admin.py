@@ -32,7 +32,9 @@ class TopicState:
 
 
 @contextlib.asynccontextmanager
-async def admin_client(bootstrap: str, *, request_timeout_ms: int = 15000) -> AsyncIterator[AIOKafkaAdminClient]:
+async def admin_client(
+    bootstrap: str, *, request_timeout_ms: int = 15000
+) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
     try:
         await admin.start()
@@ -103,10 +105,7 @@ async def describe_topic_configs(
 
 
 async def wait_for_topics(
-    admin: AIOKafkaAdminClient,
-    partitions: dict[str, int],
-    *,
-    timeout: float = 30.0,  # noqa: ASYNC109
+    admin: AIOKafkaAdminClient, partitions: dict[str, int], *, timeout: float = 30.0  # noqa: ASYNC109
 ) -> None:
     """Wait until each topic is in metadata with at least N partitions, all with a leader.
 

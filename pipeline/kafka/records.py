@@ -29,11 +29,8 @@ async def produce(
     timestamp_ms: int | None = None,
 ) -> RecordMetadata:
     """Produce one record (acks=all) and return its metadata. A str key is UTF-8 encoded."""
-    return (
-        await produce_many(
-            bootstrap, topic, [(key, value)], partition=partition, headers=headers, timestamp_ms=timestamp_ms
-        )
-    )[0]
+    return (await produce_many(bootstrap, topic, [(key, value)], partition=partition, headers=headers,
+                               timestamp_ms=timestamp_ms))[0]
 
 
 async def produce_many(
@@ -54,12 +51,8 @@ async def produce_many(
             raw_key = key.encode() if isinstance(key, str) else key
             futures.append(
                 await producer.send(
-                    topic,
-                    value=value,
-                    key=raw_key,
-                    partition=partition,
-                    headers=list(headers) if headers else None,
-                    timestamp_ms=timestamp_ms,
+                    topic, value=value, key=raw_key, partition=partition,
+                    headers=list(headers) if headers else None, timestamp_ms=timestamp_ms,
                 )
             )
         return list(await asyncio.gather(*futures))
@@ -118,11 +111,7 @@ async def consume_until(
 
 
 async def consume_count(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    timeout: float = 10.0,
-    **kwargs: int | bool,  # noqa: ASYNC109
+    bootstrap: str, topic: str, count: int, timeout: float = 10.0, **kwargs: int | bool  # noqa: ASYNC109
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """Read until ``count`` records have been seen (from the beginning by default)."""
     counter = {"n": 0}
@@ -137,9 +126,7 @@ async def consume_count(
 
 
 async def topic_partitions(
-    bootstrap: str,
-    topic: str,
-    timeout: float = 10.0,  # noqa: ASYNC109
+    bootstrap: str, topic: str, timeout: float = 10.0  # noqa: ASYNC109
 ) -> list[int]:
     """Partition ids of ``topic``, waiting up to ``timeout`` for it to exist (never auto-creates it)."""
     loop = asyncio.get_running_loop()

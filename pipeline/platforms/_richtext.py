@@ -12,6 +12,7 @@ reader would see in a plain-text client anyway.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -84,24 +85,96 @@ _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(\s*\1){2,}\s*$")
 
-_CODE = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
-_BOLD = re.compile(r"(\*\*|__)(?!\s)(.+?)(?<!\s)\1", re.S)
-_STRIKE = re.compile(r"~~(?!\s)(.+?)(?<!\s)~~", re.S)
-_ITALIC_STAR = re.compile(r"\*(?![\s*])(.+?)(?<![\s*])\*(?!\*)", re.S)
-_ITALIC_US = re.compile(r"_(?![\s_])(.+?)(?<![\s_])_(?![0-9A-Za-z])", re.S)
-_LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-_AUTOLINK = re.compile(r"<(https?://[^>\s]+)>")
+# Links: label with one level of nested brackets, URL with one level of balanced parentheses.
+# Possessive quantifiers and classes that stop at the next `[` keep a failed match short, so text
+# full of unclosed brackets stays linear.
+_LINK = re.compile(
+    r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*+)\]\(\s*<?((?:[^()\s<>\[\]]|\([^()\s<>\[\]]*\))++)>?"
+    r"(?:\s+\"[^\"\n]*\")?\s*\)"
+)
+_AUTOLINK = re.compile(r"<(https?://[^<>\s]+)>")
 _ESCAPABLE = set("\\`*_{}[]()#+-.!~|>")
+_EMPHASIS: tuple[tuple[str, SpanKind], ...] = (
+    ("**", "bold"),
+    ("__", "bold"),
+    ("~~", "strike"),
+    ("*", "italic"),
+    ("_", "italic"),
+)
 
 
-def parse_inline(src: str) -> RichText:
+class _Closers:
+    """Where each emphasis marker may close, found once per text: each opener then finds its
+    closer by bisection instead of a lazy regex scan (which is quadratic on unclosed markers).
+    The rules: a closer is not preceded by whitespace; single `*`/`_` are not part of a double
+    marker; `_` does not close inside a word."""
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.positions: dict[str, list[int]] = {}
+
+    def _valid(self, marker: str, p: int) -> bool:
+        src = self.src
+        before = src[p - 1] if p > 0 else " "
+        after = src[p + len(marker)] if p + len(marker) < len(src) else " "
+        if before.isspace():
+            return False
+        if marker == "*":
+            return before != "*" and after != "*"
+        if marker == "_":
+            return before != "_" and not (after.isascii() and after.isalnum())
+        return True
+
+    def find(self, marker: str, at_least: int) -> int:
+        positions = self.positions.get(marker)
+        if positions is None:
+            positions = []
+            start = self.src.find(marker)
+            while start != -1:
+                if self._valid(marker, start):
+                    positions.append(start)
+                start = self.src.find(marker, start + 1)
+            self.positions[marker] = positions
+        index = bisect.bisect_left(positions, at_least)
+        return positions[index] if index < len(positions) else -1
+
+
+def _opens(src: str, i: int, marker: str) -> bool:
+    after = src[i + len(marker)] if i + len(marker) < len(src) else " "
+    if after.isspace() or (len(marker) == 1 and after == marker):
+        return False
+    # `snake_case_names` are not emphasis: an underscore marker must start at a word boundary.
+    return not (marker[0] == "_" and i > 0 and src[i - 1].isalnum())
+
+
+def _backtick_runs(src: str) -> dict[int, list[int]]:
+    runs: dict[int, list[int]] = {}
+    for m in re.finditer(r"`+", src):
+        runs.setdefault(len(m.group()), []).append(m.start())
+    return runs
+
+
+_MAX_NESTING = 16  # deeper emphasis is shown as the text it contains: no unbounded recursion
+
+
+def parse_inline(src: str, depth: int = 0) -> RichText:
     out = RichText()
     plain: list[str] = []
+    closers = _Closers(src)
+    runs: dict[int, list[int]] | None = None
 
     def flush() -> None:
         if plain:
             out.append("".join(plain))
             plain.clear()
+
+    def styled(inner_src: str, kind: SpanKind) -> None:
+        flush()
+        inner = parse_inline(inner_src, depth + 1) if depth < _MAX_NESTING else RichText(inner_src)
+        start = len(out.text)
+        out.extend(inner)
+        if len(out.text) > start:
+            out.spans.append(Span(start, len(out.text), kind))
 
     i = 0
     while i < len(src):
@@ -110,14 +183,25 @@ def parse_inline(src: str) -> RichText:
             plain.append(src[i + 1])
             i += 2
             continue
-        if ch == "`" and (m := _CODE.match(src, i)):
-            flush()
-            out.append(m.group(2).strip(" ") or m.group(2), "code")
-            i = m.end()
+        if ch == "`":
+            # A code span: a backtick run closed by the next run of the same length.
+            n = len(src[i:]) - len(src[i:].lstrip("`"))
+            if runs is None:
+                runs = _backtick_runs(src)
+            same = runs.get(n, [])
+            k = bisect.bisect_left(same, i + n + 1)
+            if k < len(same):
+                flush()
+                code = src[i + n : same[k]]
+                out.append(code.strip(" ") or code, "code")
+                i = same[k] + n
+            else:
+                plain.append("`" * n)
+                i += n
             continue
         if ch in "![" and (m := _LINK.match(src, i)):
             flush()
-            label = parse_inline(m.group(1)) if m.group(1) else RichText(m.group(2))
+            label = parse_inline(m.group(1), _MAX_NESTING) if m.group(1) else RichText(m.group(2))
             start = len(out.text)
             out.extend(label)
             out.spans.append(Span(start, len(out.text), "link", url=m.group(2)))
@@ -128,34 +212,22 @@ def parse_inline(src: str) -> RichText:
             out.append(m.group(1), "link", url=m.group(1))
             i = m.end()
             continue
-        styled: tuple[re.Match[str], SpanKind] | None = None
-        if ch in "*_" and (m := _BOLD.match(src, i)) and _word_boundary(src, i, m, ch):
-            styled = (m, "bold")
-        elif ch == "~" and (m := _STRIKE.match(src, i)):
-            styled = (m, "strike")
-        elif ch == "*" and (m := _ITALIC_STAR.match(src, i)):
-            styled = (m, "italic")
-        elif ch == "_" and (m := _ITALIC_US.match(src, i)) and _word_boundary(src, i, m, ch):
-            styled = (m, "italic")
-        if styled is not None:
-            match, kind = styled
-            flush()
-            inner = parse_inline(match.group(match.lastindex or 1))
-            start = len(out.text)
-            out.extend(inner)
-            if len(out.text) > start:
-                out.spans.append(Span(start, len(out.text), kind))
-            i = match.end()
-            continue
+        if ch in "*_~":
+            matched = False
+            for marker, kind in _EMPHASIS:
+                if src.startswith(marker, i) and _opens(src, i, marker):
+                    end = closers.find(marker, i + len(marker) + 1)
+                    if end != -1:
+                        styled(src[i + len(marker) : end], kind)
+                        i = end + len(marker)
+                        matched = True
+                        break
+            if matched:
+                continue
         plain.append(ch)
         i += 1
     flush()
     return out
-
-
-def _word_boundary(src: str, i: int, match: re.Match[str], ch: str) -> bool:
-    # `snake_case_names` are not emphasis: an underscore run must start at a word boundary.
-    return ch != "_" or i == 0 or not src[i - 1].isalnum()
 
 
 def parse_markdown(src: str) -> RichText:

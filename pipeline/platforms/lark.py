@@ -151,18 +151,21 @@ class LarkPlatform(Platform):
         encrypt_key = bot.secret("encrypt_key")
         if not token and not encrypt_key:
             raise WebhookRejected(401, "bad_signature", "no verification_token or encrypt_key configured")
+        signature = request.header("x-lark-signature")
+        # Checked before decrypting, so a forged body costs no AES work and always gets a 401.
+        if encrypt_key and signature is not None:
+            timestamp = request.header("x-lark-request-timestamp") or ""
+            nonce = request.header("x-lark-request-nonce") or ""
+            digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + request.body).hexdigest()
+            if not hmac.compare_digest(signature.encode(), digest.encode()):
+                raise WebhookRejected(401, "bad_signature")
         event = self._open(bot, request.body)
         header = obj(event.get("header"))
         given = header.get("token") if event.get("schema") else event.get("token")
         is_challenge = event.get("type") == "url_verification"
-        # The challenge is not signed; it proves itself with the verification token.
-        if encrypt_key and not is_challenge:
-            timestamp = request.header("x-lark-request-timestamp") or ""
-            nonce = request.header("x-lark-request-nonce") or ""
-            signature = request.header("x-lark-signature") or ""
-            digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + request.body).hexdigest()
-            if not hmac.compare_digest(signature.encode(), digest.encode()):
-                raise WebhookRejected(401, "bad_signature")
+        # Only the URL challenge comes unsigned; it proves itself with the verification token.
+        if encrypt_key and signature is None and not is_challenge:
+            raise WebhookRejected(401, "bad_signature", "unsigned event")
         if token and (is_challenge or not encrypt_key or given is not None):
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
                 raise WebhookRejected(401, "bad_token")

@@ -330,6 +330,11 @@ class SessionClient:
                     return self._echo_of(response)
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 error = error_for_status(response.status_code, _decode_body(response), retry_after)
+                if response.status_code == 409 and keys:
+                    # Conflict on our own stable id: an earlier attempt got through after all.
+                    found = await self._find_delivered(session_id, keys, len(batch))
+                    if found is not None:
+                        return found
                 if response.status_code not in RETRYABLE_STATUSES:
                     raise error
                 # A 5xx may come after the server acted: look it up before re-sending (429 never acted).

@@ -705,11 +705,3 @@ def serialize_client_event(event: BaseModel) -> dict[str, Any]:
     if body.get("type") != "user.message":
         body.pop("id", None)
     return body
-
-
-def event_type(event: ServerEvent) -> str:
-    return event.type
-
-
-def event_id(event: ServerEvent) -> str | None:
-    return event.id

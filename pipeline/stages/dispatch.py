@@ -80,9 +80,7 @@ class DispatchStage:
     async def handle(self, command: SessionCommand, partition: int) -> None:
         bot = self.settings.bot(command.platform, command.bot_id)
         if bot is None:
-            await self.outputs.dead_letter(
-                "dispatch", "unknown_bot", command.model_dump_json(), key=command.conversation_key
-            )
+            await self.outputs.dead_letter("dispatch", "unknown_bot", command.model_dump_json(), key=command.conversation_key)
             return
         command.hops.setdefault("dispatch_in", now_ms())
         try:
@@ -206,8 +204,7 @@ class DispatchStage:
     async def _track(self, partition: int, session_id: str, conversation: str, trace_id: str) -> None:
         cursor = await self.state.session_cursor(session_id)
         await self.streams.track(
-            partition,
-            InflightStream(session_id=session_id, conversation_key=conversation, cursor=cursor, trace_id=trace_id),
+            partition, InflightStream(session_id=session_id, conversation_key=conversation, cursor=cursor, trace_id=trace_id)
         )
 
     async def _send_once(self, session_id: str, marker_id: str, events: list[dict[str, Any]], *, call: str) -> None:

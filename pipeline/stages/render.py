@@ -172,11 +172,7 @@ class RenderStage:
                 who = "anyone" if bot.confirm_policy == "anyone" else who
             names = ", ".join(sorted({p.name or "?" for p in confirmations}))
             await self._notice(
-                bot,
-                record,
-                state,
-                "tool_confirmation_prompt",
-                kind="confirmation",
+                bot, record, state, "tool_confirmation_prompt", kind="confirmation",
                 params={"tool_name": names, "who": who, "tool_input": json.dumps(confirmations[0].input)[:200]},
             )
 
@@ -187,9 +183,8 @@ class RenderStage:
         events = []
         for call in calls:
             result = await self.tools.run(bot, record.conversation_key, turn, call)
-            metrics.CUSTOM_TOOLS.labels(
-                call.name if self.tools.known(call.name) else "unregistered", "error" if result.is_error else "ok"
-            ).inc()
+            metrics.CUSTOM_TOOLS.labels(call.name if self.tools.known(call.name) else "unregistered",
+                                        "error" if result.is_error else "ok").inc()
             if result.outbound is not None:
                 await self.outputs.outbound(
                     self._outbound(bot, record, state, "progress", result.outbound, suffix=f"tool:{call.event_id}")

@@ -127,22 +127,14 @@ class StreamRegistry:
             log.warning("stream of %s failed: %s", session_id, type(exc).__name__)
             await self._produce(
                 stream,
-                {
-                    "type": "session.error",
-                    "error": {
-                        "type": "stream_failed",
-                        "message": type(exc).__name__,
-                        "retry_status": {"type": "exhausted"},
-                    },
-                },
+                {"type": "session.error", "error": {"type": "stream_failed", "message": type(exc).__name__,
+                                                    "retry_status": {"type": "exhausted"}}},
                 "session.error",
                 None,
             )
             await self._produce(
-                stream,
-                {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}},
-                "session.status_idle",
-                None,
+                stream, {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}},
+                "session.status_idle", None,
             )
         finally:
             if self._tasks.get(session_id) is asyncio.current_task():
@@ -153,9 +145,7 @@ class StreamRegistry:
         if session_id not in self._tasks:
             await self.state.remove_inflight(partition, session_id)
 
-    async def _produce(
-        self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None
-    ) -> None:
+    async def _produce(self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None) -> None:
         metrics.STREAM_EVENTS.labels(event_type).inc()
         await self.outputs.session_event(
             SessionEventRecord(

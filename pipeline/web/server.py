@@ -93,10 +93,7 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
         await deps.outputs.dead_letter(
-            "ingress",
-            exc.reason,
-            body.decode("utf-8", "replace")[:100_000],
-            error=exc.detail[:500],
+            "ingress", exc.reason, body.decode("utf-8", "replace")[:100_000], error=exc.detail[:500],
             key=f"{platform_name}:{bot_id}",
         )
         return web.json_response({"error": exc.reason, "detail": exc.detail[:500]}, status=exc.status)
@@ -104,10 +101,7 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         log.exception("webhook parser of %s failed", platform_name)
         metrics.WEBHOOKS.labels(platform_name, "parser_error").inc()
         await deps.outputs.dead_letter(
-            "ingress",
-            "parser_error",
-            body.decode("utf-8", "replace")[:100_000],
-            error=repr(exc)[:500],
+            "ingress", "parser_error", body.decode("utf-8", "replace")[:100_000], error=repr(exc)[:500],
             key=f"{platform_name}:{bot_id}",
         )
         return web.json_response({"error": "parser_error"}, status=400)

@@ -255,3 +255,14 @@ async def test_list_walks_all_pages_and_skips_to_after_without_native_support() 
     async with client(handler, "ark") as c:
         [e async for e in c.list("s", after="e1")]
     assert params[-1]["after"] == "e1"
+
+
+async def test_conflict_on_own_id_resolves_from_history() -> None:
+    posts: list[Any] = []
+    history = [
+        {"type": "user.message", "id": "m-1", "processed_at": "t", "content": [{"type": "text", "text": "hi"}]},
+        {"type": "system.message", "id": "sevt-s", "processed_at": "t", "content": [{"type": "text", "text": "s"}]},
+    ]
+    async with client(_history_handler(history, posts, lambda request: httpx.Response(409))) as c:
+        echoed = await c.send("s", message())
+    assert len(posts) == 1 and [e.id for e in echoed] == ["m-1", "sevt-s"]

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.session import Preview, RetryPolicy, SessionClient
 from pipeline.session.models import EventDelta, EventStart, parse_server_event
@@ -158,3 +160,43 @@ def test_accumulator_indexes_and_bounds() -> None:
     assert preview.parts == ["", "second"]
     assert accumulator.finish("c") is preview and accumulator.finish("c") is None
     assert isinstance(parse_server_event(start("x", "y")), EventStart)
+
+
+@st.composite
+def drop_schedules(draw: st.DrawFn) -> tuple[int, list[tuple[int, int, int]]]:
+    """A session of n events and the connections a subscriber makes: for each, the stream covers
+    events[s:e] (opened at s, dropped after e) and the history read after the cursor returns up to h,
+    with cursor <= s <= h <= e (the stream opens before history is read)."""
+    total = draw(st.integers(min_value=1, max_value=40))
+    connections: list[tuple[int, int, int]] = []
+    cursor = 0
+    while cursor < total:
+        stream_start = draw(st.integers(min_value=cursor, max_value=total))
+        history_end = draw(st.integers(min_value=stream_start, max_value=total))
+        stream_end = draw(st.integers(min_value=history_end, max_value=total))
+        if stream_end == cursor:
+            stream_end = history_end = min(cursor + 1, total)
+            stream_start = min(stream_start, history_end)
+        connections.append((stream_start, history_end, stream_end))
+        cursor = stream_end
+    return total, connections
+
+
+@settings(max_examples=50, deadline=None)
+@given(drop_schedules())
+async def test_resume_property_no_loss_no_duplicates_order_kept(
+    schedule: tuple[int, list[tuple[int, int, int]]],
+) -> None:
+    total, plan = schedule
+    events = [ev(f"e{n}") for n in range(total)] + [ev("end", "session.deleted")]
+    scripted: list[tuple[list[dict[str, Any]], bytes]] = []
+    cursor = 0
+    for index, (stream_start, history_end, stream_end) in enumerate(plan):
+        last = index == len(plan) - 1
+        stream_events = events[stream_start : stream_end + (1 if last else 0)]
+        scripted.append((events[cursor:history_end], sse(*stream_events)))
+        cursor = stream_end
+    server = ScriptedServer(scripted)
+    async with make_client(server) as client:
+        items, _ = await collect(client)
+    assert [i.id for i in items] == [e["id"] for e in events]

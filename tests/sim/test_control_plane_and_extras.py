@@ -110,7 +110,9 @@ def test_cli_starts_fast_and_prints_port() -> None:
         port = int(lines[1].strip().removeprefix("port="))
         response = httpx.get(f"http://127.0.0.1:{port}/_sim/stats")
         assert response.status_code == 200
-        assert elapsed < 2.0, f"sim took {elapsed:.2f}s to start"
+        # Includes interpreter start and imports (~1.5 s on an idle 2-core box); the server itself
+        # binds in milliseconds (test_sim_server_start_is_fast). Slack for a loaded CI machine.
+        assert elapsed < 4.0, f"sim took {elapsed:.2f}s to start"
     finally:
         process.terminate()
         process.wait(5)

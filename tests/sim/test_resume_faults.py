@@ -142,3 +142,14 @@ async def test_resume_from_cursor_in_another_subscription(sim: SimServer, ark: S
             if sum(1 for e in first_part + rest if e.type == "session.status_idle") == 3:
                 break
     _assert_exactly_history(first_part + rest, [e async for e in ark.list(sid)])
+
+
+async def test_many_concurrent_subscriptions_with_drops_and_latency(sim: SimServer) -> None:
+    await _set_faults(sim, drop_stream_prob=0.05, latency_ms=2, seed=5)
+    session_ids = [await sim.create_session() for _ in range(25)]
+    async with make_client(sim, "ark") as client:
+        results = await asyncio.wait_for(asyncio.gather(*(_drive_turns(client, sid, 4) for sid in session_ids)), 30)
+        await _set_faults(sim, drop_stream_prob=0.0, latency_ms=0)
+        for sid, (seen, _) in zip(session_ids, results, strict=True):
+            _assert_exactly_history(seen, [e async for e in client.list(sid)])
+    assert sum(reconnects for _, reconnects in results) > 0

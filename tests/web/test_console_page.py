@@ -20,6 +20,7 @@ import shutil
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,26 @@ SCREENSHOT = Path("/tmp/console.png")
 BOT = {"bot_id": "console-bot", "self_id": "switchboard", "language": "en", "busy_policy": "queue"}
 CHAT = "team"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def _chromium() -> str | None:
-    for candidate in (os.environ.get("SWITCHBOARD_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("SWITCHBOARD_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -70,9 +81,15 @@ def _wav(seconds: float = 0.4, rate: int = 8000) -> bytes:
     samples = b"".join(
         struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate))) for i in range(int(seconds * rate))
     )
-    return b"RIFF" + struct.pack("<I", 36 + len(samples)) + b"WAVEfmt " + struct.pack(
-        "<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16
-    ) + b"data" + struct.pack("<I", len(samples)) + samples
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(samples))
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", len(samples))
+        + samples
+    )
 
 
 PNG = _png()
@@ -107,6 +124,9 @@ Hostile: <img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script
 """
 
 
+CONFIRMATION = "The agent wants to run **bash**: `ls -la /tmp`.\nReply /allow or /deny."
+
+
 def canned_messages(base: str) -> list[dict[str, Any]]:
     now = time.time() * 1000
     t0 = now - 5 * 60_000
@@ -115,33 +135,51 @@ def canned_messages(base: str) -> list[dict[str, Any]]:
         ingress = t0 + n * 20_000
         segment_list_adapter.validate_python(segments)  # the canned data obeys the real contract
         return {
-            "id": f"out-{n}", "kind": kind, "chat_id": CHAT, "reply_to": reply_to, "segments": segments,
-            "trace_id": f"trace-{n}", "hops": {"ingress": ingress, "ingest": ingress + 4, "dispatch": ingress + 31},
+            "id": f"out-{n}",
+            "kind": kind,
+            "chat_id": CHAT,
+            "reply_to": reply_to,
+            "segments": segments,
+            "trace_id": f"trace-{n}",
+            "hops": {"ingress": ingress, "ingest": ingress + 4, "dispatch": ingress + 31},
             "delivered_at": ingress + 850 + n * 400,
         }
 
     return [
         msg(1, "notice", [_seg("text", text="A fresh session was started for this chat.")]),
         msg(2, "reply", [_seg("markdown", content=MARKDOWN)]),
-        msg(3, "reply", [
-            _seg("reply", message_id="out-2"), _seg("mention", target="carol"),
-            _seg("text", text=" here are some toys: "), _seg("face", id=76), _seg("face", id="14"),
-            _seg("dice"), _seg("rps"), _seg("forward", forward_id="fw-1234"),
-        ]),
-        msg(4, "reply", [
-            _seg("text", text="Media, every way it can arrive:"),
-            _media("image", "url", f"{base}/fake/pic.png"),
-            _media("image", "base64", base64.b64encode(PNG).decode()),
-            _media("image", "path", "/var/lib/agent/out/chart.png"),
-            _media("audio", "url", f"{base}/fake/tone.wav"),
-            _media("video", "url", f"{base}/fake/clip.mp4"),
-            _media("file", "url", f"{base}/fake/report.pdf"),
-            _media("file", "base64", base64.b64encode(b"%PDF-1.4 tiny").decode()),
-            _media("file", "file", "file-abc123"),
-            _seg("share", url="https://example.com/articles/42", title="How the switchboard routes messages"),
-        ]),
+        msg(
+            3,
+            "reply",
+            [
+                _seg("reply", message_id="out-2"),
+                _seg("mention", target="carol"),
+                _seg("text", text=" here are some toys: "),
+                _seg("face", id=76),
+                _seg("face", id="14"),
+                _seg("dice"),
+                _seg("rps"),
+                _seg("forward", forward_id="fw-1234"),
+            ],
+        ),
+        msg(
+            4,
+            "reply",
+            [
+                _seg("text", text="Media, every way it can arrive:"),
+                _media("image", "url", f"{base}/fake/pic.png"),
+                _media("image", "base64", base64.b64encode(PNG).decode()),
+                _media("image", "path", "/var/lib/agent/out/chart.png"),
+                _media("audio", "url", f"{base}/fake/tone.wav"),
+                _media("video", "url", f"{base}/fake/clip.mp4"),
+                _media("file", "url", f"{base}/fake/report.pdf"),
+                _media("file", "base64", base64.b64encode(b"%PDF-1.4 tiny").decode()),
+                _media("file", "file", "file-abc123"),
+                _seg("share", url="https://example.com/articles/42", title="How the switchboard routes messages"),
+            ],
+        ),
         msg(5, "progress", [_seg("text", text="Looking that up with the search tool…")]),
-        msg(6, "confirmation", [_seg("markdown", content="The agent wants to run **bash**: `ls -la /tmp`.\nReply /allow or /deny.")]),
+        msg(6, "confirmation", [_seg("markdown", content=CONFIRMATION)]),
     ]
 
 
@@ -155,6 +193,25 @@ class FakeConsole:
         self.webhooks: list[dict[str, Any]] = []
         self.changed = asyncio.Event()
         self.base = ""
+        self.stream_broken = False  # answer 503 on the stream: the page must fall back to polling
+
+    @staticmethod
+    def _json(body: dict[str, Any]):
+        async def handler(_: web.Request) -> web.Response:
+            return web.json_response(body)
+
+        return handler
+
+    @staticmethod
+    def _bytes(body: bytes, content_type: str):
+        async def handler(_: web.Request) -> web.Response:
+            return web.Response(body=body, content_type=content_type)
+
+        return handler
+
+    @staticmethod
+    async def _index(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html")
 
     def deliver(self, chat_id: str, message: dict[str, Any]) -> None:
         self.chats.setdefault(chat_id, []).append(message)
@@ -163,15 +220,15 @@ class FakeConsole:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/console/", lambda _: web.FileResponse(STATIC / "index.html"))
+        app.router.add_get("/console/", self._index)
         app.router.add_static("/console/static/", STATIC)
-        app.router.add_get("/console/api/config", lambda _: web.json_response({"bots": [BOT]}))
+        app.router.add_get("/console/api/config", self._json({"bots": [BOT]}))
         app.router.add_get("/console/api/messages", self.messages)
         app.router.add_get("/console/api/stream", self.stream)
         app.router.add_post("/webhooks/console/{bot_id}", self.webhook)
-        app.router.add_get("/fake/pic.png", lambda _: web.Response(body=PNG, content_type="image/png"))
-        app.router.add_get("/fake/tone.wav", lambda _: web.Response(body=WAV, content_type="audio/wav"))
-        app.router.add_get("/fake/report.pdf", lambda _: web.Response(body=b"%PDF-1.4", content_type="application/pdf"))
+        app.router.add_get("/fake/pic.png", self._bytes(PNG, "image/png"))
+        app.router.add_get("/fake/tone.wav", self._bytes(WAV, "audio/wav"))
+        app.router.add_get("/fake/report.pdf", self._bytes(b"%PDF-1.4", "application/pdf"))
         return app
 
     async def messages(self, request: web.Request) -> web.Response:
@@ -180,6 +237,8 @@ class FakeConsole:
         return web.json_response({"chat_id": chat_id, "messages": self.chats.get(chat_id, [])})
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
+        if self.stream_broken:
+            return web.json_response({"error": "no streaming here"}, status=503)
         chat_id = request.query["chat_id"]
         sent = int(request.query.get("after", "0"))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -206,16 +265,24 @@ class FakeConsole:
         self.webhooks.append(body)
         if not body["text"].startswith("/"):
             reply = [_seg("mention", target=body["user_id"]), _seg("text", text=f" echo: {body['text']}")]
-            self.deliver(body["chat_id"], {
-                "id": f"out-echo-{len(self.webhooks)}", "kind": "reply", "chat_id": body["chat_id"],
-                "reply_to": body.get("message_id"), "segments": reply, "trace_id": "trace-echo",
-                "hops": {"ingress": received, "ingest": received + 2}, "delivered_at": received + 420,
-            })
+            self.deliver(
+                body["chat_id"],
+                {
+                    "id": f"out-echo-{len(self.webhooks)}",
+                    "kind": "reply",
+                    "chat_id": body["chat_id"],
+                    "reply_to": body.get("message_id"),
+                    "segments": reply,
+                    "trace_id": "trace-echo",
+                    "hops": {"ingress": received, "ingest": received + 2},
+                    "delivered_at": received + 420,
+                },
+            )
         return web.json_response({"ok": True, "message_id": body.get("message_id")})
 
 
-async def _wait_for(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_for(predicate: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -256,8 +323,13 @@ async def test_console_page() -> None:
             page = await context.new_page()
             page.set_default_timeout(5000)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "clip.mp4" not in m.text
-                    and "404" not in m.text else None)
+            # (the canned video 404s and the broken stream 503s on purpose)
+            page.on(
+                "console",
+                lambda m: (
+                    errors.append(m.text) if m.type == "error" and "404" not in m.text and "503" not in m.text else None
+                ),
+            )
 
             await page.goto(f"{fake.base}/console/")
             await page.wait_for_selector("html[data-ready=true]")
@@ -286,12 +358,12 @@ async def test_console_page() -> None:
 
             # Every canned bot message is there (SSE connected after the initial load).
             await page.wait_for_selector('.msg[data-id="out-6"]')
-            await page.wait_for_selector('[data-testid=conn][data-state=live]')
+            await page.wait_for_selector("[data-testid=conn][data-state=live]")
 
             # Mention the bot and Carol, send.
             await page.get_by_test_id("mention-bot").click()
             await page.get_by_test_id("mention-users").click()
-            await page.locator('[data-testid=mention-option][data-target=carol]').click()
+            await page.locator("[data-testid=mention-option][data-target=carol]").click()
             assert await page.get_by_test_id("mention-chip").count() == 2
             await page.get_by_test_id("input").fill("hello bot, meet Carol")
             await page.get_by_test_id("input").press("Enter")
@@ -300,8 +372,13 @@ async def test_console_page() -> None:
             message_id = sent.pop("message_id")
             assert isinstance(message_id, str) and message_id
             assert sent == {
-                "chat_id": CHAT, "chat_type": "group", "user_id": "bob", "user_name": "Bob",
-                "text": "hello bot, meet Carol", "mentions": ["switchboard", "carol"], "is_admin": True,
+                "chat_id": CHAT,
+                "chat_type": "group",
+                "user_id": "bob",
+                "user_name": "Bob",
+                "text": "hello bot, meet Carol",
+                "mentions": ["switchboard", "carol"],
+                "is_admin": True,
             }
             assert await page.get_by_test_id("mention-chip").count() == 0  # the composer is cleared
 
@@ -320,10 +397,20 @@ async def test_console_page() -> None:
             for kind in SEGMENT_TYPES:
                 assert await page.locator(f'#messages [data-seg="{kind}"]').count() >= 1, kind
             md = page.locator('.msg[data-id="out-2"] .seg-markdown')
-            for selector in ("h2", "strong", "em", "p code", "pre code", "ul li", "ul ul li", "ol li", "blockquote",
-                             'a[href="https://example.org/met?a=1&b=2"]'):
+            for selector in (
+                "h2",
+                "strong",
+                "em",
+                "p code",
+                "pre code",
+                "ul li",
+                "ul ul li",
+                "ol li",
+                "blockquote",
+                'a[href="https://example.org/met?a=1&b=2"]',
+            ):
                 assert await md.locator(selector).count() >= 1, selector
-            assert '<b>not bold</b>' in await md.locator("pre code").text_content()
+            assert "<b>not bold</b>" in await md.locator("pre code").text_content()
             # Hostile markup stays text.
             assert await md.locator("img, script, a[href^=javascript]").count() == 0
             assert "<script>" in await md.text_content()
@@ -339,12 +426,12 @@ async def test_console_page() -> None:
             assert "fw-1234" in await toys.locator("[data-seg=forward]").text_content()
 
             media = page.locator('.msg[data-id="out-4"]')
-            assert await media.locator(f'[data-seg=image][data-kind=url] img[src="{fake.base}/fake/pic.png"]').count() == 1
+            url_img = media.locator(f'[data-seg=image][data-kind=url] img[src="{fake.base}/fake/pic.png"]')
+            assert await url_img.count() == 1
             b64_src = await media.locator("[data-seg=image][data-kind=base64] img").get_attribute("src")
             assert b64_src.startswith("data:image/png;base64,iVBORw0KGgo")
-            await page.wait_for_function(
-                "() => [...document.querySelectorAll('.seg-image img')].filter(i => i.complete && i.naturalWidth > 0).length >= 2"
-            )
+            loaded = "[...document.querySelectorAll('.seg-image img')].filter(i => i.complete && i.naturalWidth)"
+            await page.wait_for_function(f"() => {loaded}.length >= 2")
             assert "chart.png" in await media.locator("[data-seg=image][data-kind=path]").text_content()
             assert await media.locator(f'[data-seg=audio] audio[src="{fake.base}/fake/tone.wav"]').count() == 1
             assert await media.locator(f'[data-seg=video] video[src="{fake.base}/fake/clip.mp4"]').count() == 1
@@ -356,7 +443,7 @@ async def test_console_page() -> None:
             assert "How the switchboard routes messages" in await share.text_content()
 
             # Kinds look different: the notice is a banner, progress and confirmation are marked.
-            style = "el => { const s = getComputedStyle(el); return [s.backgroundColor, s.borderTopColor, s.borderTopStyle]; }"
+            style = "e => ['backgroundColor', 'borderTopColor', 'borderTopStyle'].map(k => getComputedStyle(e)[k])"
             notice_style = await page.locator('.msg[data-id="out-1"].msg--notice .bubble').evaluate(style)
             reply_style = await page.locator('.msg[data-id="out-2"].msg--reply .bubble').evaluate(style)
             progress_style = await page.locator('.msg[data-id="out-5"].msg--progress .bubble').evaluate(style)
@@ -388,25 +475,56 @@ async def test_console_page() -> None:
             await page.get_by_test_id("cmd-stop").click()
             await _wait_for(lambda: len(fake.webhooks) >= 4, what="/stop")
             assert {k: fake.webhooks[3][k] for k in ("text", "user_id", "is_admin")} == {
-                "text": "/stop", "user_id": "carol", "is_admin": False,
+                "text": "/stop",
+                "user_id": "carol",
+                "is_admin": False,
             }
 
             await page.get_by_test_id("sender-select").select_option("bob")
             await page.locator('.msg[data-id="out-echo-2"]').scroll_into_view_if_needed()
             await page.screenshot(path=str(SCREENSHOT))
 
-            # The polling fallback: a second tab that polls sees a new delivery within a couple of seconds.
+            # The markdown renderer keeps hostile input inert.
+            hostile = [
+                "[x](javascript:alert(1))",
+                "![x](javascript:alert(1))",
+                '[x](https://a.b/"onmouseover="alert(1))',
+                'https://a.b/"onmouseover="alert(1)',
+                "**<b>bold</b>**",
+                "`<i>code</i>`",
+                "<a href=x>y</a>",
+                "# <svg onload=alert(1)>",
+                "- <img src=x>",
+                "| <b>h</b> |\n|---|\n| <i>c</i> |",
+                "[x](data:text/html,hi)",
+            ]
+            rendered = await page.evaluate("xs => xs.map(SwitchboardConsole.renderMarkdown).join('\\n')", hostile)
+            for bad in ("<b>", "<i>", "<a href=x", "<svg", "<img src=x", '="javascript', '"onmouseover', '="data:'):
+                assert bad not in rendered, (bad, rendered)
+
+            # The polling fallback: a second tab whose stream fails polls, and sees a new delivery.
+            fake.stream_broken = True
             poller = await context.new_page()
             poller.on("pageerror", lambda exc: errors.append(str(exc)))
-            await poller.goto(f"{fake.base}/console/?transport=poll")
-            await poller.wait_for_selector('[data-testid=conn][data-state=polling]')
+            await poller.goto(f"{fake.base}/console/")
+            await poller.wait_for_selector("[data-testid=conn][data-state=polling]", timeout=6000)
             await poller.wait_for_selector('.msg[data-id="out-6"]')
             # Local messages are per tab (sessionStorage): the new tab shows only the bot's.
             assert await poller.locator(f'.msg[data-id="{message_id}"]').count() == 0
-            fake.deliver(CHAT, {
-                "id": "out-late", "kind": "notice", "chat_id": CHAT, "reply_to": None,
-                "segments": [_seg("text", text="Stopped.")], "trace_id": None, "hops": {}, "delivered_at": time.time() * 1000,
-            })
+            late = [_seg("text", text="Stopped.")]
+            fake.deliver(
+                CHAT,
+                {
+                    "id": "out-late",
+                    "kind": "notice",
+                    "chat_id": CHAT,
+                    "reply_to": None,
+                    "segments": late,
+                    "trace_id": None,
+                    "hops": {},
+                    "delivered_at": time.time() * 1000,
+                },
+            )
             await poller.locator('.msg[data-id="out-late"]').wait_for(timeout=4000)
             await page.locator('.msg[data-id="out-late"]').wait_for(timeout=4000)  # and live in the first tab
             await browser.close()

@@ -616,6 +616,21 @@
     }
   }
 
+  /** Consecutive images share one row (a gallery); everything else flows in order. */
+  function appendSegments(body, segments) {
+    let gallery = null;
+    for (const seg of segments) {
+      const el = renderSegment(seg);
+      if (seg && seg.type === "image") {
+        if (!gallery) body.append((gallery = h("div", { class: "seg-gallery" })));
+        gallery.append(el);
+      } else {
+        gallery = null;
+        body.append(el);
+      }
+    }
+  }
+
   // ----------------------------------------------------------------------------------------------
   // Message list: delivered (bot) + local (people) messages, merged by time
 
@@ -682,8 +697,11 @@
     let prevItem = null;
     for (const item of items) {
       live.add(item.key);
-      const grouped = prevItem && prevItem.who === item.who && (item.who === "bot" || prevItem.msg.userId === item.msg.userId) &&
-        item.t - prevItem.t < 120000 && item.msg.kind !== "notice" && prevItem.msg.kind !== "notice";
+      // Consecutive messages of one author are grouped (one name, one avatar); bot kinds other
+      // than a plain reply always show their label.
+      const plain = (m) => !m.kind || m.kind === "reply";
+      const grouped = !!prevItem && prevItem.who === item.who && plain(item.msg) && plain(prevItem.msg) &&
+        (item.who === "bot" || prevItem.msg.userId === item.msg.userId) && item.t - prevItem.t < 120000;
       const sig = signature(item, grouped);
       let entry = rendered.get(item.key);
       if (!entry || entry.sig !== sig) {
@@ -708,8 +726,12 @@
   function signature(item, grouped) {
     const m = item.msg;
     const answered = item.who === "bot" && m.kind === "confirmation" ? answeredConfirmation(m) : "";
-    const who = item.who === "user" ? `${m.status}|${m.error || ""}|${m.userId === state.userId}` : `${answered}`;
-    return `${grouped}|${who}|${composer.replyTo === m.id}|${state.userId}`;
+    // Re-render only what changed (keeps audio/video players alive): a bot message depends on the
+    // current user only through mention highlighting and the confirmation hint.
+    const userDependent = item.who === "user" || m.kind === "confirmation" ||
+      (Array.isArray(m.segments) && m.segments.some((seg) => seg && seg.type === "mention"));
+    const who = item.who === "user" ? `${m.status}|${m.error || ""}` : answered;
+    return `${grouped}|${who}|${composer.replyTo === m.id}|${userDependent ? state.userId : ""}`;
   }
 
   function answeredConfirmation(msg) {
@@ -739,9 +761,9 @@
     const kind = ["reply", "notice", "progress", "confirmation"].includes(msg.kind) ? msg.kind : "reply";
     const bot = currentBot();
     const botName = (bot && bot.bot_id) || "bot";
-    const el = messageShell({ side: "in", kind, id: msg.id, grouped: grouped && kind !== "confirmation", author: botName, authorSeed: `bot:${botName}`, isBot: true });
+    const el = messageShell({ side: "in", kind, id: msg.id, grouped, author: botName, authorSeed: `bot:${botName}`, isBot: true });
     const bubble = h("div", { class: "bubble" });
-    if (!grouped || kind === "confirmation") {
+    if (!grouped) {
       const labels = { notice: "notice", progress: "working…", confirmation: "needs confirmation" };
       bubble.append(h("div", { class: "msg-head" },
         h("span", { class: "msg-author", text: botName }),
@@ -753,7 +775,7 @@
       bubble.append(SEGMENTS.reply({ message_id: msg.reply_to }));
     }
     const body = h("div", { class: "msg-body" });
-    for (const seg of Array.isArray(msg.segments) ? msg.segments : []) body.append(renderSegment(seg));
+    appendSegments(body, Array.isArray(msg.segments) ? msg.segments : []);
     bubble.append(body);
     if (kind === "confirmation") {
       const answered = answeredConfirmation(msg);
@@ -1151,8 +1173,10 @@
     const disabled = !chat || !currentUser();
     $("#send").disabled = disabled;
     $("#input").disabled = !chat;
-    $("#input").placeholder = !chat ? "Create a chat to start" : chat.type === "group"
-      ? "Message the group…  (@mention the bot to trigger it · Enter to send)" : "Message the bot…  (Enter to send, Shift+Enter for a new line)";
+    const narrow = window.matchMedia("(max-width: 780px)").matches;
+    $("#input").placeholder = !chat ? "Create a chat to start" : narrow ? "Message…"
+      : chat.type === "group" ? "Message the group…  (@mention the bot to trigger it · Enter to send)"
+        : "Message the bot…  (Enter to send, Shift+Enter for a new line)";
     for (const b of document.querySelectorAll(".composer-tools .cmd")) b.disabled = disabled;
   }
 
@@ -1161,14 +1185,15 @@
     menu.textContent = "";
     const bot = currentBot();
     const options = [];
-    if (bot && bot.self_id) options.push({ id: bot.self_id, name: `${bot.bot_id} (bot)`, seed: `bot:${bot.bot_id}` });
+    if (bot && bot.self_id) options.push({ id: bot.self_id, name: bot.bot_id, seed: `bot:${bot.bot_id}`, bot: true });
     for (const u of state.users) if (u.id !== state.userId) options.push({ id: u.id, name: u.name, seed: u.id });
     if (!options.length) menu.append(h("div", { class: "menu-empty", text: "Add more users to mention them" }));
     for (const o of options) {
       const on = composer.mentions.includes(o.id);
       menu.append(h("button", { type: "button", role: "menuitemcheckbox", "aria-checked": String(on), class: `menu-item${on ? " on" : ""}`,
         dataset: { target: o.id, testid: "mention-option" }, onclick: () => { toggleMention(o.id); closeMentionMenu(); } },
-      avatar(o.name, o.seed, "sm"), h("span", { class: "menu-name", text: o.name }), h("span", { class: "menu-id", text: `@${o.id}` })));
+      avatar(o.name, o.seed, o.bot ? "sm bot" : "sm"), h("span", { class: "menu-name", text: o.name }),
+      o.bot ? h("span", { class: "bot-badge", text: "BOT" }) : null, h("span", { class: "menu-id", text: `@${o.id}` })));
     }
   }
 
