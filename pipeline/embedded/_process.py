@@ -99,6 +99,8 @@ class ManagedProcess:
     start_timeout = 30.0
     #: seconds between SIGTERM and SIGKILL
     stop_grace = 10.0
+    #: bound on one readiness probe (a probe talking to a wrong listener must not hang the start)
+    probe_timeout = 5.0
     #: log lines that mean "port taken": retried on a new port when the port was picked by us
     _port_in_use_markers: Sequence[str] = (
         "Address already in use",  # redis-server, java.net.BindException
@@ -137,6 +139,10 @@ class ManagedProcess:
 
     def _pick_new_port(self) -> None:
         """Choose new free port(s) after a lost bind race."""
+
+    def _ports(self) -> list[tuple[str, int]]:
+        """(host, port) pairs the service listens on; checked to be free before spawning."""
+        return []
 
     # -- properties -------------------------------------------------------------------------------
     @property
@@ -208,6 +214,13 @@ class ManagedProcess:
         attempts = 3 if self._port_is_ours else 1
         last_error: Exception | None = None
         for _attempt in range(attempts):
+            busy = [f"{h}:{p}" for h, p in self._ports() if port_open(h, p)]
+            if busy:
+                # Someone already listens there: probing would talk to them, not to our service.
+                if self._port_is_ours:
+                    self._pick_new_port()
+                    continue
+                raise ServiceStartError(f"{self.name}: port(s) already in use: {', '.join(busy)}")
             t0 = time.monotonic()
             self._spawn()
             try:
@@ -219,11 +232,13 @@ class ManagedProcess:
                     self._pick_new_port()  # lost a race for the port: try another one
                     continue
                 raise
+            except BaseException:
+                self._kill_now()  # cancelled (e.g. a test timeout): leave no half-started process
+                raise
             self.started_at = time.time()
             self.last_start_seconds = time.monotonic() - t0
             return self
-        assert last_error is not None
-        raise last_error
+        raise last_error or ServiceStartError(f"{self.name}: no free port found in {attempts} attempts")
 
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -241,7 +256,7 @@ class ManagedProcess:
                     f"{self.name}: port in use; log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
-                if await self._probe():
+                if await asyncio.wait_for(self._probe(), timeout=self.probe_timeout):
                     return
             except Exception as exc:  # not ready yet: remember why for the timeout message
                 last_exc = exc

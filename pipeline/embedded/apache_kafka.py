@@ -193,6 +193,9 @@ class ApacheKafka(ManagedProcess):
         self.port = free_port(self.host)
         self.controller_port = free_port(self.host)
 
+    def _ports(self) -> list[tuple[str, int]]:
+        return [(self.host, self.port), (self.host, self.controller_port)]
+
     def _properties(self) -> dict[str, str]:
         props = {
             "process.roles": "broker,controller",

@@ -82,6 +82,9 @@ class RedisServer(ManagedProcess):
     def _pick_new_port(self) -> None:
         self.port = free_port(self.host)
 
+    def _ports(self) -> list[tuple[str, int]]:
+        return [(self.host, self.port)]
+
     def _prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
@@ -105,8 +108,14 @@ class RedisServer(ManagedProcess):
 
     async def _probe(self) -> bool:
         import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
-        client = aioredis.Redis(host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=2)
+        # No retries: one quick attempt per probe; the readiness loop does the retrying.
+        client = aioredis.Redis(
+            host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=2,
+            retry=Retry(NoBackoff(), 0),
+        )
         try:
             return bool(await client.ping())
         finally:

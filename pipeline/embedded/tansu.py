@@ -23,7 +23,7 @@ must allow for (details in tests/embedded/test_tansu.py and the module docs of p
   decode (and the connection is dropped); asking for explicit partitions works.
 * Consumer groups work with aiokafka (join, assignment, commit, committed offsets), but the first
   JoinGroup of a group is answered only after ``session_timeout_ms / 2`` (aiokafka's default 10 s
-  -> 5 s; Faust's default 60 s -> 30 s before a worker gets partitions), and a second member
+  -> 5 s; by the same rule, not measured: Faust's 60 s default -> 30 s), and a second member
   joining a live group took ~8 s with the default. Use a short session timeout on Tansu (2 s
   session + 300 ms heartbeat -> 1 s join): :attr:`TansuBroker.recommended_consumer_config`.
 """
@@ -102,6 +102,9 @@ class TansuBroker(ManagedProcess):
 
     def _pick_new_port(self) -> None:
         self.port = free_port(self.host)
+
+    def _ports(self) -> list[tuple[str, int]]:
+        return [(self.host, self.port)]
 
     def _command(self) -> list[str]:
         url = f"tcp://{self.host}:{self.port}"

@@ -180,10 +180,10 @@ class LarkPlatform(Platform):
             return WebhookResult(body={"challenge": challenge}, ignored="url_verification")
         header = event.get("header")
         if event.get("schema") != "2.0" or not isinstance(header, dict):
-            return WebhookResult(ignored="schema_1.0")
+            return WebhookResult(ignored="not_message")
         event_type = header.get("event_type")
         if event_type != "im.message.receive_v1":
-            return WebhookResult(ignored=f"event:{event_type}"[:40])
+            return WebhookResult(ignored="not_message")
         body = event.get("event")
         if not isinstance(body, dict):
             raise WebhookRejected(400, "malformed_payload", "no event body")
@@ -225,7 +225,7 @@ class LarkPlatform(Platform):
             neutral = {"file": "file", "audio": "audio", "media": "video"}[message_type]
             parts.media(neutral, content["file_key"])
         else:
-            return WebhookResult(ignored=f"message_type:{message_type}"[:40])
+            return WebhookResult(ignored="unsupported_message")
 
         reply_to: ReplyRef | None = None
         parent = msg.get("parent_id")
@@ -274,7 +274,8 @@ class LarkPlatform(Platform):
         def flush() -> None:
             for rich, paragraphs in builder.take():
                 if rich:
-                    bodies.append(("post", {locale: {"title": "", "content": paragraphs}}, None, None))
+                    for part in _fit_post(paragraphs, locale):
+                        bodies.append(("post", {locale: {"title": "", "content": part}}, None, None))
                 else:
                     text = "\n".join("".join(e["text"] for e in para) for para in paragraphs)
                     bodies.append(("text", {"text": text}, None, None))
@@ -634,6 +635,20 @@ class _PostBuilder:
         self._cut()
         done, self.done = self.done, []
         return done
+
+
+MAX_POST_BYTES = 28 * 1024  # Lark allows 30 KB of request body for a post
+
+
+def _fit_post(paragraphs: list[list[dict[str, Any]]], locale: str) -> list[list[list[dict[str, Any]]]]:
+    """Paragraphs cut into posts whose body stays under Lark's 30 KB. Counting characters is not
+    enough: every element and every paragraph adds JSON, and the content is JSON inside JSON."""
+    content = {locale: {"title": "", "content": paragraphs}}
+    size = len(json.dumps(json.dumps(content, ensure_ascii=False), ensure_ascii=False).encode())
+    if size <= MAX_POST_BYTES or len(paragraphs) < 2:
+        return [paragraphs]
+    half = len(paragraphs) // 2
+    return _fit_post(paragraphs[:half], locale) + _fit_post(paragraphs[half:], locale)
 
 
 def _pieces(line: str, limit: int) -> list[str]:

@@ -126,7 +126,7 @@ class OneBotPlatform(Platform):
         if not isinstance(post_type, str):
             raise WebhookRejected(400, "malformed_payload", "no post_type")
         if post_type != "message":
-            return WebhookResult(ignored=f"post_type:{post_type}"[:40])
+            return WebhookResult(ignored="not_message")
         message_type = event.get("message_type")
         user_id = _id(event.get("user_id"))
         message_id = _id(event.get("message_id"))

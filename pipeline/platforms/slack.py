@@ -155,14 +155,14 @@ class SlackPlatform(Platform):
                 raise WebhookRejected(400, "malformed_payload", "url_verification without challenge")
             return WebhookResult(body={"challenge": challenge}, ignored="url_verification")
         if payload["type"] != "event_callback":
-            return WebhookResult(ignored=f"type:{payload['type']}"[:40])
+            return WebhookResult(ignored="not_message")
         event = payload.get("event")
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             raise WebhookRejected(400, "malformed_payload", "event_callback without event")
         event_id = payload.get("event_id") if isinstance(payload.get("event_id"), str) else None
         etype = event["type"]
         if etype not in ("app_mention", "message"):
-            return WebhookResult(ignored=f"event:{etype}"[:40])
+            return WebhookResult(ignored="not_message")
         if event.get("bot_id") or event.get("subtype") not in _USER_SUBTYPES:
             return WebhookResult(ignored="bot_or_subtype")
         user, channel, ts = event.get("user"), event.get("channel"), event.get("ts")
@@ -241,9 +241,8 @@ class SlackPlatform(Platform):
 
         def flush() -> None:
             nonlocal rich
-            for piece in split_rich(rich, MAX_TEXT):
-                body = {**base, "text": to_mrkdwn(piece)}
-                calls.append(PlatformCall(method="POST", path="/chat.postMessage", json=body))
+            for text in _mrkdwn_pieces(rich, MAX_TEXT):
+                calls.append(PlatformCall(method="POST", path="/chat.postMessage", json={**base, "text": text}))
             rich = RichText()
 
         for index, segment in enumerate(message.segments):
@@ -351,6 +350,19 @@ class SlackPlatform(Platform):
             return network_outcome(exc)
         outcome, _ = _classify(response)
         return outcome or SendOutcome("delivered", platform_message_id=file_id)
+
+
+def _mrkdwn_pieces(rich: RichText, limit: int) -> list[str]:
+    """mrkdwn of at most `limit` characters each. Splitting counts the plain text; escapes and link
+    URLs make the mrkdwn longer, so a piece that grew past the limit is split again, smaller."""
+    out: list[str] = []
+    for piece in split_rich(rich, limit):
+        text = to_mrkdwn(piece)
+        if len(text) > MAX_TEXT and limit > 200:
+            out.extend(_mrkdwn_pieces(piece, limit * 2 // 3))
+        else:
+            out.append(text)
+    return out
 
 
 def _classify(response: httpx.Response) -> tuple[SendOutcome | None, dict[str, Any]]:

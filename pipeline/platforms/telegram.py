@@ -116,8 +116,7 @@ class TelegramPlatform(Platform):
             raise WebhookRejected(400, "malformed_payload", "not an Update (no update_id)")
         msg = update.get("message")
         if msg is None:
-            kinds = [k for k in update if k != "update_id"]
-            return WebhookResult(ignored=f"update:{kinds[0] if kinds else 'empty'}"[:40])
+            return WebhookResult(ignored="not_message")
         if not isinstance(msg, dict):
             raise WebhookRejected(400, "malformed_payload", "message is not an object")
         chat = msg.get("chat")
@@ -127,7 +126,7 @@ class TelegramPlatform(Platform):
             raise WebhookRejected(400, "malformed_payload", "message without message_id")
         chat_kind = chat.get("type")
         if chat_kind not in ("private", "group", "supergroup"):
-            return WebhookResult(ignored=f"chat:{chat_kind}"[:40])
+            return WebhookResult(ignored="unsupported_chat")
         author = msg.get("from") if isinstance(msg.get("from"), dict) else None
         if author is None:  # an anonymous admin or a channel speaking in a group
             author = obj(msg.get("sender_chat"))
@@ -166,8 +165,7 @@ class TelegramPlatform(Platform):
                 if media_key == "document" and msg.get("animation"):
                     break  # an animation is also reported as a document
         if not segments and not plain:
-            kinds = [k for k in msg if k not in ("message_id", "from", "chat", "date", "sender_chat")]
-            return WebhookResult(ignored=f"message:{kinds[0] if kinds else 'empty'}"[:40])
+            return WebhookResult(ignored="unsupported_message")
 
         route: dict[str, str] = {}
         thread_id = msg.get("message_thread_id")

@@ -422,12 +422,24 @@ class SessionClient:
         *,
         after: str | None = None,
         deltas: bool | Sequence[str] = False,
-        **options: Any,
+        reconnect_base: float = 0.1,
+        reconnect_max: float = 5.0,
+        max_reconnects: int | None = None,
+        dedup_window: int = 512,
     ) -> Subscription:
         """Resumable subscription (see :class:`pipeline.session.subscription.Subscription`)."""
         from pipeline.session.subscription import Subscription  # circular at import time
 
-        return Subscription(self, session_id, after=after, deltas=deltas, **options)
+        return Subscription(
+            self,
+            session_id,
+            after=after,
+            deltas=deltas,
+            reconnect_base=reconnect_base,
+            reconnect_max=reconnect_max,
+            max_reconnects=max_reconnects,
+            dedup_window=dedup_window,
+        )
 
     @staticmethod
     def new_message(text: str, *, message_id: str | None = None) -> UserMessage:

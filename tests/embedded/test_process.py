@@ -56,12 +56,18 @@ async def test_exit_during_start_reports_log():
     svc.cleanup()
 
 
+@pytest.mark.parametrize("listening", [True, False], ids=["listening", "bound-only"])
 @pytest.mark.parametrize("cls", [TansuBroker, RedisServer])
-async def test_lost_port_race_is_retried(cls):
-    """A picked port taken by someone else before the service binds it: start again on another."""
+async def test_lost_port_race_is_retried(cls, listening):
+    """A picked port taken by someone else before the service binds it: start again on another.
+
+    ``listening``: caught before spawning. ``bound-only`` (connect is refused, bind fails): caught
+    from the service's own "address in use" log line.
+    """
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
+        if listening:
+            squatter.listen()
         taken = squatter.getsockname()[1]
         svc = cls()
         svc.port = taken  # simulate the race: our freshly picked port got taken

@@ -158,7 +158,7 @@ def test_signature_and_ignored_and_malformed() -> None:
         "status": {},
         "interval": 5000,
     }
-    assert parse(heartbeat).ignored == "post_type:meta_event"
+    assert parse(heartbeat).ignored == "not_message"
     own = dict(SPEC_PRIVATE, user_id=10001000)
     assert parse(own).ignored == "own_message"
     for body in (

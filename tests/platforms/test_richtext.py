@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pipeline.platforms._richtext import (
     RichText,
     parse_markdown,
@@ -64,3 +67,41 @@ def test_mrkdwn_hugs_markers_and_escapes() -> None:
     rich.append("a<b>&c")
     rich.append("lbl|x", "link", url="https://z.test")
     assert to_mrkdwn(rich) == " *padded* a&lt;b&gt;&amp;c<https://z.test|lbl¦x>"
+
+
+PATHOLOGICAL = [
+    "*a " * 10000,
+    "_a " * 10000,
+    "**a " * 8000,
+    "[a](" * 8000,
+    "![x](" * 6000,
+    "[" * 30000,
+    "``a `" * 6000,
+    "*_" * 2000 + "a" + "_*" * 2000,
+    "~~**__" * 1000 + "x" + "__**~~" * 1000,
+]
+
+
+def test_pathological_markdown_is_handled() -> None:
+    # Unclosed markers once made the parser quadratic (minutes on 32k chars); deep nesting must
+    # not recurse without bound.
+    for src in PATHOLOGICAL:
+        rich = parse_markdown(src)
+        assert to_mrkdwn(rich)
+        for piece in split_rich(rich, 4096, utf16=True):
+            to_telegram_entities(piece)
+
+
+@settings(max_examples=150, deadline=None)
+@given(src=st.text(alphabet="ab *_~`[]()<>#-\n\\😀", max_size=120), limit=st.integers(min_value=5, max_value=40))
+def test_any_markdown_renders_within_limits(src: str, limit: int) -> None:
+    rich = parse_markdown(src)
+    for span in rich.spans:
+        assert 0 <= span.start < span.end <= len(rich.text)
+    pieces = split_rich(rich, limit, utf16=True)
+    for piece in pieces:
+        assert 0 < utf16_len(piece.text) <= limit
+        for entity in to_telegram_entities(piece):
+            assert entity["offset"] + entity["length"] <= utf16_len(piece.text)  # type: ignore[operator]
+    to_mrkdwn(rich)
+    to_plain(rich)

@@ -166,9 +166,9 @@ def test_private_photo_with_caption_and_forum_topic() -> None:
 
 def test_ignored_updates_and_own_messages() -> None:
     edited = Update(9010, edited_message=Message(50, WHEN, GROUP, from_user=ALICE, text="x"))
-    assert parse(edited).ignored == "update:edited_message"
+    assert parse(edited).ignored == "not_message"
     channel = Update(9011, message=Message(51, WHEN, Chat(-100999, Chat.CHANNEL), text="news"))
-    assert parse(channel).ignored == "chat:channel"
+    assert parse(channel).ignored == "unsupported_chat"
     own = Update(9012, message=Message(52, WHEN, GROUP, from_user=BOT, text="me"))
     assert parse(own).ignored == "own_message"
 

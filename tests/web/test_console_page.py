@@ -342,7 +342,7 @@ async def test_console_page() -> None:
             await page.get_by_test_id("chat-name-input").fill("Team room")
             await page.get_by_test_id("chat-create").click()
             await page.wait_for_selector(f".chat-item.active[data-chat={CHAT}][data-type=group]")
-            assert await page.get_by_test_id("chat-name").text_content() == "Team room"
+            assert (await page.get_by_test_id("chat-name").text_content() or "") == "Team room"
 
             # Two users: Bob (admin) and Carol; the last one added is the sender, switch back to Bob.
             for user_id, name, admin in (("bob", "Bob", True), ("carol", "Carol", False)):
@@ -385,7 +385,7 @@ async def test_console_page() -> None:
             # The echo arrives live over SSE, after our message, with its latency.
             echo = page.locator('.msg[data-id="out-echo-1"]')
             await echo.wait_for()
-            assert "420 ms" in await echo.locator("[data-testid=latency]").text_content()
+            assert "420 ms" in (await echo.locator("[data-testid=latency]").text_content() or "")
             order = await page.eval_on_selector_all("#messages .msg", "els => els.map(e => e.dataset.id)")
             assert order.index("out-6") < order.index(message_id) < order.index("out-echo-1")
             mine = page.locator(f'.msg[data-id="{message_id}"]')
@@ -410,37 +410,37 @@ async def test_console_page() -> None:
                 'a[href="https://example.org/met?a=1&b=2"]',
             ):
                 assert await md.locator(selector).count() >= 1, selector
-            assert "<b>not bold</b>" in await md.locator("pre code").text_content()
+            assert "<b>not bold</b>" in (await md.locator("pre code").text_content() or "")
             # Hostile markup stays text.
             assert await md.locator("img, script, a[href^=javascript]").count() == 0
-            assert "<script>" in await md.text_content()
+            assert "<script>" in (await md.text_content() or "")
             assert await page.evaluate("window.__pwned") is None
 
             toys = page.locator('.msg[data-id="out-3"]')
             assert await toys.locator('.seg-reply[data-ref="out-2"]').count() == 1
-            assert "Weather report" in await toys.locator(".seg-reply").text_content()
-            assert "@carol" in await toys.locator("[data-seg=mention]").text_content()
-            assert "👍" in await toys.locator('[data-seg=face][data-id="76"]').text_content()
-            assert "🎲" in await toys.locator("[data-seg=dice]").text_content()
-            assert "✊" in await toys.locator("[data-seg=rps]").text_content()
-            assert "fw-1234" in await toys.locator("[data-seg=forward]").text_content()
+            assert "Weather report" in (await toys.locator(".seg-reply").text_content() or "")
+            assert "@carol" in (await toys.locator("[data-seg=mention]").text_content() or "")
+            assert "👍" in (await toys.locator('[data-seg=face][data-id="76"]').text_content() or "")
+            assert "🎲" in (await toys.locator("[data-seg=dice]").text_content() or "")
+            assert "✊" in (await toys.locator("[data-seg=rps]").text_content() or "")
+            assert "fw-1234" in (await toys.locator("[data-seg=forward]").text_content() or "")
 
             media = page.locator('.msg[data-id="out-4"]')
             url_img = media.locator(f'[data-seg=image][data-kind=url] img[src="{fake.base}/fake/pic.png"]')
             assert await url_img.count() == 1
-            b64_src = await media.locator("[data-seg=image][data-kind=base64] img").get_attribute("src")
+            b64_src = await media.locator("[data-seg=image][data-kind=base64] img").get_attribute("src") or ""
             assert b64_src.startswith("data:image/png;base64,iVBORw0KGgo")
             loaded = "[...document.querySelectorAll('.seg-image img')].filter(i => i.complete && i.naturalWidth)"
             await page.wait_for_function(f"() => {loaded}.length >= 2")
-            assert "chart.png" in await media.locator("[data-seg=image][data-kind=path]").text_content()
+            assert "chart.png" in (await media.locator("[data-seg=image][data-kind=path]").text_content() or "")
             assert await media.locator(f'[data-seg=audio] audio[src="{fake.base}/fake/tone.wav"]').count() == 1
             assert await media.locator(f'[data-seg=video] video[src="{fake.base}/fake/clip.mp4"]').count() == 1
             assert await media.locator(f'a[data-seg=file][download][href="{fake.base}/fake/report.pdf"]').count() == 1
-            file_b64 = await media.locator("a[data-seg=file][data-kind=base64]").get_attribute("href")
+            file_b64 = await media.locator("a[data-seg=file][data-kind=base64]").get_attribute("href") or ""
             assert file_b64.startswith("data:application/pdf;base64,")
             assert await media.locator("[data-seg=file][data-kind=file]:not(a)").count() == 1
             share = media.locator('a[data-seg=share][href="https://example.com/articles/42"]')
-            assert "How the switchboard routes messages" in await share.text_content()
+            assert "How the switchboard routes messages" in (await share.text_content() or "")
 
             # Kinds look different: the notice is a banner, progress and confirmation are marked.
             style = "e => ['backgroundColor', 'borderTopColor', 'borderTopStyle'].map(k => getComputedStyle(e)[k])"
@@ -462,6 +462,9 @@ async def test_console_page() -> None:
             assert fake.webhooks[1]["mentions"] == []
             assert await page.get_by_test_id("reply-bar").is_hidden()
             await page.locator('.msg[data-id="out-echo-2"]').wait_for()
+            thanks_id = await page.locator(".msg--person", has_text="thanks!").get_attribute("data-id")
+            order = await page.eval_on_selector_all("#messages .msg", "els => els.map(e => e.dataset.id)")
+            assert order[-4:] == [message_id, "out-echo-1", thanks_id, "out-echo-2"], order
 
             # The confirmation's Allow button sends /allow as the current user, then shows it answered.
             await page.locator('.msg[data-id="out-6"] [data-testid=confirm-allow]').click()
@@ -481,8 +484,12 @@ async def test_console_page() -> None:
             }
 
             await page.get_by_test_id("sender-select").select_option("bob")
-            await page.locator('.msg[data-id="out-echo-2"]').scroll_into_view_if_needed()
+            # A tall window, so that the screenshot shows the whole conversation.
+            height = await page.evaluate("() => document.querySelector('#messages').scrollHeight + 260")
+            await page.set_viewport_size({"width": 1280, "height": min(height, 4000)})
+            await page.wait_for_timeout(150)
             await page.screenshot(path=str(SCREENSHOT))
+            await page.set_viewport_size({"width": 1280, "height": 900})
 
             # The markdown renderer keeps hostile input inert.
             hostile = [

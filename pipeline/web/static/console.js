@@ -44,6 +44,7 @@
     sent: {}, // chatKey → [local message]
   };
   const runtime = new Map(); // chatKey → {delivered, ids, loaded, es, timer, mode, ...}
+  const arrivals = new WeakMap(); // delivered message → when this page first saw it (browser clock)
   const composer = { mentions: [], replyTo: null };
   let clockSkew = 0; // server clock − browser clock, estimated from replies to our messages
 
@@ -72,7 +73,13 @@
     } catch (_) { /* storage full or disabled: keep going in memory */ }
   }
 
+  const MAX_SENT_PER_CHAT = 500;
+
   function saveSent() {
+    for (const key of Object.keys(state.sent)) {
+      const list = state.sent[key];
+      if (Array.isArray(list) && list.length > MAX_SENT_PER_CHAT) list.splice(0, list.length - MAX_SENT_PER_CHAT);
+    }
     try {
       sessionStorage.setItem(SS_KEY, JSON.stringify(state.sent));
     } catch (_) { /* in memory only */ }
@@ -660,6 +667,9 @@
     let floor = -Infinity;
     const bot = chatRt.delivered.map((msg, index) => {
       let t = Number(msg.delivered_at) || Number(msg.hops && msg.hops.ingress) || 0;
+      // Seen here before something was typed → shown before it, whatever the clocks say.
+      const seen = arrivals.get(msg);
+      if (seen !== undefined) t = Math.min(t, seen + clockSkew);
       const ref = msg.reply_to && byId.get(msg.reply_to);
       if (ref) t = Math.max(t, ref.sentAt + clockSkew + 1);
       t = Math.max(t, floor);
@@ -745,7 +755,13 @@
     const classes = ["msg", `msg--${kind}`, side === "out" ? "msg--out" : "msg--in"];
     if (grouped) classes.push("msg--grouped");
     if (composer.replyTo === id) classes.push("msg--replying");
-    const el = h("article", { class: classes.join(" "), dataset: { id, kind, side } });
+    const el = h("article", { class: classes.join(" "), dataset: { id, kind, side }, tabindex: "0",
+      "aria-label": `${author}: message (Enter to reply)` });
+    el.addEventListener("keydown", (ev) => {
+      if (ev.target !== el || (ev.key !== "Enter" && ev.key !== "r")) return;
+      ev.preventDefault();
+      setReplyTo(composer.replyTo === id ? null : id);
+    });
     if (kind !== "notice") {
       el.append(grouped ? h("span", { class: "avatar-spacer" }) : avatar(author, authorSeed, isBot ? "bot" : ""));
     }
@@ -861,6 +877,7 @@
       if (chatRt.ids.has(id)) continue;
       chatRt.ids.add(id);
       chatRt.delivered.push(msg);
+      arrivals.set(msg, Date.now());
       added++;
       learnSkew(key, msg);
     }
@@ -1004,8 +1021,14 @@
     chatRt.es = null;
     chatRt.mode = "polling";
     if (key === state.chatKey) setConn("polling");
+    let ticks = 0;
     const tick = async () => {
       if (generation !== chatRt.generation) return;
+      if (state.transport !== "poll" && typeof EventSource === "function" && ++ticks >= 30) {
+        chatRt.failures = 0; // every 30 s, see whether the live stream works again
+        openStream(key);
+        return;
+      }
       try {
         await loadMessages(key);
         if (key === state.chatKey) setConn("polling");
