@@ -115,7 +115,9 @@ class IngestStage:
             metrics.INBOUND_DROPPED.labels(message.platform, "unknown_bot").inc()
             await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())
             return
-        dedup_id = f"{message.platform}:{message.bot_id}:{message.event_id or message.message_id}"
+        # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one message
+        # can arrive as two events (Slack app_mention + message): de-duplicate on chat + message.
+        dedup_id = f"{message.platform}:{message.bot_id}:{message.chat_id}:{message.message_id}"
         if not await self.state.first_time("in", dedup_id):
             metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
             return
