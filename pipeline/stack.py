@@ -22,6 +22,7 @@ from pipeline.settings import Settings
 from pipeline.topics import declarations
 
 SIM_API_KEY = "sim-key"
+SIM_OPENAPI_AK, SIM_OPENAPI_SK = "sim-ak", "sim-sk"
 
 
 class _HttpProcess(ManagedProcess):
@@ -56,7 +57,8 @@ class SimProcess(_HttpProcess):
     def _command(self) -> list[str]:
         return [
             sys.executable, "-m", "pipeline.cli", "sim", "--port", str(self.port), "--api-key", SIM_API_KEY,
-            "--think", str(self.think), *self.extra,
+            "--think", str(self.think),
+            "--openapi-ak", SIM_OPENAPI_AK, "--openapi-sk", SIM_OPENAPI_SK, *self.extra,
         ]
 
 
@@ -106,10 +108,15 @@ class Stack:
         if not env.get("SWITCHBOARD_SESSION_BASE_URL"):
             self.sim = SimProcess(free_port(), think=self.think, run_dir=self._dir("sim"))
             await self.sim.start()
-            env["SWITCHBOARD_SESSION_BASE_URL"] = f"{self.sim.url}/v1"
-            env["SWITCHBOARD_SESSION_PROFILE"] = "anthropic"
+            # The default profile, ark, with sessions created through the simulator's signed
+            # control plane (as a real Ark deployment would use Volcengine OpenAPI).
+            env["SWITCHBOARD_SESSION_BASE_URL"] = f"{self.sim.url}/api/v3"
+            env["SWITCHBOARD_SESSION_PROFILE"] = "ark"
             env["SWITCHBOARD_SESSION_API_KEY"] = SIM_API_KEY
-            env["SWITCHBOARD_SESSION_PROVISIONER"] = "anthropic"
+            env["SWITCHBOARD_SESSION_PROVISIONER"] = "ark-openapi"
+            env["SWITCHBOARD_ARK_OPENAPI_URL"] = self.sim.url
+            env["SWITCHBOARD_ARK_ACCESS_KEY"] = SIM_OPENAPI_AK
+            env["SWITCHBOARD_ARK_SECRET_KEY"] = SIM_OPENAPI_SK
             env.setdefault("SWITCHBOARD_CORRECTION_BASE_URL", self.sim.url)
             env.setdefault("SWITCHBOARD_CORRECTION_API_KEY", SIM_API_KEY)
         self.env = env

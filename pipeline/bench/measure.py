@@ -1,0 +1,189 @@
+"""Process, Redis and Kafka meters for the benchmark (all read from outside the worker)."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process from /proc/<pid>/stat (NaN when it is gone)."""
+    if not pid:
+        return math.nan
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+def thread_cpu_seconds(tid: int) -> float:
+    """CPU of one thread of this process (/proc/self/task/<tid>/stat)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+def self_cpu_seconds() -> float:
+    return proc_cpu_seconds(os.getpid())
+
+
+def rss_mib(pid: int | None) -> float:
+    if not pid:
+        return math.nan
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """p50/p90/p99/max/mean of a list (ms in, ms out); NaN-free JSON (None) when empty."""
+    if not values:
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}  # type: ignore[dict-item]
+    return {
+        "n": len(values),
+        "p50": round(pct(values, 50), 2),
+        "p90": round(pct(values, 90), 2),
+        "p99": round(pct(values, 99), 2),
+        "max": round(max(values), 2),
+        "mean": round(sum(values) / len(values), 2),
+    }
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of a set of pids between start() and stop()."""
+
+    pids: dict[str, int | None]
+    start_values: dict[str, float] = field(default_factory=dict)
+    t0: float = 0.0
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.start_values = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        out = {name: proc_cpu_seconds(pid) - self.start_values[name] for name, pid in self.pids.items()}
+        out["_wall"] = time.monotonic() - self.t0
+        return out
+
+
+async def redis_commands(redis: Any) -> int:
+    info = await redis.info("stats")
+    return int(info.get("total_commands_processed", 0))
+
+
+async def redis_commandstats(redis: Any) -> dict[str, int]:
+    info = await redis.info("commandstats")
+    out: dict[str, int] = {}
+    for name, value in info.items():
+        if isinstance(value, dict) and "calls" in value:
+            out[name.removeprefix("cmdstat_")] = int(value["calls"])
+    return out
+
+
+class KafkaWatermarks:
+    """Sum of high watermarks over every non-internal topic (records written since the start)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._consumer: Any = None
+        self._admin: Any = None
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await self._admin.start()
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._admin is not None:
+            await self._admin.close()
+
+    async def by_topic(self, prefix_filter: tuple[str, ...] = ("im.", "session.")) -> dict[str, int]:
+        from aiokafka import TopicPartition
+
+        names = [t for t in await self._admin.list_topics() if t.startswith(prefix_filter)]
+        tps = []
+        for meta in await self._admin.describe_topics(names):
+            if meta.get("error_code"):
+                continue
+            tps += [TopicPartition(meta["topic"], p["partition"]) for p in meta.get("partitions") or []]
+        highs = await self._consumer.end_offsets(tps) if tps else {}
+        out: dict[str, int] = {}
+        for tp, high in highs.items():
+            out[tp.topic] = out.get(tp.topic, 0) + int(high)
+        return out
+
+
+async def scrape_metrics(url: str, client: httpx.AsyncClient | None = None) -> dict[str, float]:
+    """Prometheus text → {'name{labels}': value} (only what the bench reads)."""
+    own = client is None
+    client = client or httpx.AsyncClient(timeout=5)
+    try:
+        text = (await client.get(url + "/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    finally:
+        if own:
+            await client.aclose()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+class ThreadCpu:
+    """CPU of the calling thread, for a generator running in its own thread."""
+
+    def __init__(self) -> None:
+        self.tid = threading.get_native_id()
+
+    def seconds(self) -> float:
+        return thread_cpu_seconds(self.tid)
