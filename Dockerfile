@@ -9,14 +9,14 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pipeline ./pipeline
 COPY topics ./topics
+# pipeline/topics.py reads the topic catalogue from `<pipeline package>/../topics`, which the wheel
+# does not ship: put it beside the installed package.
 RUN pip install --prefix=/install . \
- # pipeline/topics.py reads the topic catalogue from `<pipeline package>/../topics`, which a wheel
- # does not ship: put it beside the installed package.
  && cp -r topics "$(python -c 'import sysconfig; print(sysconfig.get_paths(vars={"base": "/install"})["purelib"])')/topics"
 
 FROM python:3.11-slim
+# Faust creates its data directory at start: keep it in the app directory the user owns.
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
-    # Faust creates its data directory at start: keep it in the (writable) app directory.
     FAUST_DATADIR=/app/data \
     SWITCHBOARD_WEB_HOST=0.0.0.0 SWITCHBOARD_WEB_PORT=8080 SWITCHBOARD_LOG_FORMAT=json
 RUN groupadd --gid 10001 switchboard \

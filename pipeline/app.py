@@ -22,6 +22,7 @@ from pipeline.executor import KeyedExecutor
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.runtime import Runtime
 from pipeline.settings import Settings
+from pipeline.stages.render import RenderStage
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,11 @@ def create_app(
         return executors[stage]
 
     def agent_loop(
-        stage: str, topic_name: str, model: type[BaseModel], handler: Callable[[Any, Any], Awaitable[None]]
+        stage: str,
+        topic_name: str,
+        model: type[BaseModel],
+        handler: Callable[[Any, Any], Awaitable[None]],
+        inline: Callable[[Any], bool] | None = None,
     ) -> None:
         topic = app.topic(topic_name, key_type=bytes, value_type=bytes, partitions=settings.partitions)
 
@@ -123,6 +128,12 @@ def create_app(
                     )
                     await manual.ack(event)
                     continue
+                if inline is not None and inline(record):
+                    await executor(stage).submit_done(
+                        partition=(message.topic, message.partition), offset=message.offset,
+                        ack=lambda event=event: manual.ack(event),
+                    )
+                    continue
                 key = getattr(record, "conversation_key", None) or message.partition
 
                 async def work(record: Any = record, message: Any = message) -> None:
@@ -144,7 +155,10 @@ def create_app(
     if "dispatch" in stage_set:
         agent_loop("dispatch", SESSION_INPUT, SessionCommand, lambda r, m: runtime.dispatch.handle(r, m.partition))
     if "render" in stage_set:
-        agent_loop("render", SESSION_EVENTS, SessionEventRecord, lambda r, m: runtime.render.handle(r))
+        agent_loop(
+            "render", SESSION_EVENTS, SessionEventRecord, lambda r, m: runtime.render.handle(r),
+            inline=RenderStage.handle_inline,
+        )
     if "egress" in stage_set:
         for platform in platform_list:
             agent_loop(

@@ -73,7 +73,29 @@ def _worker(args: argparse.Namespace) -> int:
     platforms = [p.strip() for p in args.platforms.split(",")] if args.platforms else None
     app = create_app(settings, stages=stages, platforms=platforms)
     worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+    profile_path = os.environ.get("SWITCHBOARD_CPROFILE")  # development aid: a cProfile dump at exit
+    if not profile_path:
+        worker.execute_from_commandline()
+        return 0
+    import cProfile
+
+    import threading
+    import time
+
+    profiler = cProfile.Profile()
+
+    def dump_every_few_seconds() -> None:  # Faust's shutdown may not return here
+        while True:
+            time.sleep(5)
+            profiler.dump_stats(profile_path)
+
+    threading.Thread(target=dump_every_few_seconds, daemon=True).start()
+    profiler.enable()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile_path)
     return 0
 
 

@@ -34,6 +34,10 @@ class Ticket:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+async def _nothing() -> None:
+    return None
+
+
 class KeyedExecutor:
     """Run `work` per key in FIFO order; release acks per partition in offset order."""
 
@@ -95,6 +99,20 @@ class KeyedExecutor:
         if key not in self._runners:
             self._runners[key] = asyncio.create_task(self._drain(key), name=f"{self.name}:{key}")
         return ticket
+
+    async def submit_done(self, *, partition: Hashable = 0, offset: int = -1, ack: Ack | None = None) -> None:
+        """Record a message handled inline (no work): its ack still waits for earlier offsets."""
+        tickets = self._by_partition.get(partition)
+        if not tickets:
+            if ack is not None:
+                result = ack()
+                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                    await result
+            return
+        ticket = Ticket(key=None, partition=partition, offset=offset, work=_nothing, ack=ack, done=True)
+        ticket.finished.set()
+        self._pending += 1
+        tickets.append(ticket)
 
     async def _drain(self, key: Hashable) -> None:
         queue = self._queues[key]

@@ -152,10 +152,8 @@ class DispatchStage:
             hops={**command.hops, "dispatch": now_ms()},
             inbound_ids=command.inbound_ids,
         )
-        await self.state.update_conversation(
-            conversation, status="running", turn=turn, interrupted=False, last_message=None, pending=[]
-        )
-        await self._track(partition, session_id, conversation, command.trace_id)
+        turn_fields = {"status": "running", "turn": turn, "interrupted": False, "last_message": None, "pending": []}
+        await self._begin(partition, session_id, conversation, command.trace_id, state.cursor, **turn_fields)
         try:
             await self._send_once(session_id, message_id, events, call="user_turn")
         except NotFoundError:
@@ -164,8 +162,7 @@ class DispatchStage:
             await self.streams.untrack(partition, session_id)
             await self.state.unmap_session(conversation, session_id)
             session_id = await self._create_session(bot, command)
-            await self.state.update_conversation(conversation, status="running", turn=turn, interrupted=False)
-            await self._track(partition, session_id, conversation, command.trace_id)
+            await self._begin(partition, session_id, conversation, command.trace_id, None, **turn_fields)
             await self._send_once(session_id, message_id, events, call="user_turn")
         metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
 
@@ -193,29 +190,30 @@ class DispatchStage:
             return
         answered = {str(e.get("tool_use_id") or e.get("custom_tool_use_id")) for e in command.events}
         remaining = [p for p in state.pending if p.event_id not in answered]
-        await self.state.update_conversation(
-            conversation, status="running" if not remaining else "requires_action", pending=remaining
-        )
-        await self._track(partition, state.session_id, conversation, command.trace_id)
         key = stable_id("answer-", conversation, *sorted(answered))
+        await self._begin(
+            partition, state.session_id, conversation, command.trace_id, state.cursor,
+            status="running" if not remaining else "requires_action", pending=remaining,
+        )
         await self._send_once(state.session_id, key, command.events, call=command.kind)
 
     # -- sending -------------------------------------------------------------------------------
-    async def _track(self, partition: int, session_id: str, conversation: str, trace_id: str) -> None:
-        cursor = await self.state.session_cursor(session_id)
-        await self.streams.track(
-            partition, InflightStream(session_id=session_id, conversation_key=conversation, cursor=cursor, trace_id=trace_id)
-        )
+    async def _begin(
+        self, partition: int, session_id: str, conversation: str, trace_id: str, cursor: str | None, **fields: Any
+    ) -> None:
+        """Record the turn and its stream in flight (one round trip), then hold the stream."""
+        stream = InflightStream(session_id=session_id, conversation_key=conversation, cursor=cursor, trace_id=trace_id)
+        await self.state.start_turn(conversation, partition, stream, **fields)
+        await self.streams.track(partition, stream, registered=True)
 
     async def _send_once(self, session_id: str, marker_id: str, events: list[dict[str, Any]], *, call: str) -> None:
         """Send unless a previous attempt (before a crash) is known or found to have delivered it."""
-        marker = await self.state.marker("sent", marker_id)
-        if marker == "1":
+        previous = await self.state.claim_send(marker_id)
+        if previous == "1":
             return
-        if marker == "sending" and await self._in_history(session_id, events):
+        if previous == "sending" and await self._in_history(session_id, events):
             await self.state.set_marker("sent", marker_id)
             return
-        await self.state.set_marker("sent", marker_id, "sending")
         await self._send(session_id, events, call=call)
         await self.state.set_marker("sent", marker_id)
 

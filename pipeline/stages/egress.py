@@ -82,9 +82,6 @@ class EgressStage:
         if bot is None:
             await self._dead(message, "unknown_bot", "", topic, partition, offset, 0)
             return
-        if await self.state.marker("out", message.outbound_id) is not None:
-            metrics.EGRESS.labels(platform_name, "duplicate").inc()
-            return
         platform = self.platform_for(platform_name)
         try:
             calls = platform.render(bot, message)
@@ -92,16 +89,23 @@ class EgressStage:
             log.exception("render for %s failed", platform_name)
             await self._dead(message, "render_failed", repr(exc), topic, partition, offset, 0)
             return
+        # One round trip tells what a replay already delivered: the message, or some of its calls.
+        call_ids = [f"{message.outbound_id}:{i}" for i in range(len(calls))]
+        delivered, *calls_delivered = await self.state.markers("out", [message.outbound_id, *call_ids])
+        if delivered is not None:
+            metrics.EGRESS.labels(platform_name, "duplicate").inc()
+            return
         for index, call in enumerate(calls):
-            call_id = f"{message.outbound_id}:{index}"
-            if await self.state.marker("out", call_id) is not None:
+            if calls_delivered[index] is not None:
                 continue  # sent before a crash; do not send again
             outcome, attempts = await self._send_with_retries(bot, platform, message, call)
             if outcome.status != "delivered":
                 await self._dead(message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts)
                 return
-            await self.state.set_marker("out", call_id)
-        await self.state.set_marker("out", message.outbound_id)
+            last = index == len(calls) - 1
+            await self.state.set_markers("out", [call_ids[index], message.outbound_id] if last else [call_ids[index]])
+        if not calls:
+            await self.state.set_markers("out", [message.outbound_id])
         metrics.EGRESS.labels(platform_name, "sent").inc()
         self._observe(message)
 

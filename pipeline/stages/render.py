@@ -34,6 +34,9 @@ from .tools import ImTools
 log = logging.getLogger(__name__)
 
 _TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
+_TURN_EVENTS = frozenset({"session.status_idle", "session.status_terminated", "session.deleted"})
+# Event types whose handling reads or writes the conversation's state (ordered per conversation).
+_STATEFUL = frozenset({"agent.message", *_TOOL_CALLS, *_TURN_EVENTS})
 
 
 def message_text(event: dict[str, Any]) -> str:
@@ -86,10 +89,32 @@ class RenderStage:
         self.corrector = corrector
         self.media = media
 
+    @staticmethod
+    def handle_inline(record: SessionEventRecord) -> bool:
+        """Events that touch no state (spans, usage, running/thread status, thinking, errors) are
+        counted here and need no keyed work. Returns True when the record is fully handled."""
+        event = record.event
+        event_type = record.event_type
+        if event_type == "span.model_request_end":
+            usage = event.get("model_usage") or {}
+            for kind in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                value = usage.get(kind)
+                if isinstance(value, int) and value > 0:
+                    metrics.TOKENS.labels(kind).inc(value)
+            return True
+        if event_type == "session.error":
+            error = event.get("error") or {}
+            retry = (error.get("retry_status") or {}).get("type", "unknown")
+            metrics.SESSION_ERRORS.labels(str(error.get("type", "unknown"))[:40], retry).inc()
+            return True
+        return event_type not in _STATEFUL
+
     async def handle(self, record: SessionEventRecord) -> None:
         event = record.event
         event_type = record.event_type
         conversation = record.conversation_key
+        if self.handle_inline(record):
+            return
         if event_type == "agent.message":
             await self.state.update_conversation(
                 conversation, last_message=message_text(event), last_message_id=record.event_id
@@ -98,20 +123,6 @@ class RenderStage:
         if event_type in _TOOL_CALLS:
             await self._tool_call(record)
             return
-        if event_type == "span.model_request_end":
-            usage = event.get("model_usage") or {}
-            for kind in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                value = usage.get(kind)
-                if isinstance(value, int) and value > 0:
-                    metrics.TOKENS.labels(kind).inc(value)
-            return
-        if event_type == "session.error":
-            error = event.get("error") or {}
-            retry = (error.get("retry_status") or {}).get("type", "unknown")
-            metrics.SESSION_ERRORS.labels(str(error.get("type", "unknown"))[:40], retry).inc()
-            return
-        if event_type not in ("session.status_idle", "session.status_terminated", "session.deleted"):
-            return  # running, usage, spans, thread events, thinking: nothing for the chat
         state = await self.state.conversation(conversation)
         bot = self._bot(conversation, state)
         if bot is None:

@@ -8,7 +8,9 @@ sessions in flight and their cursors, so a new owner (after a rebalance or a cra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline import metrics
@@ -35,88 +37,127 @@ def raw_event(event: ServerEvent) -> dict[str, Any]:
     return event.model_dump(mode="json", exclude_none=True, by_alias=True)
 
 
+@dataclass(eq=False)
+class _HeldStream:
+    partition: int
+    stream: InflightStream
+    task: asyncio.Task[None] | None = None
+    # Between turns the stream lingers (a chatty conversation skips the reopen and history read).
+    lingering: bool = False
+    # Turns started while one was still running (busy policy `interrupt`): their idles are awaited too.
+    queued_turns: int = 0
+
+
 class StreamRegistry:
     def __init__(
-        self, state: StateStore, client: SessionClient, outputs: Outputs, *, reconnect_max: float = 5.0
+        self,
+        state: StateStore,
+        client: SessionClient,
+        outputs: Outputs,
+        *,
+        reconnect_max: float = 5.0,
+        linger_seconds: float = 20.0,
     ) -> None:
         self.state = state
         self.client = client
         self.outputs = outputs
         self.reconnect_max = reconnect_max
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._partition_of: dict[str, int] = {}
-        # A turn was started on a session whose stream is still open: do not release it at idle.
-        self._extend: set[str] = set()
-        self._owned: set[int] | None = None  # None: every partition (no rebalance info yet)
+        self.linger_seconds = linger_seconds
+        self._held: dict[str, _HeldStream] = {}
 
     @property
     def open_streams(self) -> int:
-        return len(self._tasks)
+        return len(self._held)
 
-    async def track(self, partition: int, stream: InflightStream) -> None:
-        """Hold a stream for this session until its turn ends. Idempotent."""
-        await self.state.add_inflight(partition, stream)
-        if stream.session_id in self._tasks:
-            self._extend.add(stream.session_id)
+    async def track(self, partition: int, stream: InflightStream, *, registered: bool = False) -> None:
+        """Hold a stream for this session until its turn ends. `registered`: the caller already
+        recorded it in flight in Redis (dispatch does so with the turn's state, in one round trip)."""
+        if not registered:
+            await self.state.add_inflight(partition, stream)
+        held = self._held.get(stream.session_id)
+        if held is not None and held.task is not None and not held.task.done():
+            held.stream.trace_id = stream.trace_id
+            if held.lingering:
+                held.lingering = False  # the open stream carries the new turn; no history read needed
+            else:
+                held.queued_turns += 1
             return
         self._start(partition, stream)
 
     async def untrack(self, partition: int, session_id: str) -> None:
-        task = self._tasks.pop(session_id, None)
-        if task is not None:
-            task.cancel()
-        self._extend.discard(session_id)
+        held = self._held.pop(session_id, None)
+        if held is not None and held.task is not None:
+            held.task.cancel()
         await self.state.remove_inflight(partition, session_id)
 
     async def on_partitions_assigned(self, partitions: set[int]) -> None:
         """The full new assignment (eager rebalance): drop streams we lost, resume the ones we got."""
-        self._owned = set(partitions)
-        for session_id, partition in list(self._partition_of.items()):
-            if partition not in partitions:
-                task = self._tasks.pop(session_id, None)
-                self._partition_of.pop(session_id, None)
-                if task is not None:
-                    task.cancel()  # Redis keeps it: the new owner resumes from the cursor
+        for session_id, held in list(self._held.items()):
+            if held.partition not in partitions:
+                self._held.pop(session_id, None)
+                if held.task is not None:
+                    held.task.cancel()  # Redis keeps it: the new owner resumes from the cursor
         for partition in partitions:
             for stream in await self.state.inflight(partition):
-                if stream.session_id not in self._tasks:
+                if stream.session_id not in self._held:
                     log.info("resuming stream of %s on partition %d", stream.session_id, partition)
                     self._start(partition, stream)
-        metrics.STREAMS_OPEN.set(len(self._tasks))
+        metrics.STREAMS_OPEN.set(len(self._held))
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
+        tasks = [h.task for h in self._held.values() if h.task is not None]
+        self._held.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         metrics.STREAMS_OPEN.set(0)
 
     def _start(self, partition: int, stream: InflightStream) -> None:
-        self._partition_of[stream.session_id] = partition
-        task = asyncio.create_task(self._run(partition, stream), name=f"stream:{stream.session_id}")
-        self._tasks[stream.session_id] = task
-        metrics.STREAMS_OPEN.set(len(self._tasks))
+        held = _HeldStream(partition=partition, stream=stream)
+        held.task = asyncio.create_task(self._run(held), name=f"stream:{stream.session_id}")
+        self._held[stream.session_id] = held
+        metrics.STREAMS_OPEN.set(len(self._held))
 
-    async def _run(self, partition: int, stream: InflightStream) -> None:
+    async def _run(self, held: _HeldStream) -> None:
+        stream = held.stream
         session_id = stream.session_id
         subscription = self.client.subscribe(session_id, after=stream.cursor, reconnect_max=self.reconnect_max)
+        events = subscription.__aiter__()
+        next_event: asyncio.Future[Any] | None = None
+        reconnects = 0
         try:
-            reconnects = 0
-            async for event in subscription:
+            while True:
+                if next_event is None:
+                    next_event = asyncio.ensure_future(events.__anext__())
+                done, _ = await asyncio.wait({next_event}, timeout=self.linger_seconds if held.lingering else None)
+                if not done:
+                    if held.lingering:
+                        break  # nothing for a while after the turn: release the stream
+                    continue  # a turn started while we waited: keep the same pending read
+                event = next_event.result()
+                next_event = None
                 if subscription.reconnects != reconnects:
                     metrics.STREAM_RECONNECTS.inc(subscription.reconnects - reconnects)
                     reconnects = subscription.reconnects
                 if isinstance(event, Preview):
-                    continue  # a preview: Switchboard shows only validated final replies (S13)
+                    continue  # Switchboard shows only validated final replies (S13)
+                held.lingering = False
                 await self._produce(stream, raw_event(event), event.type, event.id)
+                if event.type not in _TURN_END:
+                    continue
+                # The cursor is saved once per turn: a resume replays at most this turn's events,
+                # which render and egress de-duplicate by their ids.
                 if event.id:
-                    await self.state.save_session_cursor(session_id, event.id)
-                if event.type in _TURN_END:
-                    if session_id in self._extend and event.type == "session.status_idle":
-                        self._extend.discard(session_id)
-                        continue
-                    break
+                    await self.state.save_session_cursor(stream.conversation_key, session_id, event.id)
+                if event.type != "session.status_idle":
+                    break  # terminated or deleted: nothing more will come
+                if held.queued_turns:
+                    held.queued_turns -= 1
+                    continue
+                held.lingering = True
+                await self.state.remove_inflight(held.partition, session_id)
+        except StopAsyncIteration:
+            pass
         except asyncio.CancelledError:
             raise
         except NotFoundError:
@@ -137,13 +178,15 @@ class StreamRegistry:
                 "session.status_idle", None,
             )
         finally:
-            if self._tasks.get(session_id) is asyncio.current_task():
-                self._tasks.pop(session_id, None)
-                self._partition_of.pop(session_id, None)
-                self._extend.discard(session_id)
-                metrics.STREAMS_OPEN.set(len(self._tasks))
-        if session_id not in self._tasks:
-            await self.state.remove_inflight(partition, session_id)
+            if next_event is not None and not next_event.done():
+                next_event.cancel()
+            with contextlib.suppress(Exception):
+                await events.aclose()  # type: ignore[attr-defined]
+            if self._held.get(session_id) is held:
+                del self._held[session_id]
+                metrics.STREAMS_OPEN.set(len(self._held))
+                if not held.lingering:
+                    await self.state.remove_inflight(held.partition, session_id)
 
     async def _produce(self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None) -> None:
         metrics.STREAM_EVENTS.labels(event_type).inc()

@@ -72,6 +72,8 @@ class ConversationState(BaseModel):
     tools: dict[str, PendingAction] = Field(default_factory=dict)
     interrupted: bool = False
     held: int = 0
+    # The last event id processed on this conversation's session stream (saved once per turn).
+    cursor: str | None = None
 
 
 @dataclass
@@ -144,26 +146,11 @@ class StateStore:
             tools={k: PendingAction.model_validate(v) for k, v in json.loads(data.get("tools") or "{}").items()},
             interrupted=data.get("interrupted") == "1",
             held=int(data.get("held") or 0),
+            cursor=_cursor_for(data.get("cursor"), data.get("session_id")),
         )
 
     async def update_conversation(self, conversation: str, **fields: Any) -> None:
-        mapping: dict[str, str] = {}
-        deletes: list[str] = []
-        for name, value in fields.items():
-            if value is None:
-                deletes.append(name)
-            elif isinstance(value, BaseModel):
-                mapping[name] = value.model_dump_json()
-            elif isinstance(value, bool):
-                mapping[name] = "1" if value else "0"
-            elif isinstance(value, list):
-                mapping[name] = json.dumps([v.model_dump() if isinstance(v, BaseModel) else v for v in value])
-            elif isinstance(value, dict):
-                mapping[name] = json.dumps(
-                    {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in value.items()}
-                )
-            else:
-                mapping[name] = str(value)
+        mapping, deletes = _hash_fields(fields)
         key = self.key("conv", conversation)
         async with self.redis.pipeline(transaction=True) as pipe:
             if mapping:
@@ -217,9 +204,6 @@ class StateStore:
     async def add_inflight(self, partition: int, stream: InflightStream) -> None:
         await self.redis.hset(self.key("inflight", str(partition)), stream.session_id, _dump_inflight(stream))
 
-    async def set_cursor(self, partition: int, stream: InflightStream) -> None:
-        await self.add_inflight(partition, stream)
-
     async def remove_inflight(self, partition: int, session_id: str) -> None:
         await self.redis.hdel(self.key("inflight", str(partition)), session_id)
 
@@ -239,12 +223,47 @@ class StateStore:
             )
         return streams
 
-    # -- stream cursors (the last event id processed, per session) --------------------------------
-    async def session_cursor(self, session_id: str) -> str | None:
-        return _text(await self.redis.get(self.key("cursor", session_id)))
+    # -- stream cursors (the last event id processed, kept in the conversation's hash) -------------
+    async def save_session_cursor(self, conversation: str, session_id: str, cursor: str) -> None:
+        key = self.key("conv", conversation)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, "cursor", f"{session_id}|{cursor}")
+            pipe.expire(key, self.mapping_ttl)
+            await pipe.execute()
 
-    async def save_session_cursor(self, session_id: str, cursor: str) -> None:
-        await self.redis.set(self.key("cursor", session_id), cursor, ex=self.mapping_ttl)
+    async def start_turn(self, conversation: str, partition: int, stream: InflightStream, **fields: Any) -> None:
+        """Mark the turn running and the session's stream in flight, in one round trip."""
+        mapping, deletes = _hash_fields(fields)
+        key = self.key("conv", conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+            if deletes:
+                pipe.hdel(key, *deletes)
+            pipe.expire(key, self.mapping_ttl)
+            pipe.hset(self.key("inflight", str(partition)), stream.session_id, _dump_inflight(stream))
+            await pipe.execute()
+
+    async def claim_send(self, marker_id: str) -> str | None:
+        """Before a send: the marker's previous value (None: first attempt, now marked `sending`)."""
+        key = self.key("dedup:sent", marker_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.get(key)
+            pipe.set(key, "sending", nx=True, ex=self.dedup_ttl)
+            previous, _ = await pipe.execute()
+        return _text(previous)
+
+    async def markers(self, kind: str, idents: list[str]) -> list[str | None]:
+        if not idents:
+            return []
+        values = await self.redis.mget([self.key(f"dedup:{kind}", i) for i in idents])
+        return [_text(v) for v in values]
+
+    async def set_markers(self, kind: str, idents: list[str], value: str = "1", ttl: int | None = None) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for ident in idents:
+                pipe.set(self.key(f"dedup:{kind}", ident), value, ex=ttl or self.dedup_ttl)
+            await pipe.execute()
 
     # -- group-context window -----------------------------------------------------------------
     async def push_context(self, conversation: str, entry: ContextEntry, size: int) -> None:
@@ -278,6 +297,33 @@ class StateStore:
     async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
         raw = await self.redis.lrange(self.key("console", f"{bot_id}:{chat_id}"), 0, -1)
         return [_text(v) or "" for v in raw]
+
+
+def _hash_fields(fields: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """Conversation-hash fields as strings; None means delete the field."""
+    mapping: dict[str, str] = {}
+    deletes: list[str] = []
+    for name, value in fields.items():
+        if value is None:
+            deletes.append(name)
+        elif isinstance(value, BaseModel):
+            mapping[name] = value.model_dump_json()
+        elif isinstance(value, bool):
+            mapping[name] = "1" if value else "0"
+        elif isinstance(value, list):
+            mapping[name] = json.dumps([v.model_dump() if isinstance(v, BaseModel) else v for v in value])
+        elif isinstance(value, dict):
+            mapping[name] = json.dumps({k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in value.items()})
+        else:
+            mapping[name] = str(value)
+    return mapping, deletes
+
+
+def _cursor_for(stored: str | None, session_id: str | None) -> str | None:
+    if not stored or not session_id:
+        return None
+    owner, _, cursor = stored.partition("|")
+    return cursor if owner == session_id else None
 
 
 def _text(value: Any) -> str | None:

@@ -28,8 +28,8 @@ DASHBOARD = GRAFANA / "dashboards" / "switchboard.json"
 K8S = DEPLOY / "k8s"
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 
-#: apt package that provides /usr/bin/promtool and /usr/bin/prometheus (Debian/Ubuntu)
-PROMETHEUS_APT = "apt-get install -y prometheus"
+#: how to get /usr/bin/promtool and /usr/bin/prometheus
+PROMETHEUS_HINT = "Debian/Ubuntu: apt-get update && apt-get install -y prometheus"
 
 
 # -- the metric catalogue -------------------------------------------------------------------------------
@@ -173,16 +173,19 @@ def check_expression(expr: str) -> list[str]:
 
 
 # -- tools ----------------------------------------------------------------------------------------------
-def tool(name: str, apt: str) -> str:
+def tool(name: str, install: str) -> str:
     """Path of an external binary, or skip the test saying how to install it."""
-    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    path = shutil.which(name)
+    for directory in ("/usr/bin", "/usr/sbin"):
+        if path is None and Path(directory, name).exists():
+            path = str(Path(directory, name))
     if path is None:
-        pytest.skip(f"{name} not installed (Debian/Ubuntu: `apt-get update && {apt}`)")
+        pytest.skip(f"{name} not installed ({install})")
     return path
 
 
 def promtool() -> str:
-    return tool("promtool", PROMETHEUS_APT)
+    return tool("promtool", PROMETHEUS_HINT)
 
 
 def run(cmd: list[str], *, cwd: Path | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -180,3 +180,22 @@ async def test_dropped_partition_acks_do_not_run_and_queued_work_is_skipped() ->
 def test_invalid_bound_is_rejected(max_in_flight: int) -> None:
     with pytest.raises(ValueError):
         KeyedExecutor(max_in_flight=max_in_flight)
+
+
+async def test_inline_handled_messages_wait_for_earlier_offsets() -> None:
+    executor = KeyedExecutor(max_in_flight=4)
+    acked: list[int] = []
+    gate = asyncio.Event()
+
+    async def slow() -> None:
+        await gate.wait()
+
+    await executor.submit("k", slow, partition=0, offset=0, ack=lambda: acked.append(0))
+    await executor.submit_done(partition=0, offset=1, ack=lambda: acked.append(1))
+    await asyncio.sleep(0.02)
+    assert acked == []
+    gate.set()
+    await executor.join()
+    assert acked == [0, 1]
+    await executor.submit_done(partition=0, offset=2, ack=lambda: acked.append(2))
+    assert acked == [0, 1, 2]  # nothing ahead of it: acknowledged at once

@@ -1,0 +1,90 @@
+"""`switchboard bench`: load through the real ingress, the bare-Kafka limit, scaling and chaos.
+
+    switchboard bench                                   # load + limit (embedded Tansu, 1 worker)
+    switchboard bench --mode max                        # ramp until latency or errors blow up
+    switchboard bench --scale --memory --streams 10000  # 1→2 workers, rebalance, memory, SSE streams
+    switchboard bench --broker both                     # Tansu vs Apache Kafka
+    switchboard bench --chaos                           # faults under load; lost/duplicated accounting
+    switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
+
+Writes bench/results/<name>.json and .png (see bench/README.md for every field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attach", action="append", default=[], metavar="URL",
+                   help="worker URL of a running stack (repeat); Redis/Kafka from SWITCHBOARD_* env")
+    p.add_argument("--worker-pid", action="append", type=int, default=[], help="pid(s) of attached workers (CPU/RSS)")
+    p.add_argument("--broker", choices=["tansu", "kafka", "both"], default="tansu")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--mode", choices=["fixed", "max"], default="fixed")
+    p.add_argument("--rate", type=float, default=150.0, help="offered inbound messages/s (fixed mode)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of load per phase")
+    p.add_argument("--conversations", type=int, default=200)
+    p.add_argument("--private-share", type=float, default=0.3, help="share of conversations that are private")
+    p.add_argument("--filtered-share", type=float, default=0.8, help="share of group messages without @bot")
+    p.add_argument("--burst-prob", type=float, default=0.02, help="probability an arrival is a burst into one chat")
+    p.add_argument("--burst-size", type=int, default=5)
+    p.add_argument("--think", type=float, default=0.1, help="simulated agent think time, seconds")
+    p.add_argument("--bot", default="demo", help="demo (busy policy merge) or queue")
+    p.add_argument("--log-level", default="WARNING", help="worker log level")
+    p.add_argument("--no-limit", action="store_true", help="skip the bare aiokafka chain")
+    p.add_argument("--limit-messages", type=int, default=20_000)
+    p.add_argument("--filtered", action="store_true", help="also a phase of only non-triggering group messages")
+    p.add_argument("--ramp-start", type=float, default=50.0)
+    p.add_argument("--ramp-factor", type=float, default=1.5)
+    p.add_argument("--ramp-steps", type=int, default=8)
+    p.add_argument("--step-seconds", type=float, default=10.0)
+    p.add_argument("--max-p99-ms", type=float, default=3000.0, help="ramp stops above this end-to-end p99")
+    p.add_argument("--scale", action="store_true", help="1 vs 2 workers (ramp) and rebalance under load")
+    p.add_argument("--memory", action="store_true", help="worker RSS per idle conversation")
+    p.add_argument("--idle-conversations", type=int, default=2000)
+    p.add_argument("--streams", type=int, default=0, metavar="N", help="hold N turns open (long think); RSS")
+    p.add_argument("--chaos", action="store_true", help="faults under load, then account for every message")
+    p.add_argument("--chaos-duration", type=float, default=90.0)
+    p.add_argument("--kill-every", type=float, default=10.0)
+    p.add_argument("--chaos-rate", type=float, default=20.0)
+    p.add_argument("--profile", type=float, default=0.0, metavar="S",
+                   help="py-spy record the worker for S seconds during the load (raw folded output)")
+    p.add_argument("--quick", action="store_true", help="tiny load for a smoke test (a few seconds)")
+    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
+    p.add_argument("--name", default=None, help="result file name (default bench-<timestamp>)")
+    p.add_argument("--run-dir", type=Path, default=None, help="keep the stack's logs here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.rate, args.duration, args.conversations = min(args.rate, 20.0), min(args.duration, 4.0), 10
+        args.limit_messages = min(args.limit_messages, 2000)
+        args.think = min(args.think, 0.05)
+    from pipeline.bench.main import run
+
+    try:
+        result = asyncio.run(run(args))
+    except KeyboardInterrupt:
+        return 130
+    return 0 if result.get("ok", True) else 1
+
+
+__all__ = ["build_parser", "main"]
+
+
+def _now() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def default_name(args: Any) -> str:
+    return args.name or f"bench-{_now()}"

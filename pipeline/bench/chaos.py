@@ -1,0 +1,403 @@
+"""Faults under load, then an account of every message that should have been answered.
+
+The stack runs with an AOF Redis (state survives a restart) and a bot with busy policy `queue`
+(every triggering message is its own turn, so every message gets exactly one reply whose
+`reply_to` is its id and whose echo text carries its token `msg:<id>`). While an open-loop load of
+private messages runs, workers are SIGKILLed (a replacement started each time), Redis is
+restarted, the simulator drops every SSE stream, answers POST events with 429/500, and accepts
+events but answers only after the client's timeout. Afterwards every accepted message must have
+exactly one reply (or one host notice), and the session must have seen its user message once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
+from pipeline.bench.runner import BenchStack, log, start_stack
+from pipeline.stack import SIM_API_KEY
+
+
+@dataclass
+class ChaosConfig:
+    duration: float = 90.0  # seconds of load
+    rate: float = 20.0  # messages/s
+    chats: int = 40
+    think: float = 0.5  # simulator default think time (turns are in flight when a worker dies)
+    workers: int = 2
+    kill_every: float = 10.0  # 0: no kills
+    redis_restarts: int = 1
+    drop_streams: int = 3
+    api_faults: bool = True  # 429 / 500 window
+    accept_delay: bool = True  # accept-then-delay window (longer than the client timeout)
+    broker: str = "tansu"
+    partitions: int = 4
+    settle_timeout: float = 120.0
+    quiet: float = 8.0
+    late_after: float = 30.0  # seconds from the intended send: an answer later than this is late
+    seed: int = 7
+    run_dir: Path | None = None
+    session_timeout: float = 3.0
+    burst_prob: float = 0.05
+
+
+@dataclass
+class FaultLog:
+    t0: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, fault: str, **detail: Any) -> None:
+        entry = {"t": round(time.monotonic() - self.t0, 2), "at_ms": round(time.time() * 1000), "fault": fault}
+        entry.update(detail)
+        self.events.append(entry)
+        log(f"chaos: {fault} {detail if detail else ''}")
+
+
+async def _sim_post(bs: BenchStack, path: str, body: dict[str, Any]) -> Any:
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.post(f"{bs.sim_url}{path}", json=body)
+        return response.json()
+
+
+async def _kill_loop(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog, stop: asyncio.Event) -> None:
+    assert bs.stack is not None
+    rng = random.Random(cfg.seed)
+    n = 0
+    while not stop.is_set():
+        n += 1  # kills on a fixed schedule (every kill_every s from the start), whatever a start took
+        wait = faults.t0 + n * cfg.kill_every - time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=max(wait, 0.5))
+        if stop.is_set():
+            break
+        alive = [w for w in bs.stack.workers if w.is_running]
+        if not alive:
+            continue
+        victim = rng.choice(alive)
+        pid = victim.pid
+        await victim.kill()
+        faults.add("sigkill_worker", pid=pid, log=str(victim.log_path))
+        try:
+            new = await bs.stack.add_worker()
+            faults.add("replacement_ready", pid=new.pid, log=str(new.log_path))
+        except Exception as exc:  # keep going: the report says it
+            faults.add("replacement_failed", error=repr(exc)[:300])
+
+
+async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> None:
+    d = cfg.duration
+    schedule: list[tuple[float, str]] = []
+    for i in range(cfg.drop_streams):
+        schedule.append((d * (0.15 + 0.3 * i), "drop_streams"))
+    if cfg.api_faults:
+        schedule += [(d * 0.25, "api_faults_on"), (d * 0.40, "api_faults_off")]
+    for i in range(cfg.redis_restarts):
+        schedule.append((d * (0.47 + 0.2 * i), "redis_restart"))
+    if cfg.accept_delay:
+        schedule += [(d * 0.60, "accept_delay_on"), (d * 0.68, "accept_delay_off")]
+    schedule.sort()
+    for at, what in schedule:
+        delay = faults.t0 + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            if what == "drop_streams":
+                out = await _sim_post(bs, "/_sim/drop_streams", {})
+                faults.add("drop_streams", dropped=out.get("dropped"))
+            elif what == "api_faults_on":
+                await _sim_post(bs, "/_sim/faults", {"rate_429": 0.2, "rate_500": 0.1, "retry_after": 0.2, "seed": 3})
+                faults.add("session_api_429_500_on", rate_429=0.2, rate_500=0.1)
+            elif what == "api_faults_off":
+                await _sim_post(bs, "/_sim/faults", {"rate_429": 0.0, "rate_500": 0.0})
+                faults.add("session_api_429_500_off")
+            elif what == "accept_delay_on":
+                delay_s = cfg.session_timeout + 1.0
+                await _sim_post(bs, "/_sim/faults", {"accept_delay": delay_s})
+                faults.add("accept_then_delay_on", accept_delay=delay_s, client_timeout=cfg.session_timeout)
+            elif what == "accept_delay_off":
+                await _sim_post(bs, "/_sim/faults", {"accept_delay": 0.0})
+                faults.add("accept_then_delay_off")
+            elif what == "redis_restart":
+                assert bs.redis_server is not None
+                t = time.monotonic()
+                await bs.redis_server.restart()
+                faults.add("redis_restart", seconds=round(time.monotonic() - t, 2), aof=bs.redis_server.aof)
+        except Exception as exc:
+            faults.add(f"{what}_failed", error=repr(exc)[:300])
+
+
+async def session_user_messages(bs: BenchStack, chat_ids: list[str], bot: str) -> dict[str, Any]:
+    """Per chat: the session the conversation maps to and the `msg:<id>` tokens of its user.messages."""
+    from pipeline.bench.load import TOKEN_RE
+
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=20, headers={"x-api-key": SIM_API_KEY}) as http:
+        for chat in chat_ids:
+            sid = await bs.redis.get(f"{bs.redis_prefix}c2s:console:{bot}:{chat}")
+            if not sid:
+                out[chat] = {"session_id": None, "tokens": []}
+                continue
+            tokens: list[str] = []
+            user_messages = 0
+            page = None
+            while True:
+                params: dict[str, Any] = {"limit": 1000}
+                if page:
+                    params["page"] = page
+                response = await http.get(f"{bs.sim_url}/v1/sessions/{sid}/events", params=params)
+                if response.status_code != 200:
+                    break
+                body = response.json()
+                for event in body["data"]:
+                    if event.get("type") == "user.message":
+                        user_messages += 1
+                        text = "".join(b.get("text", "") for b in event.get("content") or [] if b.get("type") == "text")
+                        tokens.extend(TOKEN_RE.findall(text))
+                page = body.get("next_page")
+                if not page:
+                    break
+            out[chat] = {"session_id": sid, "tokens": tokens, "user_messages": user_messages}
+    return out
+
+
+def account(
+    plan: Plan, deliveries: list[Delivery], sessions: dict[str, Any] | None, *, late_after: float
+) -> dict[str, Any]:
+    """Exactly one answer (reply or notice) per accepted triggering message; each posted once."""
+    sent_by_id = {s.msg_id: s for s in plan.messages}
+    answers: dict[str, list[Delivery]] = defaultdict(list)
+    unattributed: dict[str, list[Delivery]] = defaultdict(list)
+    misthreaded: list[dict[str, Any]] = []
+    empty_replies: list[dict[str, Any]] = []
+    for d in deliveries:
+        # The echo text names what the agent answered (ground truth); reply_to only the threading.
+        ids = {t for t in d.tokens if t in sent_by_id}
+        if ids and d.reply_to in sent_by_id and d.reply_to not in ids:
+            misthreaded.append({"outbound_id": d.outbound_id, "reply_to": d.reply_to, "answers": sorted(ids)})
+        if not ids and d.reply_to and d.reply_to in sent_by_id:
+            ids.add(d.reply_to)
+            if d.kind == "reply":
+                empty_replies.append({"outbound_id": d.outbound_id, "reply_to": d.reply_to, "text": d.text[:200]})
+        if not ids:
+            unattributed[d.chat_id].append(d)
+        for i in ids:
+            answers[i].append(d)
+    expected = [s for s in plan.messages if s.triggers and s.acked_ms]
+    not_accepted = [s for s in plan.messages if s.triggers and not s.acked_ms]
+    # Notices that name no message (render's notices carry no reply_to): they answer, in order, the
+    # oldest unanswered messages of their chat.
+    by_notice = 0
+    for chat, notices in unattributed.items():
+        waiting = sorted((s for s in expected if s.chat_id == chat and not answers.get(s.msg_id)),
+                         key=lambda s: s.intended_ms)
+        for s, d in zip(waiting, sorted(notices, key=lambda d: d.delivered_at), strict=False):
+            answers[s.msg_id].append(d)
+            by_notice += 1
+    lost = [s for s in expected if not answers.get(s.msg_id)]
+    duplicated = [s for s in expected if len({d.outbound_id for d in answers.get(s.msg_id, [])}) > 1]
+    redelivered = [
+        s for s in expected if len(answers.get(s.msg_id, [])) > len({d.outbound_id for d in answers[s.msg_id]})
+    ]
+    late = []
+    for s in expected:
+        got = answers.get(s.msg_id)
+        if got and min(d.delivered_at for d in got) - s.intended_ms > late_after * 1000:
+            late.append(s)
+    notices = sum(1 for d in deliveries if d.kind == "notice")
+    out: dict[str, Any] = {
+        "messages_sent": len(plan.messages),
+        "triggering_accepted": len(expected),
+        "triggering_never_accepted": len(not_accepted),
+        "replies": sum(1 for d in deliveries if d.kind == "reply"),
+        "notices": notices,
+        "answered_by_unattributed_notice": by_notice,
+        "unattributed_left_over": sum(len(v) for v in unattributed.values()) - by_notice,
+        "lost": len(lost),
+        "duplicated": len(duplicated),
+        "redelivered_same_outbound_id": len(redelivered),
+        "late": len(late),
+        "late_after_s": late_after,
+        "misthreaded": len(misthreaded),
+        "misthreaded_detail": misthreaded[:30],
+        "replies_without_echo": len(empty_replies),
+        "replies_without_echo_detail": empty_replies[:30],
+        "lost_ids": [s.msg_id for s in lost][:100],
+        "lost_by_chat": dict(sorted(Counter(s.chat_id for s in lost).items())),
+        "duplicated_detail": [
+            {"msg_id": s.msg_id, "chat": s.chat_id,
+             "answers": [{"id": d.outbound_id, "kind": d.kind, "text": d.text[:120], "delivered_at": d.delivered_at}
+                         for d in answers[s.msg_id]]}
+            for s in duplicated
+        ][:50],
+    }
+    first = [min(d.delivered_at for d in answers[s.msg_id]) - s.intended_ms for s in expected if answers.get(s.msg_id)]
+    if first:
+        first.sort()
+        out["answer_latency_ms"] = {
+            "p50": round(first[len(first) // 2]), "p99": round(first[max(0, int(len(first) * 0.99) - 1)]),
+            "max": round(first[-1]),
+        }
+    posted_twice: list[dict[str, Any]] = []
+    missing_in_session: list[str] = []
+    if sessions is not None:
+        seen: dict[str, int] = defaultdict(int)
+        for info in sessions.values():
+            for token in info.get("tokens", []):
+                seen[token] += 1
+        for s in expected:
+            n = seen.get(s.msg_id, 0)
+            if n > 1:
+                posted_twice.append({"msg_id": s.msg_id, "chat": s.chat_id, "times": n})
+            elif n == 0:
+                missing_in_session.append(s.msg_id)
+    out["posted_twice"] = len(posted_twice)
+    out["posted_twice_detail"] = posted_twice[:50]
+    out["not_in_mapped_session"] = len(missing_in_session)
+    out["not_in_mapped_session_ids"] = missing_in_session[:50]
+    return out
+
+
+def _log_lines(bs: BenchStack, needles: list[str], limit: int = 30) -> list[str]:
+    if bs.run_dir is None:
+        return []
+    lines: list[str] = []
+    for path in sorted(bs.run_dir.glob("worker*/*.log")):
+        try:
+            for line in path.read_text(errors="replace").splitlines():
+                if any(n in line for n in needles):
+                    lines.append(f"{path.parent.name}: {line[:400]}")
+                    if len(lines) >= limit:
+                        return lines
+        except OSError:
+            continue
+    return lines
+
+
+async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: FaultLog) -> dict[str, Any]:
+    """For lost/duplicated messages: when sent, the faults around it, the chat's Redis state, log lines."""
+    sent_by_id = {s.msg_id: s for s in plan.messages}
+    ids = acc["lost_ids"][:8] + [d["msg_id"] for d in acc["duplicated_detail"][:8]] + [
+        d["msg_id"] for d in acc["posted_twice_detail"][:8]
+    ]
+    messages = []
+    for msg_id in dict.fromkeys(ids):
+        s: Sent = sent_by_id[msg_id]
+        near = [f for f in faults.events if abs(f["at_ms"] - s.intended_ms) <= 15_000]
+        messages.append({
+            "msg_id": msg_id, "chat": s.chat_id, "intended_ms": round(s.intended_ms), "acked_ms": round(s.acked_ms),
+            "attempts": s.attempts, "faults_within_15s": near,
+            "worker_log": _log_lines(bs, [msg_id, f"console:queue:{s.chat_id}"], 20),
+        })
+    chats: dict[str, Any] = {}
+    p = bs.redis_prefix
+    for chat in list(acc.get("lost_by_chat", {}))[:10]:
+        conv = f"console:queue:{chat}"
+        with contextlib.suppress(Exception):
+            chats[chat] = {
+                "conv": await bs.redis.hgetall(f"{p}conv:{conv}"),
+                "held": await bs.redis.lrange(f"{p}held:{conv}", 0, -1),
+                "session": await bs.redis.get(f"{p}c2s:{conv}"),
+            }
+            for key in ("held",):
+                chats[chat][key] = [h[:300] for h in chats[chat][key]][:5] + (
+                    [f"... {len(chats[chat][key])} held"] if chats[chat][key] else [])
+    inflight = {}
+    with contextlib.suppress(Exception):
+        for key in await bs.redis.keys(f"{p}inflight:*"):
+            inflight[key] = await bs.redis.hgetall(key)
+    return {"messages": messages, "chat_state": chats, "inflight": inflight}
+
+
+async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str, Any]:
+    own = bs is None
+    if bs is None:
+        log(f"chaos: starting a stack on {cfg.broker} with an AOF Redis and {cfg.workers} workers")
+        bs = await start_stack(
+            broker=cfg.broker, workers=cfg.workers, think=cfg.think, aof=True, run_dir=cfg.run_dir,
+            partitions=cfg.partitions, log_level="INFO",
+            extra_env={"SWITCHBOARD_SESSION_TIMEOUT_SECONDS": str(cfg.session_timeout)},
+        )
+    try:
+        return await _run(bs, cfg)
+    finally:
+        if own:
+            await bs.close()
+
+
+async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
+    mix = TrafficMix(conversations=cfg.chats, private_share=1.0, filtered_share=0.0, burst_prob=cfg.burst_prob,
+                     burst_size=3, bot="queue", think=None)
+    plan = build_plan(mix, cfg.rate, cfg.duration, seed=cfg.seed)
+    gen = Generator(plan, bs.urls, retries=120, retry_delay=0.5, timeout=15)
+    faults = FaultLog(t0=time.monotonic())
+    stop = asyncio.Event()
+    log(f"chaos: {len(plan.messages)} messages into {cfg.chats} chats at {cfg.rate}/s for {cfg.duration}s; "
+        f"run dir {bs.run_dir}")
+    gen.start()
+    tasks = [asyncio.create_task(_other_faults(bs, cfg, faults))]
+    if cfg.kill_every > 0:
+        tasks.append(asyncio.create_task(_kill_loop(bs, cfg, faults, stop)))
+    last_print = 0.0
+    while not gen.stats.done:
+        await asyncio.sleep(0.5)
+        if time.monotonic() - last_print >= 1.0:
+            last_print = time.monotonic()
+            log(f"[chaos {time.monotonic() - faults.t0:5.0f}s] sent {gen.stats.sent} accepted {gen.stats.acked} "
+                f"webhook errors {gen.stats.errors} workers alive {len(bs.urls())}")
+    stop.set()
+    tasks[0].cancel()  # scheduled faults not reached yet are skipped; a replacement being started is awaited
+    await asyncio.gather(*tasks, return_exceptions=True)
+    with contextlib.suppress(Exception):
+        await _sim_post(bs, "/_sim/faults", {"rate_429": 0.0, "rate_500": 0.0, "accept_delay": 0.0})
+    assert bs.stack is not None
+    if not bs.urls():
+        await bs.stack.add_worker()
+    # -- settle: until every accepted message is answered, or nothing new arrives for `quiet` s ----------
+    expected = [s for s in plan.messages if s.triggers and s.acked_ms]
+    chats = [c for c, _ in plan.chats]
+    deadline = time.monotonic() + cfg.settle_timeout
+    last_n, stable_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        deliveries = await read_deliveries(bs.redis, bs.redis_prefix, "queue", chats)
+        acc = account(plan, deliveries, None, late_after=cfg.late_after)
+        n = len(deliveries)
+        if n != last_n:
+            last_n, stable_since = n, time.monotonic()
+        log(f"[chaos settle] deliveries {n} of {len(expected)} expected; lost so far {acc['lost']}")
+        if acc["lost"] == 0 and time.monotonic() - stable_since >= min(cfg.quiet, 4.0):
+            break
+        if time.monotonic() - stable_since >= cfg.quiet * 3:
+            break
+        await asyncio.sleep(1.0)
+    await asyncio.sleep(cfg.quiet / 2)  # a duplicate would come now
+    deliveries = await read_deliveries(bs.redis, bs.redis_prefix, "queue", chats)
+    sessions = await session_user_messages(bs, chats, "queue")
+    acc = account(plan, deliveries, sessions, late_after=cfg.late_after)
+    sim_stats = {}
+    with contextlib.suppress(Exception):
+        async with httpx.AsyncClient(timeout=5) as http:
+            sim_stats = (await http.get(f"{bs.sim_url}/_sim/stats")).json()
+    result = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+        "run_dir": str(bs.run_dir),
+        "faults": faults.events,
+        "kills": sum(1 for f in faults.events if f["fault"] == "sigkill_worker"),
+        "accounting": acc,
+        "webhook": {"errors": gen.stats.errors, "failed": gen.stats.failed},
+        "sim_stats": {k: v for k, v in sim_stats.items() if k != "faults"},
+    }
+    if acc["lost"] or acc["duplicated"] or acc["posted_twice"]:
+        result["evidence"] = await _evidence(bs, plan, acc, faults)
+    log(f"chaos: {result['kills']} kills; accepted {acc['triggering_accepted']}, replies {acc['replies']}, "
+        f"notices {acc['notices']}; lost {acc['lost']} duplicated {acc['duplicated']} late {acc['late']} "
+        f"posted twice {acc['posted_twice']}")
+    return result

@@ -1,0 +1,319 @@
+"""The `switchboard bench` run: phases in order, one JSON + one PNG at the end."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pipeline.bench import default_name
+from pipeline.bench.limit import bare_chain, bare_one_hop
+from pipeline.bench.load import TrafficMix
+from pipeline.bench.report import RESULTS, machine, write_chart, write_json
+from pipeline.bench.runner import (
+    BenchStack,
+    PhaseResult,
+    attach_stack,
+    log,
+    phase_series,
+    run_phase,
+    start_stack,
+    warm_up,
+)
+
+
+def mix_from(args: argparse.Namespace, **over: Any) -> TrafficMix:
+    base = {
+        "conversations": args.conversations,
+        "private_share": args.private_share,
+        "filtered_share": args.filtered_share,
+        "burst_prob": args.burst_prob,
+        "burst_size": args.burst_size,
+        "bot": args.bot,
+        "think": args.think,
+        "chat_prefix": f"c{uuid.uuid4().hex[:6]}",
+    }
+    base.update(over)
+    return TrafficMix(**base)
+
+
+def phase_dict(phase: PhaseResult) -> dict[str, Any]:
+    return {**phase.data, "timeline": phase.timeline}
+
+
+async def ramp(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, label: str = "ramp") -> dict[str, Any]:
+    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up."""
+    steps: list[dict[str, Any]] = []
+    rate = args.ramp_start
+    best: dict[str, Any] | None = None
+    for i in range(args.ramp_steps):
+        phase = await run_phase(bs, mix, rate, args.step_seconds, label=f"{label} {rate:.0f}/s",
+                                drain_timeout=max(10.0, args.step_seconds), seed=100 + i)
+        d = phase.data
+        p99 = d["latency_ms"]["end_to_end"]["p99"]
+        backlog_ok = d["messages"]["ingested"] >= 0.99 * d["messages"]["accepted"]
+        msgs = d["messages"]
+        errors_ok = msgs["failed"] == 0 and msgs["http_errors"] <= 0.01 * max(1, msgs["sent"])
+        latency_ok = p99 is not None and p99 <= args.max_p99_ms
+        step = {
+            "offered_msgs_per_s": round(rate, 1),
+            "inbound_msgs_per_s": d["throughput"]["inbound_msgs_per_s"],
+            "turns_per_s": d["throughput"]["turns_per_s"],
+            "e2e_p50_ms": d["latency_ms"]["end_to_end"]["p50"],
+            "e2e_p99_ms": p99,
+            "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
+            "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
+            "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
+            "ok": backlog_ok and errors_ok and latency_ok,
+            "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
+        }
+        steps.append(step)
+        log(f"{label}: {step}")
+        if not step["ok"]:
+            break
+        best = step
+        rate *= args.ramp_factor
+    return {
+        "steps": steps,
+        "max_turns_per_s": best["turns_per_s"] if best else None,
+        "max_inbound_msgs_per_s": best["inbound_msgs_per_s"] if best else None,
+        "max_offered_msgs_per_s": best["offered_msgs_per_s"] if best else None,
+        "criteria": {"e2e_p99_ms_max": args.max_p99_ms, "backlog": "ingested ≥ 99% of accepted after the drain",
+                     "errors": "≤ 1% webhook errors"},
+    }
+
+
+async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
+    """py-spy record -f raw: top frames by own samples and by inclusive samples."""
+    proc = await asyncio.create_subprocess_exec(
+        "py-spy", "record", "-p", str(pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)), "-r", "100",
+        "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    text = await asyncio.to_thread(lambda: out.read_text() if out.exists() else "")
+    if proc.returncode != 0 or not text:
+        return {"error": (err or b"").decode()[-500:]}
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        try:
+            n = int(count)
+        except ValueError:
+            continue
+        frames = stack.split(";")
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+
+    def top(counter: Counter[str], k: int) -> list[dict[str, Any]]:
+        return [{"frame": f, "pct": round(c * 100 / max(total, 1), 1)} for f, c in counter.most_common(k)]
+
+    return {"samples": total, "file": str(out), "top_self": top(own, 25), "top_inclusive": top(inclusive, 40)}
+
+
+async def limit_for(bs: BenchStack, load: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    fetch_wait = int(bs.settings_env.get("SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS", "20"))
+    turns_per_s = load["throughput"]["turns_per_s"] or 0.0
+    log("limit: bare aiokafka chain on the same broker")
+    chain = await bare_chain(
+        bs.bootstrap, topics=4, partitions=args.partitions, messages=args.limit_messages, fetch_wait_ms=fetch_wait,
+        latency_rate=max(1.0, turns_per_s / 2) if turns_per_s else None,
+        broker_pid=bs.broker.pid if bs.broker else None,
+    )
+    one_hop = await bare_one_hop(bs.bootstrap, partitions=args.partitions, messages=args.limit_messages,
+                                 fetch_wait_ms=fetch_wait, broker_pid=bs.broker.pid if bs.broker else None)
+    rpt = load["kafka"]["records_per_turn"]
+    limit_turns = chain["records_per_s"] / rpt if rpt else None
+    out = {
+        "bare_chain": chain,
+        "bare_one_hop": one_hop,
+        "records_per_turn": rpt,
+        "limit_turns_per_s": round(limit_turns, 1) if limit_turns else None,
+        "pipeline_turns_per_s": turns_per_s,
+        "ratio_turns_to_limit": round(turns_per_s / limit_turns, 4) if limit_turns else None,
+        "note": "limit = bare 4-topic chain records/s ÷ the pipeline's Kafka records per turn (same run, broker, "
+                "partitions); the bare chain's latency was taken at half the pipeline's turns/s",
+    }
+    overhead_p99 = load["latency_ms"]["pipeline_overhead"]["p99"]
+    bare_p99 = (chain.get("latency_ms") or {}).get("p99")
+    if overhead_p99 is not None and bare_p99:
+        out["overhead_p99_over_bare_p99"] = round(overhead_p99 / bare_p99, 2)
+    log(f"limit: bare chain {chain['records_per_s']:.0f} records/s → {out['limit_turns_per_s']} turns/s at "
+        f"{rpt} records/turn; pipeline {turns_per_s} turns/s = {out['ratio_turns_to_limit']} of the limit")
+    return out
+
+
+async def filtered_phase(bs: BenchStack, args: argparse.Namespace, one_hop: dict[str, Any] | None) -> dict[str, Any]:
+    """Only group messages without @bot: how fast ingest drops them (offered above its capacity)."""
+    mix = mix_from(args, private_share=0.0, filtered_share=1.0, burst_prob=0.0)
+    rate = 2000.0 if not args.quick else 50.0
+    phase = await run_phase(bs, mix, rate, min(args.duration, 10.0), label="filtered", drain_timeout=60)
+    d = phase_dict(phase)
+    ingest_rate = d["messages"]["ingested"] / max(phase.data.get("ingest_seconds") or d["wall_s"], 1e-6)
+    d["ingest_msgs_per_s"] = round(ingest_rate, 1)
+    if one_hop and one_hop.get("msgs_per_s"):
+        d["ratio_to_bare_one_hop"] = round(ingest_rate / one_hop["msgs_per_s"], 4)
+    log(f"filtered: ingest {ingest_rate:.0f} msg/s (offered {rate:.0f}/s, accepted "
+        f"{d['throughput']['inbound_msgs_per_s']}/s); ratio to bare one hop {d.get('ratio_to_bare_one_hop')}")
+    return d
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    load = result.get("load") or {}
+    lim = result.get("limit") or {}
+    h: dict[str, Any] = {}
+    if load:
+        h.update({
+            "turns_per_s_per_worker": load["throughput"]["turns_per_s_per_worker"],
+            "inbound_msgs_per_s_per_worker": load["throughput"]["inbound_msgs_per_s_per_worker"],
+            "e2e_p50_ms": load["latency_ms"]["end_to_end"]["p50"],
+            "e2e_p99_ms": load["latency_ms"]["end_to_end"]["p99"],
+            "overhead_p50_ms": load["latency_ms"]["pipeline_overhead"]["p50"],
+            "overhead_p99_ms": load["latency_ms"]["pipeline_overhead"]["p99"],
+            "worker_cpu_ms_per_turn": load["cpu"]["worker_ms_per_turn"],
+            "redis_ops_per_turn": load["redis"]["ops_per_turn"],
+            "kafka_records_per_turn": load["kafka"]["records_per_turn"],
+            "generator_cpu_pct": load["cpu"]["generator_pct_of_core"],
+        })
+    if lim:
+        h["limit_turns_per_s"] = lim.get("limit_turns_per_s")
+        h["ratio_to_limit"] = lim.get("ratio_turns_to_limit")
+    if result.get("max"):
+        h["max_turns_per_s"] = result["max"].get("max_turns_per_s")
+    scale = result.get("scale") or {}
+    if scale.get("scaling_factor") is not None:
+        h["scaling_1_to_2_workers"] = scale["scaling_factor"]
+    if result.get("streams"):
+        h["streams_held"] = result["streams"].get("streams_held")
+        h["streams_worker_rss_mib"] = result["streams"].get("worker_rss_mib")
+    if result.get("chaos"):
+        acc = result["chaos"]["accounting"]
+        h["chaos_lost"] = acc["lost"]
+        h["chaos_duplicated"] = acc["duplicated"]
+        h["chaos_posted_twice"] = acc["posted_twice"]
+    return h
+
+
+async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any], name: str, out_dir: Path) -> None:
+    mix = mix_from(args)
+    log(f"warm-up: {mix.conversations} conversations")
+    await warm_up(bs, mix)
+    if args.mode == "max":
+        result["max"] = await ramp(bs, mix, args)
+        best = result["max"].get("max_offered_msgs_per_s") or args.ramp_start
+        log(f"max mode: best offered rate {best} msg/s; measuring the load phase at that rate")
+        args.rate = best
+    profile_task = None
+    pids = bs.worker_pids()
+    if args.profile and pids:
+        profile_task = asyncio.create_task(
+            profile_worker(pids[0], min(args.profile, max(2.0, args.duration - 2)), out_dir / f"{name}-pyspy.txt")
+        )
+    phase = await run_phase(bs, mix, args.rate, args.duration, label="load")
+    result["load"] = phase_dict(phase)
+    result["_series"] = phase_series(phase)
+    if profile_task is not None:
+        result["profile"] = await profile_task
+    if not args.no_limit and bs.broker_kind != "attached":
+        result["limit"] = await limit_for(bs, result["load"], args)
+    if args.filtered:
+        one_hop = (result.get("limit") or {}).get("bare_one_hop")
+        result["filtered"] = await filtered_phase(bs, args, one_hop)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    out_dir = args.out or RESULTS
+    name = default_name(args)
+    result: dict[str, Any] = {
+        "name": name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("out",)
+        },
+    }
+    brokers = ["tansu", "kafka"] if args.broker == "both" else [args.broker]
+    ok = True
+    if args.attach:
+        bs = await attach_stack(args.attach, args.worker_pid)
+        try:
+            await run_on(bs, args, result, name, out_dir)
+        finally:
+            await bs.close()
+        brokers = []
+    comparison: dict[str, Any] = {}
+    for index, broker in enumerate(brokers):
+        run_dir = (args.run_dir / broker) if args.run_dir else None
+        log(f"starting the stack on {broker} ({args.workers} worker(s), think {args.think}s)")
+        bs = await start_stack(broker=broker, workers=args.workers, think=args.think, run_dir=run_dir,
+                               partitions=args.partitions, log_level=args.log_level, aof=args.chaos)
+        log(f"stack up: run dir {bs.run_dir}")
+        target = result if index == 0 else {}
+        try:
+            if not (args.chaos and not args.scale and not args.streams and args.mode == "fixed" and args.duration <= 0):
+                await run_on(bs, args, target, name, out_dir)
+            if index == 0:
+                if args.scale:
+                    from pipeline.bench.scale import scale_phase
+
+                    result["scale"] = await scale_phase(bs, args, mix_from(args))
+                if args.memory:
+                    from pipeline.bench.scale import idle_memory
+
+                    result["memory_idle"] = await idle_memory(bs, args)
+        finally:
+            await bs.close()
+        load = target.get("load") or {}
+        comparison[broker] = {
+            "turns_per_s": load.get("throughput", {}).get("turns_per_s"),
+            "inbound_msgs_per_s": load.get("throughput", {}).get("inbound_msgs_per_s"),
+            "e2e_ms": load.get("latency_ms", {}).get("end_to_end"),
+            "overhead_ms": load.get("latency_ms", {}).get("pipeline_overhead"),
+            "stages_p50_ms": {k: v.get("p50") for k, v in load.get("latency_ms", {}).get("stages", {}).items()},
+            "worker_cpu_ms_per_turn": load.get("cpu", {}).get("worker_ms_per_turn"),
+            "broker_cpu_s": load.get("cpu", {}).get("seconds", {}).get("broker"),
+            "limit": {k: (target.get("limit") or {}).get(k) for k in ("limit_turns_per_s", "ratio_turns_to_limit")},
+            "bare_chain_latency_ms": ((target.get("limit") or {}).get("bare_chain") or {}).get("latency_ms"),
+            "bare_chain_records_per_s": ((target.get("limit") or {}).get("bare_chain") or {}).get("records_per_s"),
+        }
+    if len(comparison) > 1:
+        result["broker_comparison"] = comparison
+    if args.streams:
+        from pipeline.bench.scale import streams_phase
+
+        result["streams"] = await streams_phase(args)
+    if args.chaos:
+        from pipeline.bench.chaos import ChaosConfig, run_chaos
+
+        cfg = ChaosConfig(duration=args.chaos_duration, kill_every=args.kill_every, rate=args.chaos_rate,
+                          broker="kafka" if args.broker == "kafka" else "tansu",
+                          run_dir=(args.run_dir / "chaos") if args.run_dir else None)
+        result["chaos"] = await run_chaos(cfg)
+        acc = result["chaos"]["accounting"]
+        ok = acc["lost"] == 0 and acc["duplicated"] == 0 and acc["posted_twice"] == 0
+    series = result.pop("_series", [])
+    result["headline"] = headline(result)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result["ok"] = ok
+    json_path = write_json(result, out_dir, name)
+    png_path = None
+    with contextlib.suppress(Exception):
+        png_path = write_chart(result, series, out_dir, name)
+    log(f"result: {json_path}" + (f", chart: {png_path}" if png_path else ""))
+    for k, v in result["headline"].items():
+        print(f"  {k:32s} {v}")
+    result["_paths"] = (str(json_path), str(png_path) if png_path else None)
+    return result
+
+
+def _unused() -> None:  # keep imports used by type checkers quiet
+    _ = math.nan

@@ -1,0 +1,465 @@
+"""The stack under test and one measured load phase."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import resource
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+from pipeline.bench.load import (
+    Delivery,
+    Generator,
+    Plan,
+    Sent,
+    TrafficMix,
+    build_plan,
+    latency_report,
+    read_deliveries,
+    series,
+)
+from pipeline.bench.measure import (
+    KafkaWatermarks,
+    metric_sum,
+    proc_cpu_seconds,
+    redis_commands,
+    rss_mib,
+    scrape_metrics,
+    self_cpu_seconds,
+)
+from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
+from pipeline.stack import Stack
+
+BOTS_TOML = """
+[[bots]]
+platform = "console"
+bot_id = "demo"
+self_id = "bot"
+language = "en"
+busy_policy = "merge"
+
+[[bots]]
+platform = "console"
+bot_id = "queue"
+self_id = "bot"
+language = "en"
+busy_policy = "queue"
+"""
+
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S ") + msg, flush=True)
+
+
+@dataclass
+class BenchStack:
+    """A stack the bench owns (or one it attached to: then only `urls`, redis and kafka are known)."""
+
+    redis_url: str
+    redis_prefix: str
+    bootstrap: str
+    app_id: str
+    stack: Stack | None = None
+    broker: TansuBroker | ApacheKafka | None = None
+    redis_server: RedisServer | None = None
+    attach_urls: list[str] = field(default_factory=list)
+    attach_pids: list[int] = field(default_factory=list)
+    broker_kind: str = "tansu"
+    run_dir: Path | None = None
+    redis: Any = None
+    settings_env: dict[str, str] = field(default_factory=dict)
+
+    def urls(self) -> list[str]:
+        if self.stack is None:
+            return list(self.attach_urls)
+        return [w.url for w in self.stack.workers if w.is_running]
+
+    def worker_pids(self) -> list[int]:
+        if self.stack is None:
+            return list(self.attach_pids)
+        return [w.pid for w in self.stack.workers if w.is_running and w.pid]
+
+    @property
+    def sim_url(self) -> str | None:
+        if self.stack is not None and self.stack.sim is not None:
+            return self.stack.sim.url
+        base = os.environ.get("SWITCHBOARD_SESSION_BASE_URL", "")
+        return base.rsplit("/v1", 1)[0] if base.endswith("/v1") else None
+
+    def pids(self) -> dict[str, int | None]:
+        out: dict[str, int | None] = {f"worker{i}": pid for i, pid in enumerate(self.worker_pids())}
+        out["broker"] = self.broker.pid if self.broker else None
+        out["redis"] = self.redis_server.pid if self.redis_server else None
+        out["sim"] = self.stack.sim.pid if self.stack and self.stack.sim else None
+        return out
+
+    async def close(self) -> None:
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                await self.stack.stop()
+        for part in (self.redis_server, self.broker):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    await part.stop()
+
+
+async def start_stack(
+    *,
+    broker: str = "tansu",
+    workers: int = 1,
+    think: float = 0.0,
+    aof: bool = False,
+    run_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    partitions: int = 8,
+    log_level: str = "WARNING",
+) -> BenchStack:
+    raise_fd_limit()
+    run_dir = run_dir or Path(tempfile.mkdtemp(prefix="sb-bench-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = run_dir / "switchboard.toml"
+    config.write_text(BOTS_TOML)
+    kafka: TansuBroker | ApacheKafka = (
+        TansuBroker(run_dir=run_dir / "broker") if broker == "tansu" else ApacheKafka(run_dir=run_dir / "broker")
+    )
+    await kafka.start()
+    redis_server = RedisServer(aof=aof, run_dir=run_dir / "redis")
+    await redis_server.start()
+    prefix = f"bench{uuid.uuid4().hex[:6]}:"
+    app_id = f"switchboard-bench-{uuid.uuid4().hex[:6]}"
+    env = {
+        "SWITCHBOARD_CONFIG": str(config),
+        "SWITCHBOARD_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(kafka.recommended_fetch_max_wait_ms),
+        "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
+        "SWITCHBOARD_REDIS_URL": redis_server.url,
+        "SWITCHBOARD_REDIS_PREFIX": prefix,
+        "SWITCHBOARD_PARTITIONS": str(partitions),
+        "SWITCHBOARD_APP_ID": app_id,
+        "SWITCHBOARD_LOG_LEVEL": log_level,
+        **(extra_env or {}),
+    }
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
+    for key in saved:
+        del os.environ[key]  # the developer's settings must not leak into the bench stack
+    stack = Stack(settings_env=env, web_port=0, think=think, run_dir=run_dir)
+    bs = BenchStack(
+        redis_url=redis_server.url, redis_prefix=prefix, bootstrap=kafka.bootstrap, app_id=app_id, stack=stack,
+        broker=kafka, redis_server=redis_server, broker_kind=broker, run_dir=run_dir, settings_env=env,
+    )
+    try:
+        await stack.start(workers=0)
+        for _ in range(workers):
+            await stack.add_worker()
+    except BaseException:
+        os.environ.update(saved)
+        await bs.close()
+        raise
+    os.environ.update(saved)
+    bs.redis = aioredis.from_url(redis_server.url, decode_responses=True)
+    return bs
+
+
+async def attach_stack(urls: Sequence[str], pids: Sequence[int]) -> BenchStack:
+    from pipeline.settings import Settings
+
+    settings = Settings()
+    if not settings.redis_url or not settings.kafka_bootstrap:
+        raise SystemExit("--attach needs SWITCHBOARD_REDIS_URL and SWITCHBOARD_KAFKA_BOOTSTRAP of the stack")
+    bs = BenchStack(
+        redis_url=settings.redis_url, redis_prefix=settings.redis_prefix, bootstrap=settings.kafka_bootstrap,
+        app_id=settings.app_id, attach_urls=list(urls), attach_pids=list(pids), broker_kind="attached",
+    )
+    bs.redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    return bs
+
+
+class DeliveryCounter:
+    """Counts console deliveries as they are published (one pubsub subscription, no polling)."""
+
+    def __init__(self, bs: BenchStack, bot: str) -> None:
+        self.bs = bs
+        self.bot = bot
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        pubsub = self.bs.redis.pubsub()
+        await pubsub.subscribe(f"{self.bs.redis_prefix}console-live:{self.bot}")
+
+        async def loop() -> None:
+            try:
+                while True:
+                    try:
+                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    except Exception:  # Redis restarted (chaos): subscribe again
+                        await asyncio.sleep(0.5)
+                        with contextlib.suppress(Exception):
+                            await pubsub.subscribe(f"{self.bs.redis_prefix}console-live:{self.bot}")
+                        continue
+                    if msg is not None:
+                        self.count += 1
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+        self._task = asyncio.create_task(loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
+async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, float]:
+    totals = {"ingested": 0.0, "filtered": 0.0, "triggered": 0.0, "streams_open": 0.0, "egress_sent": 0.0}
+    for url in bs.urls():
+        m = await scrape_metrics(url, http)
+        filtered = metric_sum(m, "switchboard_inbound_filtered_total")
+        triggered = metric_sum(m, "switchboard_turns_triggered_total")
+        dedup = metric_sum(m, "switchboard_inbound_deduplicated_total")
+        totals["filtered"] += filtered
+        totals["triggered"] += triggered
+        totals["ingested"] += filtered + triggered + dedup
+        totals["streams_open"] += metric_sum(m, "switchboard_sse_streams_open")
+        totals["egress_sent"] += metric_sum(m, "switchboard_egress_total", outcome="sent")
+    return totals
+
+
+@dataclass
+class PhaseResult:
+    label: str
+    rate: float
+    duration: float
+    plan: Plan
+    deliveries: list[Delivery]
+    data: dict[str, Any]
+    timeline: list[dict[str, float]]
+
+
+async def warm_up(bs: BenchStack, mix: TrafficMix, *, wait_s: float = 120.0) -> None:
+    """One triggering message per conversation (so sessions exist), then wait for the replies."""
+    plan = build_plan(mix, 1.0, 1.0)
+    plan.messages, plan.offsets = [], []
+    for i, (chat_id, chat_type) in enumerate(plan.chats):
+        body: dict[str, Any] = {
+            "chat_id": chat_id, "chat_type": chat_type, "user_id": "u0", "user_name": "U0",
+            "text": "warm [sim:think=0]", "message_id": f"warm-{chat_id}",
+        }
+        if chat_type == "group":
+            body["mentions"] = ["bot"]
+        plan.messages.append(Sent(f"warm-{chat_id}", chat_id, chat_type, True, 0.0, json.dumps(body).encode()))
+        plan.offsets.append(i / 200.0)
+    counter = DeliveryCounter(bs, mix.bot)
+    await counter.start()
+    gen = Generator(plan, bs.urls)
+    gen.start()
+    await gen.wait()
+    deadline = time.monotonic() + wait_s
+    while counter.count < len(plan.messages) and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.2)
+    await counter.stop()
+    log(f"warm-up: {counter.count}/{len(plan.messages)} conversations answered")
+
+
+async def run_phase(
+    bs: BenchStack,
+    mix: TrafficMix,
+    rate: float,
+    duration: float,
+    *,
+    label: str = "load",
+    drain_timeout: float = 60.0,
+    quiet: float | None = None,
+    seed: int = 1,
+    progress: bool = True,
+) -> PhaseResult:
+    """Open-loop load at `rate` messages/s for `duration` s, then drain; every figure of one run."""
+    plan = build_plan(mix, rate, duration, seed=seed)
+    sent_by_id = {s.msg_id: s for s in plan.messages}
+    http = httpx.AsyncClient(timeout=5)
+    kafka = KafkaWatermarks(bs.bootstrap)
+    await kafka.start()
+    pids = bs.pids()
+    counter = DeliveryCounter(bs, mix.bot)
+    await counter.start()
+    k0 = await kafka.by_topic()
+    r0 = await redis_commands(bs.redis)
+    w0 = await worker_counters(bs, http)
+    cpu0 = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
+    self0 = self_cpu_seconds()
+    t0 = time.monotonic()
+    t0_ms = time.time() * 1000
+    gen = Generator(plan, bs.urls)
+    gen.start()
+    timeline: list[dict[str, float]] = []
+    last = {"sent": 0.0, "acked": 0.0, "delivered": 0.0, "ingested": w0["ingested"], "t": t0}
+    last_cpu = dict(cpu0)
+    quiet = quiet if quiet is not None else max(3.0, 3 * (mix.think or 0.0))
+    stable_since = None
+    last_count = -1
+    load_end = None
+    ingest_done: float | None = None
+    while True:
+        await asyncio.sleep(1.0)
+        now = time.monotonic()
+        dt = now - last["t"]
+        w = await worker_counters(bs, http)
+        pids_now = bs.pids()
+        cpu_now = {name: proc_cpu_seconds(pid) for name, pid in pids_now.items()}
+        worker_cpu = sum(
+            (cpu_now[n] - last_cpu.get(n, cpu_now[n]))
+            for n in cpu_now
+            if n.startswith("worker") and not math.isnan(cpu_now[n])
+        )
+        row = {
+            "t": round(now - t0, 2),
+            "sent_per_s": (gen.stats.sent - last["sent"]) / dt,
+            "acked_per_s": (gen.stats.acked - last["acked"]) / dt,
+            "ingested_per_s": (w["ingested"] - last["ingested"]) / dt,
+            "delivered_per_s": (counter.count - last["delivered"]) / dt,
+            "worker_cpu_pct": worker_cpu / dt * 100,
+            "worker_rss_mib": sum(rss_mib(p) for n, p in pids_now.items() if n.startswith("worker")),
+            "errors": gen.stats.errors,
+            "streams_open": w["streams_open"],
+        }
+        timeline.append(row)
+        last = {"sent": gen.stats.sent, "acked": gen.stats.acked, "delivered": counter.count,
+                "ingested": w["ingested"], "t": now}
+        last_cpu = cpu_now
+        if progress:
+            log(
+                f"[{label} {row['t']:5.0f}s] sent {row['sent_per_s']:6.0f}/s acked {row['acked_per_s']:6.0f}/s "
+                f"ingested {row['ingested_per_s']:6.0f}/s replies {row['delivered_per_s']:5.0f}/s "
+                f"worker CPU {row['worker_cpu_pct']:4.0f}% RSS {row['worker_rss_mib']:5.0f} MiB "
+                f"streams {row['streams_open']:.0f} errors {gen.stats.errors}"
+            )
+        if ingest_done is None and gen.stats.done and w["ingested"] - w0["ingested"] >= gen.stats.acked:
+            ingest_done = now - t0
+        if gen.stats.done and load_end is None:
+            load_end = now
+            stable_since = now
+        if load_end is not None:
+            if counter.count != last_count or w["ingested"] - w0["ingested"] < gen.stats.acked:
+                last_count = counter.count
+                stable_since = now
+            if now - (stable_since or now) >= quiet or now - load_end > drain_timeout:
+                break
+    wall = time.monotonic() - t0
+    pids_end = bs.pids()
+    cpu1 = {name: proc_cpu_seconds(pid) for name, pid in pids_end.items()}
+    self1 = self_cpu_seconds()
+    r1 = await redis_commands(bs.redis)
+    k1 = await kafka.by_topic()
+    w1 = await worker_counters(bs, http)
+    await counter.stop()
+    await kafka.stop()
+    await http.aclose()
+    gen_stats = gen.stats
+    deliveries = [
+        d
+        for d in await read_deliveries(bs.redis, bs.redis_prefix, mix.bot, [c for c, _ in plan.chats])
+        if d.delivered_at >= t0_ms
+    ]
+    replies = [d for d in deliveries if d.kind == "reply"]
+    notices = [d for d in deliveries if d.kind == "notice"]
+    lat = latency_report(deliveries, sent_by_id)
+    send_seconds = max(duration, 1e-6)
+    steady_from = t0_ms + min(2000.0, duration * 200)
+    steady_to = t0_ms + duration * 1000
+    steady_turns = sum(1 for d in replies if steady_from <= d.delivered_at <= steady_to)
+    steady_seconds = max((steady_to - steady_from) / 1000, 1e-6)
+    turns = len(replies)
+    triggering = sum(1 for s in plan.messages if s.triggers)
+    worker_cpu = sum(cpu1[n] - cpu0.get(n, cpu1[n]) for n in cpu1 if n.startswith("worker") and not math.isnan(cpu1[n]))
+    kafka_records = sum(k1.values()) - sum(k0.values())
+    kafka_by_topic = {t: k1.get(t, 0) - k0.get(t, 0) for t in k1}
+    n_workers = max(1, len([n for n in cpu1 if n.startswith("worker")]))
+    data: dict[str, Any] = {
+        "label": label,
+        "target_rate_msgs_per_s": rate,
+        "duration_s": duration,
+        "wall_s": round(wall, 2),
+        "ingest_seconds": round(ingest_done, 2) if ingest_done else None,
+        "workers": n_workers,
+        "messages": {
+            "planned": len(plan.messages),
+            "sent": gen_stats.sent,
+            "accepted": gen_stats.acked,
+            "failed": gen_stats.failed,
+            "http_errors": gen_stats.errors,
+            "triggering": triggering,
+            "filtered": len(plan.messages) - triggering,
+            "ingested": int(w1["ingested"] - w0["ingested"]),
+        },
+        "turns": turns,
+        "notices": len(notices),
+        "throughput": {
+            "inbound_msgs_per_s": round(gen_stats.acked / send_seconds, 1),
+            "ingested_msgs_per_s": round((w1["ingested"] - w0["ingested"]) / max(wall, 1e-6), 1),
+            "turns_per_s": round(steady_turns / steady_seconds, 1),
+            "turns_per_s_overall": round(turns / max(wall, 1e-6), 1),
+            "turns_per_s_per_worker": round(steady_turns / steady_seconds / n_workers, 1),
+            "inbound_msgs_per_s_per_worker": round(gen_stats.acked / send_seconds / n_workers, 1),
+        },
+        "latency_ms": {
+            "end_to_end": lat.end_to_end,
+            "client_end_to_end": lat.client_end_to_end,
+            "agent": lat.agent,
+            "pipeline_overhead": lat.overhead,
+            "ingress_ack": lat.ingress_ack,
+            "stages": lat.stages,
+        },
+        "cpu": {
+            "seconds": {n: round(cpu1[n] - cpu0.get(n, cpu1[n]), 2) for n in cpu1},
+            "worker_ms_per_turn": round(worker_cpu * 1000 / turns, 3) if turns else None,
+            "worker_ms_per_inbound_msg": round(worker_cpu * 1000 / gen_stats.acked, 3) if gen_stats.acked else None,
+            "worker_pct_of_core": round(worker_cpu / wall * 100, 1),
+            "generator_thread_seconds": round(gen_stats.cpu_seconds, 2),
+            "generator_pct_of_core": round(gen_stats.cpu_seconds / max(gen_stats.wall_seconds, 1e-6) * 100, 1),
+            "generator_us_per_msg": round(gen_stats.cpu_seconds * 1e6 / max(gen_stats.sent, 1), 1),
+            "bench_process_seconds": round(self1 - self0, 2),
+            "generator_behind_max_ms": round(gen_stats.behind_max_ms, 1),
+        },
+        "memory": {"worker_rss_mib": {n: round(rss_mib(p), 1) for n, p in pids_end.items() if n.startswith("worker")}},
+        "redis": {
+            "commands": r1 - r0,
+            "ops_per_turn": round((r1 - r0) / turns, 2) if turns else None,
+            "ops_per_inbound_msg": round((r1 - r0) / gen_stats.acked, 2) if gen_stats.acked else None,
+        },
+        "kafka": {
+            "records": kafka_records,
+            "records_by_topic": kafka_by_topic,
+            "records_per_turn": round(kafka_records / turns, 2) if turns else None,
+            "records_per_inbound_msg": round(kafka_records / gen_stats.acked, 2) if gen_stats.acked else None,
+        },
+    }
+    return PhaseResult(label, rate, duration, plan, deliveries, data, timeline)
+
+
+def phase_series(result: PhaseResult) -> list[tuple[float, float, float]]:
+    start = min((s.intended_ms for s in result.plan.messages if s.intended_ms), default=0.0)
+    return series(result.deliveries, start)

@@ -1,0 +1,84 @@
+"""Faults under load (SIGKILLed workers, Redis restart, SSE drops, 429/500, accept-then-delay):
+every accepted message that triggers the agent gets exactly one answer, and its user message is
+posted to the session once. All on loopback; about two and a half minutes.
+
+The accounting itself is checked on synthetic deliveries first (it must catch a loss and a
+duplicate, or the end-to-end test below would prove nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.bench.chaos import ChaosConfig, account, run_chaos
+from pipeline.bench.load import Delivery, TrafficMix, build_plan
+
+
+def _plan():  # type: ignore[no-untyped-def]
+    plan = build_plan(TrafficMix(conversations=3, private_share=1.0, burst_prob=0.0, bot="queue"), 10, 1, seed=1)
+    for i, s in enumerate(plan.messages):
+        s.intended_ms = 1000.0 + i
+        s.acked_ms = 1001.0 + i
+    return plan
+
+
+def _reply(s, outbound_id: str, **over) -> Delivery:  # type: ignore[no-untyped-def]
+    base = dict(chat_id=s.chat_id, kind="reply", reply_to=s.msg_id, text=f"echo: msg:{s.msg_id} x",
+                hops={}, delivered_at=s.intended_ms + 500, outbound_id=outbound_id)
+    base.update(over)
+    return Delivery(**base)
+
+
+def test_accounting_counts_exactly_once() -> None:
+    plan = _plan()
+    deliveries = [_reply(s, f"out-{s.msg_id}") for s in plan.messages]
+    sessions = {c: {"tokens": [s.msg_id for s in plan.messages if s.chat_id == c]} for c, _ in plan.chats}
+    acc = account(plan, deliveries, sessions, late_after=30)
+    assert (acc["lost"], acc["duplicated"], acc["posted_twice"], acc["late"]) == (0, 0, 0, 0)
+
+
+def test_accounting_catches_loss_duplicate_double_post_and_lateness() -> None:
+    plan = _plan()
+    first, second, third, fourth = plan.messages[:4]
+    deliveries = [_reply(s, f"out-{s.msg_id}") for s in plan.messages[2:]]  # first, second: lost
+    deliveries.append(_reply(third, "out-other"))  # a second, different reply: duplicated
+    deliveries.append(_reply(fourth, f"out-{fourth.msg_id}-late", delivered_at=fourth.intended_ms + 60_000))
+    sessions = {"all": {"tokens": [s.msg_id for s in plan.messages] + [third.msg_id]}}
+    acc = account(plan, deliveries, sessions, late_after=30)
+    assert acc["lost"] == 2 and set(acc["lost_ids"]) == {first.msg_id, second.msg_id}
+    assert acc["duplicated"] == 2  # third (two replies) and fourth (on time + late)
+    assert acc["posted_twice"] == 1
+    # a host notice without reply_to answers the oldest unanswered message of its chat
+    notice = Delivery(chat_id=first.chat_id, kind="notice", reply_to=None, text="Something went wrong",
+                      hops={}, delivered_at=first.intended_ms + 10, outbound_id="notice-1")
+    acc = account(plan, [*deliveries, notice], None, late_after=30)
+    assert acc["lost"] == 1 and acc["answered_by_unattributed_notice"] == 1
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(230)
+async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
+    broker = os.environ.get("SWITCHBOARD_TEST_BROKERS", "tansu").split(",")[0].strip() or "tansu"
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_") and k != "SWITCHBOARD_TEST_BROKERS"}
+    cfg = ChaosConfig(
+        duration=60, rate=8, chats=20, think=0.5, workers=2, kill_every=12, redis_restarts=1, drop_streams=2,
+        broker=broker, settle_timeout=60, quiet=6, run_dir=tmp_path / "stack",
+    )
+    try:
+        result = await run_chaos(cfg)
+    finally:
+        os.environ.update(saved)
+    (tmp_path / "chaos.json").write_text(json.dumps(result, indent=2, default=str))
+    acc = result["accounting"]
+    detail = json.dumps({"accounting": acc, "evidence": result.get("evidence"), "faults": result["faults"],
+                         "run_dir": result["run_dir"]}, indent=1, default=str)[:20000]
+    assert result["kills"] >= 3, detail
+    assert acc["triggering_accepted"] >= 0.95 * acc["messages_sent"], detail
+    assert acc["lost"] == 0, detail
+    assert acc["duplicated"] == 0, detail
+    assert acc["posted_twice"] == 0, detail

@@ -1,0 +1,583 @@
+"""Each platform end to end: a signed webhook in, the reply out to the platform's API stand-in.
+
+One stack for the module (a fresh broker, the session's Redis under a unique prefix, the simulator,
+one worker) with one bot per platform whose `api_base` points at the stand-ins of `tests/platforms`
+(served from a background thread, see `platform_standins.py`). Inbound requests are built and signed
+with the fixture builders of `tests/platforms` (python-telegram-bot objects, slack_sdk signatures,
+lark-oapi's event model encrypted as Lark does, the OneBot v11 spec's events). The simulator's agent
+echoes, so a message `T` is answered with `echo: T`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import itertools
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from telegram import Chat, Message, MessageEntity, Update, User
+
+from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
+from pipeline.kafka import ConsumeTimeoutError, consume_until
+from pipeline.platforms import WebhookRequest
+from pipeline.stack import Stack
+from pipeline.topics import DEADLETTER, IM_INBOUND
+from tests.conftest import enabled_brokers
+from tests.platforms import test_lark as lark_fx
+from tests.platforms import test_onebot as onebot_fx
+from tests.platforms import test_slack as slack_fx
+from tests.platforms import test_telegram as telegram_fx
+from tests.platforms.conftest import PNG, PNG_B64
+
+from .platform_standins import Call, StandIns
+
+pytestmark = [pytest.mark.integration]
+
+BOTS = {"onebot": "qq1", "telegram": "tg1", "lark": "lk1", "slack": "sl1"}
+
+
+def _bots_toml(standins: StandIns) -> str:
+    def creds(values: dict[str, str]) -> str:
+        return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + " }"
+
+    bots = [
+        (
+            "onebot",
+            onebot_fx.bot_config().self_id,
+            None,
+            {"secret": onebot_fx.SECRET, "access_token": onebot_fx.TOKEN},
+        ),
+        (
+            "telegram",
+            telegram_fx.bot_config().self_id,
+            telegram_fx.bot_config().username,
+            {"token": telegram_fx.TOKEN, "webhook_secret": "s3cret-token"},
+        ),
+        (
+            "lark",
+            lark_fx.BOT_OPEN_ID,
+            None,
+            {
+                "app_id": lark_fx.APP_ID,
+                "app_secret": lark_fx.APP_SECRET,
+                "verification_token": lark_fx.VERIFY_TOKEN,
+                "encrypt_key": lark_fx.ENCRYPT_KEY,
+            },
+        ),
+        (
+            "slack",
+            slack_fx.BOT_USER,
+            None,
+            {"signing_secret": slack_fx.SIGNING_SECRET, "bot_token": slack_fx.BOT_TOKEN},
+        ),
+    ]
+    out = []
+    for platform, self_id, username, credentials in bots:
+        out.append("[[bots]]")
+        out.append(f'platform = "{platform}"')
+        out.append(f'bot_id = "{BOTS[platform]}"')
+        out.append(f'self_id = "{self_id}"')
+        if username:
+            out.append(f'username = "{username}"')
+        out.append(f'api_base = "{standins.url(platform)}"')
+        out.append('language = "en"')
+        out.append(f"credentials = {creds(credentials)}")
+        out.append("")
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="module", params=enabled_brokers())
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """The broker of this run of the module (the stand-ins and the stack are made anew for each)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def standins(broker_kind: str) -> Iterator[StandIns]:
+    """Started before the stack: the bots' `api_base` points at them."""
+    servers = StandIns().start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(broker_kind: str, redis_server: RedisServer, standins: StandIns) -> Iterator[Stack]:
+    run_dir = Path(tempfile.mkdtemp(prefix="sb-e2e-"))
+    config = run_dir / "switchboard.toml"
+    config.write_text(_bots_toml(standins))
+    broker: TansuBroker | ApacheKafka = TansuBroker() if broker_kind == "tansu" else ApacheKafka()
+    asyncio.run(broker.start())
+    env = {
+        "SWITCHBOARD_CONFIG": str(config),
+        "SWITCHBOARD_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(broker.recommended_fetch_max_wait_ms),
+        "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
+        "SWITCHBOARD_REDIS_URL": redis_server.url,
+        "SWITCHBOARD_REDIS_PREFIX": f"e2e{uuid.uuid4().hex[:8]}:",
+        "SWITCHBOARD_PARTITIONS": "4",
+        "SWITCHBOARD_LOG_LEVEL": "INFO",
+    }
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
+    for key in saved:
+        del os.environ[key]  # the developer's own settings must not leak into the test stack
+    stack = Stack(settings_env=env, web_port=0, think=0.0, run_dir=run_dir)
+    try:
+        asyncio.run(stack.start(workers=0))
+        asyncio.run(stack.add_worker())
+        yield stack
+    finally:
+        asyncio.run(stack.stop())
+        asyncio.run(broker.stop())
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _standins_saw_only_valid_requests(standins: StandIns) -> Iterator[None]:
+    yield
+    assert standins.errors == [], "requests the real platform would refuse"
+
+
+# -- helpers ------------------------------------------------------------------------------------------
+
+_numbers = itertools.count(1)
+
+
+def _n() -> int:
+    return next(_numbers)
+
+
+async def post(stack: Stack, platform: str, request: WebhookRequest) -> httpx.Response:
+    url = f"{stack.workers[0].url}/webhooks/{platform}/{BOTS[platform]}"
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await client.post(url, content=request.body, headers=dict(request.headers))
+
+
+def reply_text(call: Call) -> str:
+    """The text a message call shows, in each platform's wire format."""
+    body = call.body
+    if call.platform == "telegram":
+        return str(body.get("text") or body.get("caption") or "")
+    if call.platform == "onebot":
+        return "".join(s["data"]["text"] for s in body["message"] if s["type"] == "text")
+    if call.platform == "slack":
+        return str(body.get("text", ""))
+    content = json.loads(body["content"])
+    if body["msg_type"] == "text":
+        return str(content["text"])
+    if body["msg_type"] == "post":
+        [(_locale, post_body)] = content.items()
+        return "".join(el.get("text", "") for para in post_body["content"] for el in para)
+    return ""
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+# Telegram: python-telegram-bot objects, the secret token header of setWebhook.
+TG_ALICE = User(id=1001, first_name="Alice", last_name="Liddell", is_bot=False, username="alice")
+
+
+def tg_private(n: int, text: str, *, secret: str = "s3cret-token") -> tuple[WebhookRequest, str, int]:
+    user = User(id=100_000 + n, first_name="Alice", is_bot=False, username=f"alice{n}")
+    chat = Chat(id=user.id, type=Chat.PRIVATE, first_name="Alice")
+    message = Message(10 + n, _now(), chat, from_user=user, text=text)
+    return telegram_fx.request(Update(900_000 + n, message=message), secret=secret), str(chat.id), message.message_id
+
+
+def tg_group_mention(n: int, text: str) -> tuple[WebhookRequest, str, int]:
+    chat = Chat(id=-1_000_000_000_000 - n, type=Chat.SUPERGROUP, title="Wonderland")
+    full = f"@switch_bot {text}"
+    entities = (MessageEntity(MessageEntity.MENTION, offset=0, length=len("@switch_bot")),)
+    message = Message(20 + n, _now(), chat, from_user=TG_ALICE, text=full, entities=entities)
+    return telegram_fx.request(Update(900_000 + n, message=message)), str(chat.id), message.message_id
+
+
+# OneBot v11: the spec's events, signed with X-Signature (HMAC-SHA1 of the body).
+def ob_private(n: int, text: str, *, secret: str = onebot_fx.SECRET) -> tuple[WebhookRequest, str, int]:
+    user_id, message_id = 50_000 + n, 3_000 + n
+    event = dict(
+        onebot_fx.SPEC_PRIVATE,
+        time=int(time.time()),
+        user_id=user_id,
+        message_id=message_id,
+        message=[{"type": "text", "data": {"text": text}}],
+        raw_message=text,
+    )
+    return onebot_fx.signed(event, secret=secret), f"private_{user_id}", message_id
+
+
+def ob_group_at(n: int, text: str) -> tuple[WebhookRequest, str, int]:
+    group_id, message_id = 700_000 + n, 4_000 + n
+    message = [{"type": "at", "data": {"qq": "10001000"}}, {"type": "text", "data": {"text": f" {text}"}}]
+    event = onebot_fx.group_event(message, time=int(time.time()), group_id=group_id, message_id=message_id)
+    return onebot_fx.signed(event), f"group_{group_id}", message_id
+
+
+# Lark: lark-oapi's P2ImMessageReceiveV1, encrypted with the encrypt key and signed as Lark does.
+def lark_event(n: int, text: str, *, chat_type: str, mention_bot: bool = False) -> tuple[dict[str, Any], str, str]:
+    chat_id, message_id = f"oc_e2e{n:026d}", f"om_e2e{n:026d}"
+    content = {"text": f"@_user_1 {text}" if mention_bot else text}
+    mentions = [lark_fx.mention("@_user_1", lark_fx.BOT_OPEN_ID, "Switch")] if mention_bot else None
+    event = lark_fx.receive_event("text", content, chat_type=chat_type, mentions=mentions, event_id=uuid.uuid4().hex)
+    event["event"]["message"].update(chat_id=chat_id, message_id=message_id)
+    return event, chat_id, message_id
+
+
+# Slack: the Events API documentation's examples, signed with slack_sdk's SignatureVerifier.
+def slack_dm(n: int, text: str) -> tuple[dict[str, Any], str, str]:
+    channel, ts = f"D0E2E{n:05d}", f"{1_700_000_000 + n}.000100"
+    event = dict(slack_fx.DM, channel=channel, user=f"U0ALICE{n:04d}", text=text, ts=ts, event_ts=ts)
+    return slack_fx.callback(event, event_id=f"Ev0E2E{n:06d}"), channel, ts
+
+
+def slack_mention(n: int, text: str) -> tuple[dict[str, Any], str, str]:
+    channel, ts = f"C0E2E{n:05d}", f"{1_700_000_000 + n}.000200"
+    event = dict(slack_fx.APP_MENTION, channel=channel, text=f"<@{slack_fx.BOT_USER}> {text}", ts=ts, event_ts=ts)
+    return slack_fx.callback(event, event_id=f"Ev0E2E{n:06d}"), channel, ts
+
+
+# -- a message in, the reply out ----------------------------------------------------------------------
+
+
+async def test_telegram_private_and_group_mention(stack: Stack, standins: StandIns) -> None:
+    request, chat, message_id = tg_private(_n(), "hello from telegram")
+    response = await post(stack, "telegram", request)
+    assert response.status_code == 200, response.text
+    [call] = await standins.wait_for("telegram", chat, within=45)
+    assert call.path == f"/bot{telegram_fx.TOKEN}/sendMessage"  # the token is the Bot API's auth
+    assert call.seen.json["chat_id"] == int(chat)
+    assert call.seen.json["text"] == "echo: hello from telegram"
+    assert call.seen.json["reply_parameters"] == {"message_id": message_id, "allow_sending_without_reply": True}
+    assert "parse_mode" not in call.seen.json
+
+    request, group, message_id = tg_group_mention(_n(), "what is up")
+    assert (await post(stack, "telegram", request)).status_code == 200
+    [call] = await standins.wait_for("telegram", group)
+    assert call.path == f"/bot{telegram_fx.TOKEN}/sendMessage"
+    assert call.seen.json["chat_id"] == int(group)
+    assert call.seen.json["text"].startswith("echo: ") and "what is up" in call.seen.json["text"]
+    assert call.seen.json["reply_parameters"]["message_id"] == message_id
+    await standins.settle()
+    assert len(standins.delivered("telegram", chat)) == 1 and len(standins.delivered("telegram", group)) == 1
+
+
+async def test_onebot_private_and_group_at(stack: Stack, standins: StandIns) -> None:
+    request, chat, message_id = ob_private(_n(), "hello from qq")
+    assert (await post(stack, "onebot", request)).status_code == 200
+    [call] = await standins.wait_for("onebot", chat)
+    assert call.path == "/send_private_msg"
+    assert call.seen.headers["authorization"] == f"Bearer {onebot_fx.TOKEN}"
+    assert call.seen.json["user_id"] == int(chat.removeprefix("private_"))
+    assert call.seen.json["message"][0] == {"type": "reply", "data": {"id": str(message_id)}}
+    assert reply_text(call) == "echo: hello from qq"
+
+    request, group, message_id = ob_group_at(_n(), "group question")
+    assert (await post(stack, "onebot", request)).status_code == 200
+    [call] = await standins.wait_for("onebot", group)
+    assert call.path == "/send_group_msg"
+    assert call.seen.headers["authorization"] == f"Bearer {onebot_fx.TOKEN}"
+    assert call.seen.json["group_id"] == int(group.removeprefix("group_"))
+    assert call.seen.json["message"][0] == {"type": "reply", "data": {"id": str(message_id)}}
+    assert reply_text(call).startswith("echo: ") and "group question" in reply_text(call)
+    await standins.settle()
+    assert len(standins.delivered("onebot", chat)) == 1 and len(standins.delivered("onebot", group)) == 1
+
+
+async def test_lark_encrypted_p2p_and_group_mention(stack: Stack, standins: StandIns) -> None:
+    for chat_type, text, mention_bot in (("p2p", "hello from lark", False), ("group", "lark group ask", True)):
+        event, chat, message_id = lark_event(_n(), text, chat_type=chat_type, mention_bot=mention_bot)
+        standins.expect_lark_reply(message_id, chat)
+        request = lark_fx.encrypted_request(event)
+        assert json.loads(request.body).keys() == {"encrypt"}  # nothing readable on the wire
+        assert lark_fx.sdk_accepts(request)  # the SDK's own dispatcher takes the same request
+        assert (await post(stack, "lark", request)).status_code == 200
+        [call] = await standins.wait_for("lark", chat)
+        # The first message of a reply quotes the message it answers.
+        assert call.path == f"/open-apis/im/v1/messages/{message_id}/reply"
+        assert call.seen.headers["authorization"] == f"Bearer t-{standins.lark.tokens_issued}"
+        assert call.seen.json["msg_type"] == "text" and len(call.seen.json["uuid"]) <= 50
+        if mention_bot:
+            assert reply_text(call).startswith("echo: ") and text in reply_text(call)
+        else:
+            assert reply_text(call) == f"echo: {text}"
+    token_calls = [c for c in standins.all_calls() if c.path == "/open-apis/auth/v3/tenant_access_token/internal"]
+    assert len(token_calls) == 1  # cached by the worker
+    await standins.settle()
+
+
+async def test_slack_dm_and_app_mention(stack: Stack, standins: StandIns) -> None:
+    for build, text in ((slack_dm, "hello from slack"), (slack_mention, "slack channel ask")):
+        payload, channel, ts = build(_n(), text)
+        assert (await post(stack, "slack", slack_fx.signed(payload))).status_code == 200
+        [call] = await standins.wait_for("slack", channel)
+        assert call.path == "/chat.postMessage"
+        assert call.seen.headers["authorization"] == f"Bearer {slack_fx.BOT_TOKEN}"
+        assert call.seen.json["channel"] == channel
+        assert call.seen.json["thread_ts"] == ts  # Slack has no quote: the reply goes in the thread
+        assert reply_text(call).startswith("echo: ") and text in reply_text(call)
+    await standins.settle()
+
+
+# -- authenticity, redelivery, rate limits, permanent errors -------------------------------------------
+
+
+async def _inbound_texts_until(stack: Stack, sentinels: list[str]) -> list[str]:
+    """Every `im.inbound` record's text, read until each sentinel text was seen. A sentinel shares
+    its conversation key (so its partition) with the rejected message, and so comes after it."""
+    missing = set(sentinels)
+
+    def found(record: Any) -> bool:
+        text = json.loads(record.value).get("text", "")
+        for sentinel in list(missing):
+            if sentinel in text:
+                missing.discard(sentinel)
+        return not missing
+
+    records = await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], IM_INBOUND, found, timeout=30)
+    return [json.loads(r.value).get("text", "") for r in records]
+
+
+async def test_bad_signature_is_rejected_and_reaches_nothing(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    tg_bad, tg_chat, _ = tg_private(n, "forged telegram", secret="wrong-token")
+    ob_bad, ob_chat, _ = ob_private(n, "forged onebot", secret="wrong-secret")
+    lark_event_bad, lark_chat, lark_message = lark_event(n, "forged lark", chat_type="p2p")
+    lark_bad = lark_fx.encrypted_request(lark_event_bad, sign_key="wrong-key")
+    assert not lark_fx.sdk_accepts(lark_bad)
+    slack_payload, slack_chat, _ = slack_dm(n, "forged slack")
+    slack_bad = slack_fx.signed(slack_payload, secret="wrong-signing-secret")
+    for platform, request in (("telegram", tg_bad), ("onebot", ob_bad), ("lark", lark_bad), ("slack", slack_bad)):
+        response = await post(stack, platform, request)
+        assert response.status_code == 401, (platform, response.text)
+        assert response.json() == {"error": "bad_signature"}
+
+    # The genuine messages, with the same ids in the same chats (so the same partitions of im.inbound),
+    # after them: had a forged one got in, its twin would be dropped as a redelivery.
+    tg_ok, _, _ = tg_private(n, "genuine telegram")
+    ob_ok, _, _ = ob_private(n, "genuine onebot")
+    lark_event_ok, _, _ = lark_event(n, "genuine lark", chat_type="p2p")
+    standins.expect_lark_reply(lark_message, lark_chat)
+    slack_ok_payload, _, _ = slack_dm(n, "genuine slack")
+    for platform, request in (
+        ("telegram", tg_ok),
+        ("onebot", ob_ok),
+        ("lark", lark_fx.encrypted_request(lark_event_ok)),
+        ("slack", slack_fx.signed(slack_ok_payload)),
+    ):
+        assert (await post(stack, platform, request)).status_code == 200
+
+    texts = await _inbound_texts_until(stack, [f"genuine {p}" for p in ("telegram", "onebot", "lark", "slack")])
+    assert not [t for t in texts if "forged" in t], texts
+    try:  # a 401 is not a malformed payload: no dead letter either (read what the topic holds)
+        await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, lambda _r: False, timeout=2)
+    except ConsumeTimeoutError as exc:
+        assert not [r for r in exc.records if b"forged" in r.value]
+
+    for platform, chat in (("telegram", tg_chat), ("onebot", ob_chat), ("lark", lark_chat), ("slack", slack_chat)):
+        await standins.wait_for(platform, chat)
+    calls = await standins.settle()
+    for platform, chat in (("telegram", tg_chat), ("onebot", ob_chat), ("lark", lark_chat), ("slack", slack_chat)):
+        [call] = standins.calls_for(platform, chat)
+        assert reply_text(call) == f"echo: genuine {platform}", reply_text(call)
+    assert not [c for c in calls if b"forged" in c.seen.body or "forged" in json.dumps(c.seen.form)]
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
+    for platform in BOTS:
+        assert f'switchboard_webhooks_total{{outcome="bad_signature",platform="{platform}"}} 1.0' in metrics
+
+
+async def test_redelivered_webhook_gets_one_reply(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    tg, tg_chat, _ = tg_private(n, "only once telegram")
+    ob, ob_chat, _ = ob_private(n, "only once onebot")
+    lark_evt, lark_chat, lark_message = lark_event(n, "only once lark", chat_type="p2p")
+    standins.expect_lark_reply(lark_message, lark_chat)
+    slack_payload, slack_chat, _ = slack_dm(n, "only once slack")
+    deliveries = [
+        ("telegram", tg),
+        ("onebot", ob),
+        ("lark", lark_fx.encrypted_request(lark_evt)),  # Lark redelivers the same event, encrypted anew
+        ("slack", slack_fx.signed(slack_payload)),
+    ]
+    redeliveries = [
+        ("telegram", tg),
+        ("onebot", ob),
+        ("lark", lark_fx.encrypted_request(lark_evt)),
+        ("slack", slack_fx.signed(slack_payload, retry="1")),  # X-Slack-Retry-Num
+    ]
+    for platform, request in [*deliveries, *redeliveries, *redeliveries]:
+        response = await post(stack, platform, request)
+        assert response.status_code == 200, (platform, response.text)
+    chats = {"telegram": tg_chat, "onebot": ob_chat, "lark": lark_chat, "slack": slack_chat}
+    for platform, chat in chats.items():
+        await standins.wait_for(platform, chat)
+    await standins.settle(quiet=3)
+    for platform, chat in chats.items():
+        calls = standins.calls_for(platform, chat)
+        assert [reply_text(c) for c in calls] == [f"echo: only once {platform}"], platform
+
+
+RATE_LIMITED = {
+    "telegram": (
+        429,
+        {
+            "ok": False,
+            "error_code": 429,
+            "description": "Too Many Requests: retry after 2",
+            "parameters": {"retry_after": 2},
+        },
+        {},
+    ),
+    "onebot": (429, "Too Many Requests", {"Retry-After": "2"}),
+    "lark": (429, {"code": 99991400, "msg": "request trigger frequency limit"}, {"x-ogw-ratelimit-reset": "2"}),
+    "slack": (429, {"ok": False, "error": "ratelimited"}, {"Retry-After": "2"}),
+}
+
+
+async def test_rate_limited_send_waits_and_delivers_once(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    tg, tg_chat, _ = tg_private(n, "after the wait telegram")
+    ob, ob_chat, _ = ob_private(n, "after the wait onebot")
+    lark_evt, lark_chat, lark_message = lark_event(n, "after the wait lark", chat_type="p2p")
+    standins.expect_lark_reply(lark_message, lark_chat)
+    slack_payload, slack_chat, _ = slack_dm(n, "after the wait slack")
+    chats = {"telegram": tg_chat, "onebot": ob_chat, "lark": lark_chat, "slack": slack_chat}
+    for platform, chat in chats.items():
+        standins.script(platform, chat, RATE_LIMITED[platform])  # once
+    for platform, request in (
+        ("telegram", tg),
+        ("onebot", ob),
+        ("lark", lark_fx.encrypted_request(lark_evt)),
+        ("slack", slack_fx.signed(slack_payload)),
+    ):
+        assert (await post(stack, platform, request)).status_code == 200
+    for platform, chat in chats.items():
+        await standins.wait_for(platform, chat)
+    await standins.settle(quiet=3)
+    for platform, chat in chats.items():
+        limited, delivered = standins.calls_for(platform, chat)
+        assert limited.status == 429 and delivered.accepted, platform
+        assert delivered.at - limited.at >= 1.9, (platform, delivered.at - limited.at)  # retry_after honoured
+        assert limited.seen.body == delivered.seen.body or limited.seen.json == delivered.seen.json
+        assert reply_text(delivered) == f"echo: after the wait {platform}"
+
+
+PERMANENT = {  # platform: (answer, the dead letter's reason)
+    "telegram": (
+        (403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"}),
+        "blocked",
+    ),
+    "onebot": ((200, {"status": "failed", "retcode": 100, "data": None, "message": "bad params"}), "bad_request"),
+    "lark": ((400, {"code": 230002, "msg": "Bot/User can NOT be out of the chat."}), "not_in_chat"),
+    "slack": ((200, {"ok": False, "error": "not_in_channel"}), "not_in_channel"),
+}
+
+
+async def test_permanent_error_is_dead_lettered_without_retries(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    tg, tg_chat, _ = tg_private(n, "nobody hears telegram")
+    ob, ob_chat, _ = ob_private(n, "nobody hears onebot")
+    lark_evt, lark_chat, lark_message = lark_event(n, "nobody hears lark", chat_type="p2p")
+    standins.expect_lark_reply(lark_message, lark_chat)
+    slack_payload, slack_chat, _ = slack_dm(n, "nobody hears slack")
+    chats = {"telegram": tg_chat, "onebot": ob_chat, "lark": lark_chat, "slack": slack_chat}
+    for platform, chat in chats.items():
+        standins.script(platform, chat, PERMANENT[platform][0], sticky=True)  # every time
+    for platform, request in (
+        ("telegram", tg),
+        ("onebot", ob),
+        ("lark", lark_fx.encrypted_request(lark_evt)),
+        ("slack", slack_fx.signed(slack_payload)),
+    ):
+        assert (await post(stack, platform, request)).status_code == 200
+
+    letters: dict[str, dict[str, Any]] = {}
+
+    def all_dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress":
+            original = json.loads(letter["record"])
+            if chats.get(original["platform"]) == original["chat_id"]:
+                letters[original["platform"]] = letter
+        return len(letters) == len(chats)
+
+    try:
+        await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, all_dead, timeout=45)
+    except ConsumeTimeoutError as exc:
+        raise AssertionError(f"dead letters: {sorted(letters)}; calls: {standins.all_calls()}") from exc
+    await standins.settle(quiet=3)
+    for platform, chat in chats.items():
+        letter = letters[platform]
+        assert letter["reason"] == PERMANENT[platform][1], letter
+        assert letter["attempts"] == 1 and letter["topic"] == f"im.outbound.{platform}", letter
+        assert json.loads(letter["record"])["segments"][0]["data"]["text"] == f"echo: nobody hears {platform}"
+        [call] = standins.calls_for(platform, chat)  # no retry of a permanent error
+        assert not call.accepted
+
+
+async def test_media_reply_is_uploaded(stack: Stack, standins: StandIns) -> None:
+    """An agent reply with a base64 image: Telegram uploads it (multipart sendPhoto with the caption),
+    OneBot passes `base64://`, Lark uploads it to /im/v1/images first, Slack through the external
+    upload flow."""
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    text = f"picture please [sim:reply={reply}]"
+    n = _n()
+    tg, tg_chat, _ = tg_private(n, text)
+    ob, ob_chat, _ = ob_private(n, text)
+    lark_evt, lark_chat, lark_message = lark_event(n, text, chat_type="p2p")
+    standins.expect_lark_reply(lark_message, lark_chat)
+    slack_payload, slack_chat, _ = slack_dm(n, text)
+    for platform, request in (
+        ("telegram", tg),
+        ("onebot", ob),
+        ("lark", lark_fx.encrypted_request(lark_evt)),
+        ("slack", slack_fx.signed(slack_payload)),
+    ):
+        assert (await post(stack, platform, request)).status_code == 200
+
+    [photo] = await standins.wait_for("telegram", tg_chat)
+    assert photo.path == f"/bot{telegram_fx.TOKEN}/sendPhoto"
+    assert photo.seen.files["photo"][1] == PNG and photo.seen.form["caption"] == "a pixel"
+    assert photo.seen.form["chat_id"] == tg_chat
+
+    [qq] = await standins.wait_for("onebot", ob_chat)
+    segments = qq.seen.json["message"]
+    assert [s["type"] for s in segments] == ["reply", "image", "text"]
+    assert base64.b64decode(segments[1]["data"]["file"].removeprefix("base64://")) == PNG
+
+    lark_calls = await standins.wait_for("lark", lark_chat, 2)
+    assert [c.seen.json["msg_type"] for c in lark_calls] == ["image", "text"]
+    assert json.loads(lark_calls[0].seen.json["content"]) == {"image_key": "img_v2_uploaded"}
+    assert lark_calls[0].path == f"/open-apis/im/v1/messages/{lark_message}/reply"  # only the first quotes
+    assert lark_calls[1].path == "/open-apis/im/v1/messages" and lark_calls[1].seen.json["receive_id"] == lark_chat
+    assert any(c.path == "/open-apis/im/v1/images" and c.accepted for c in standins.all_calls())
+
+    slack_calls = await standins.wait_for("slack", slack_chat, 2)
+    completed = [c for c in slack_calls if c.path == "/files.completeUploadExternal"]
+    assert len(completed) == 1
+    file_id = completed[0].seen.json["files"][0]["id"]
+    assert standins.slack_uploads[file_id] == [PNG]
+    assert completed[0].seen.json["thread_ts"] == slack_payload["event"]["ts"]
+    await standins.settle()
