@@ -8,6 +8,7 @@ and the records are the contract in `topics/`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -105,7 +106,7 @@ def create_app(
     ) -> None:
         topic = app.topic(topic_name, key_type=bytes, value_type=bytes, partitions=settings.partitions)
 
-        async def loop(stream: faust.Stream) -> None:
+        async def loop(stream: Any) -> None:  # a faust.Stream (its StreamT protocol lacks noack)
             # The service opens Redis and the clients after Faust starts the agents: wait for it,
             # or the first records of a restart would meet a half-built runtime.
             await runtime.started_event.wait()
@@ -130,8 +131,9 @@ def create_app(
                     continue
                 if inline is not None and inline(record):
                     await executor(stage).submit_done(
-                        partition=(message.topic, message.partition), offset=message.offset,
-                        ack=lambda event=event: manual.ack(event),
+                        partition=(message.topic, message.partition),
+                        offset=message.offset,
+                        ack=functools.partial(manual.ack, event),
                     )
                     continue
                 key = getattr(record, "conversation_key", None) or message.partition
@@ -144,7 +146,7 @@ def create_app(
                     work,
                     partition=(message.topic, message.partition),
                     offset=message.offset,
-                    ack=lambda event=event: manual.ack(event),
+                    ack=functools.partial(manual.ack, event),
                 )
 
         loop.__name__ = f"{stage}_{topic_name.replace('.', '_')}"
@@ -156,7 +158,10 @@ def create_app(
         agent_loop("dispatch", SESSION_INPUT, SessionCommand, lambda r, m: runtime.dispatch.handle(r, m.partition))
     if "render" in stage_set:
         agent_loop(
-            "render", SESSION_EVENTS, SessionEventRecord, lambda r, m: runtime.render.handle(r),
+            "render",
+            SESSION_EVENTS,
+            SessionEventRecord,
+            lambda r, m: runtime.render.handle(r),
             inline=RenderStage.handle_inline,
         )
     if "egress" in stage_set:
@@ -170,7 +175,7 @@ def create_app(
 
     assignment: dict[str, set[int]] = {"session_input": set()}
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(app: faust.App, assigned: set[Any], **_: Any) -> None:
         # Streams of sessions in flight follow the conversation's partition of session.input.
         assignment["session_input"] = {tp.partition for tp in assigned if tp.topic == SESSION_INPUT}

@@ -10,8 +10,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
-def _settings():  # type: ignore[no-untyped-def]
+def _settings() -> Settings:
     from pipeline.settings import Settings
 
     return Settings()
@@ -78,7 +82,6 @@ def _worker(args: argparse.Namespace) -> int:
         worker.execute_from_commandline()
         return 0
     import cProfile
-
     import threading
     import time
 

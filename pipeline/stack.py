@@ -56,9 +56,21 @@ class SimProcess(_HttpProcess):
 
     def _command(self) -> list[str]:
         return [
-            sys.executable, "-m", "pipeline.cli", "sim", "--port", str(self.port), "--api-key", SIM_API_KEY,
-            "--think", str(self.think),
-            "--openapi-ak", SIM_OPENAPI_AK, "--openapi-sk", SIM_OPENAPI_SK, *self.extra,
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "sim",
+            "--port",
+            str(self.port),
+            "--api-key",
+            SIM_API_KEY,
+            "--think",
+            str(self.think),
+            "--openapi-ak",
+            SIM_OPENAPI_AK,
+            "--openapi-sk",
+            SIM_OPENAPI_SK,
+            *self.extra,
         ]
 
 
@@ -67,7 +79,9 @@ class WorkerProcess(_HttpProcess):
     start_timeout = 60.0
     stop_grace = 20.0
 
-    def __init__(self, port: int, env: Mapping[str, str], *, args: list[str] | None = None, run_dir: Path | None = None):
+    def __init__(
+        self, port: int, env: Mapping[str, str], *, args: list[str] | None = None, run_dir: Path | None = None
+    ):
         super().__init__(port, run_dir=run_dir)
         self.env = dict(env)
         self.args = args or []
@@ -127,7 +141,9 @@ class Stack:
     async def apply_topics(self) -> None:
         settings = self.settings()
         specs = [
-            TopicSpec(name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config)
+            TopicSpec(
+                name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config
+            )
             for d in declarations(settings.platforms, settings.partitions)
         ]
         assert settings.kafka_bootstrap
@@ -143,7 +159,9 @@ class Stack:
             os.environ.update(saved)
 
     async def add_worker(self, port: int = 0, args: list[str] | None = None) -> WorkerProcess:
-        worker = WorkerProcess(port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{len(self.workers)}"))
+        worker = WorkerProcess(
+            port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{len(self.workers)}")
+        )
         await worker.start()
         self.workers.append(worker)
         return worker
@@ -167,7 +185,10 @@ class Stack:
         rows = [
             ("kafka", self.env.get("SWITCHBOARD_KAFKA_BOOTSTRAP", "") + (" (embedded Tansu)" if self.broker else "")),
             ("redis", self.env.get("SWITCHBOARD_REDIS_URL", "") + (" (embedded)" if self.redis else "")),
-            ("session API", self.env.get("SWITCHBOARD_SESSION_BASE_URL", "") + (" (switchboard sim)" if self.sim else "")),
+            (
+                "session API",
+                self.env.get("SWITCHBOARD_SESSION_BASE_URL", "") + (" (switchboard sim)" if self.sim else ""),
+            ),
         ]
         for i, worker in enumerate(self.workers):
             rows.append((f"worker {i}", f"{worker.url}  (webhooks /webhooks/…, /metrics, /healthz, /readyz)"))

@@ -44,7 +44,9 @@ def declarations(platforms: list[str], default_partitions: int, directory: Path 
     result = []
     for entry in _catalogue(directory):
         partitions = default_partitions if entry["partitions"] == "default" else int(entry["partitions"])
-        names = [entry["name"].format(platform=p) for p in platforms] if "{platform}" in entry["name"] else [entry["name"]]
+        names = (
+            [entry["name"].format(platform=p) for p in platforms] if "{platform}" in entry["name"] else [entry["name"]]
+        )
         for name in names:
             result.append(
                 TopicDeclaration(

@@ -310,6 +310,20 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
             for key in ("held",):
                 chats[chat][key] = [h[:300] for h in chats[chat][key]][:5] + (
                     [f"... {len(chats[chat][key])} held"] if chats[chat][key] else [])
+    async with httpx.AsyncClient(timeout=10, headers={"x-api-key": SIM_API_KEY}) as http:
+        for info in chats.values():
+            sid = info.get("session")
+            if not sid:
+                continue
+            with contextlib.suppress(Exception):
+                info["sim_session_status"] = (await http.get(f"{bs.sim_url}/v1/sessions/{sid}")).json().get("status")
+                last = (await http.get(f"{bs.sim_url}/v1/sessions/{sid}/events",
+                                       params={"limit": 8, "order": "desc"})).json()["data"]
+                info["sim_last_events"] = [
+                    {"id": e.get("id"), "type": e.get("type"),
+                     "text": "".join(b.get("text", "") for b in e.get("content") or [] if isinstance(b, dict))[:60]}
+                    for e in last
+                ]
     inflight = {}
     with contextlib.suppress(Exception):
         for key in await bs.redis.keys(f"{p}inflight:*"):

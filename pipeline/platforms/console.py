@@ -55,7 +55,9 @@ class ConsoleWebhook(BaseModel):
 class ConsolePlatform(Platform):
     name: ClassVar[str] = "console"
     profile: ClassVar[PlatformProfile] = PlatformProfile(
-        native_segments=frozenset(SEGMENT_TYPES), max_text_chars=100_000, max_attachment_bytes=20 * 1024 * 1024,
+        native_segments=frozenset(SEGMENT_TYPES),
+        max_text_chars=100_000,
+        max_attachment_bytes=20 * 1024 * 1024,
         markdown=True,
     )
     store: ConsoleStore | None = None  # bound by the worker at start-up
@@ -72,12 +74,12 @@ class ConsolePlatform(Platform):
         try:
             body = ConsoleWebhook.model_validate_json(request.body)
         except ValidationError as exc:
-            raise WebhookRejected(400, "malformed", exc.errors(include_url=False, include_input=False)[0]["msg"]) from None
+            raise WebhookRejected(
+                400, "malformed", exc.errors(include_url=False, include_input=False)[0]["msg"]
+            ) from None
         chat_type = "group" if body.chat_type == "group" else "private"
         per_user = bot.session_scope == "user" and chat_type == "group"
-        segments: list[Any] = [
-            MentionSegment(type="mention", data=MentionData(target=m)) for m in body.mentions
-        ]
+        segments: list[Any] = [MentionSegment(type="mention", data=MentionData(target=m)) for m in body.mentions]
         segments.append(TextSegment(type="text", data=TextData(text=body.text)))
         message = InboundMessage(
             platform=self.name,

@@ -80,7 +80,9 @@ class DispatchStage:
     async def handle(self, command: SessionCommand, partition: int) -> None:
         bot = self.settings.bot(command.platform, command.bot_id)
         if bot is None:
-            await self.outputs.dead_letter("dispatch", "unknown_bot", command.model_dump_json(), key=command.conversation_key)
+            await self.outputs.dead_letter(
+                "dispatch", "unknown_bot", command.model_dump_json(), key=command.conversation_key
+            )
             return
         command.hops.setdefault("dispatch_in", now_ms())
         try:
@@ -192,8 +194,13 @@ class DispatchStage:
         remaining = [p for p in state.pending if p.event_id not in answered]
         key = stable_id("answer-", conversation, *sorted(answered))
         await self._begin(
-            partition, state.session_id, conversation, command.trace_id, state.cursor,
-            status="running" if not remaining else "requires_action", pending=remaining,
+            partition,
+            state.session_id,
+            conversation,
+            command.trace_id,
+            state.cursor,
+            status="running" if not remaining else "requires_action",
+            pending=remaining,
         )
         await self._send_once(state.session_id, key, command.events, call=command.kind)
 

@@ -100,7 +100,9 @@ class EgressStage:
                 continue  # sent before a crash; do not send again
             outcome, attempts = await self._send_with_retries(bot, platform, message, call)
             if outcome.status != "delivered":
-                await self._dead(message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts)
+                await self._dead(
+                    message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts
+                )
                 return
             last = index == len(calls) - 1
             await self.state.set_markers("out", [call_ids[index], message.outbound_id] if last else [call_ids[index]])
@@ -120,7 +122,9 @@ class EgressStage:
             if outcome.status != "retry":
                 return outcome, attempt
             if attempt >= self.settings.egress_max_attempts:
-                return SendOutcome("permanent", reason=outcome.reason or "retries_exhausted", detail=outcome.detail), attempt
+                return SendOutcome(
+                    "permanent", reason=outcome.reason or "retries_exhausted", detail=outcome.detail
+                ), attempt
             if outcome.retry_after is not None:
                 metrics.EGRESS.labels(message.platform, "rate_limited").inc()
                 delay = outcome.retry_after
@@ -134,7 +138,10 @@ class EgressStage:
             return
         chat_limit = bot.rate_limit_chat or platform.profile.default_chat_limit
         bot_limit = bot.rate_limit_bot or platform.profile.default_bot_limit
-        for limit, ident in ((chat_limit, f"{bot.platform}:{bot.bot_id}:{message.chat_id}"), (bot_limit, f"{bot.platform}:{bot.bot_id}")):
+        for limit, ident in (
+            (chat_limit, f"{bot.platform}:{bot.bot_id}:{message.chat_id}"),
+            (bot_limit, f"{bot.platform}:{bot.bot_id}"),
+        ):
             while True:
                 wait = await self.limits.acquire(limit, ident)
                 if wait <= 0:
@@ -147,8 +154,15 @@ class EgressStage:
         metrics.EGRESS.labels(message.platform, "dead_lettered").inc()
         log.warning("outbound %s dead-lettered: %s", message.outbound_id, reason)
         await self.outputs.dead_letter(
-            "egress", reason, message.model_dump_json(), error=detail, key=message.conversation_key,
-            topic=topic, partition=partition, offset=offset, attempts=attempts,
+            "egress",
+            reason,
+            message.model_dump_json(),
+            error=detail,
+            key=message.conversation_key,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            attempts=attempts,
         )
 
     @staticmethod

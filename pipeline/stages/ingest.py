@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline import metrics
-from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, now_ms
+from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import ContextEntry, StateStore, TurnContext
@@ -211,9 +211,9 @@ class IngestStage:
             events.append(event)
         await self.outputs.session_command(self._control(message, "tool_confirmation", events))
 
-    def _control(self, message: InboundMessage, kind: str, events: list[dict[str, object]]) -> SessionCommand:
+    def _control(self, message: InboundMessage, kind: CommandKind, events: list[dict[str, object]]) -> SessionCommand:
         return SessionCommand(
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             conversation_key=message.conversation_key,
             platform=message.platform,
             bot_id=message.bot_id,

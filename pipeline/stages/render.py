@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from pipeline import metrics
 from pipeline.records import OutboundKind, OutboundMessage, SessionCommand, SessionEventRecord, now_ms
@@ -50,6 +50,7 @@ def pending_from_tool_event(event: dict[str, Any], event_type: str) -> PendingAc
     event_id = event.get("id")
     if not event_id:
         return None
+    kind: Literal["confirmation", "custom_tool"]
     if event_type == "agent.custom_tool_use":
         kind = "custom_tool"
     elif event.get("evaluated_permission") == "ask":
@@ -58,7 +59,7 @@ def pending_from_tool_event(event: dict[str, Any], event_type: str) -> PendingAc
         return None
     return PendingAction(
         event_id=event_id,
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
         name=str(event.get("name") or ""),
         input=event.get("input") if isinstance(event.get("input"), dict) else {},
         session_thread_id=event.get("session_thread_id"),
@@ -183,7 +184,11 @@ class RenderStage:
                 who = "anyone" if bot.confirm_policy == "anyone" else who
             names = ", ".join(sorted({p.name or "?" for p in confirmations}))
             await self._notice(
-                bot, record, state, "tool_confirmation_prompt", kind="confirmation",
+                bot,
+                record,
+                state,
+                "tool_confirmation_prompt",
+                kind="confirmation",
                 params={"tool_name": names, "who": who, "tool_input": json.dumps(confirmations[0].input)[:200]},
             )
 
@@ -194,8 +199,9 @@ class RenderStage:
         events = []
         for call in calls:
             result = await self.tools.run(bot, record.conversation_key, turn, call)
-            metrics.CUSTOM_TOOLS.labels(call.name if self.tools.known(call.name) else "unregistered",
-                                        "error" if result.is_error else "ok").inc()
+            metrics.CUSTOM_TOOLS.labels(
+                call.name if self.tools.known(call.name) else "unregistered", "error" if result.is_error else "ok"
+            ).inc()
             if result.outbound is not None:
                 await self.outputs.outbound(
                     self._outbound(bot, record, state, "progress", result.outbound, suffix=f"tool:{call.event_id}")

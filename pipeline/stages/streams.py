@@ -168,14 +168,22 @@ class StreamRegistry:
             log.warning("stream of %s failed: %s", session_id, type(exc).__name__)
             await self._produce(
                 stream,
-                {"type": "session.error", "error": {"type": "stream_failed", "message": type(exc).__name__,
-                                                    "retry_status": {"type": "exhausted"}}},
+                {
+                    "type": "session.error",
+                    "error": {
+                        "type": "stream_failed",
+                        "message": type(exc).__name__,
+                        "retry_status": {"type": "exhausted"},
+                    },
+                },
                 "session.error",
                 None,
             )
             await self._produce(
-                stream, {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}},
-                "session.status_idle", None,
+                stream,
+                {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}},
+                "session.status_idle",
+                None,
             )
         finally:
             if next_event is not None and not next_event.done():
@@ -188,7 +196,9 @@ class StreamRegistry:
                 if not held.lingering:
                     await self.state.remove_inflight(held.partition, session_id)
 
-    async def _produce(self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None) -> None:
+    async def _produce(
+        self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None
+    ) -> None:
         metrics.STREAM_EVENTS.labels(event_type).inc()
         await self.outputs.session_event(
             SessionEventRecord(

@@ -51,8 +51,10 @@ class ImTools:
             return ToolResult(json.dumps([{"user_id": k, "name": v} for k, v in matches.items()], ensure_ascii=False))
         if call.name == "im_recent_history":
             limit = call.input.get("limit")
-            size = min(int(limit), self.settings.group_context_size) if isinstance(limit, int) and limit > 0 else (
-                self.settings.group_context_size
+            size = (
+                min(int(limit), self.settings.group_context_size)
+                if isinstance(limit, int) and limit > 0
+                else (self.settings.group_context_size)
             )
             window = await self.state.context(conversation, size)
             return ToolResult(

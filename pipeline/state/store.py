@@ -137,9 +137,9 @@ class StateStore:
             return ConversationState()
         data = {_text(k): _text(v) for k, v in raw.items()}
         return ConversationState(
-            status=data.get("status") or "idle",  # type: ignore[arg-type]
+            status=data.get("status") or "idle",
             session_id=data.get("session_id"),
-            turn=TurnContext.model_validate_json(data["turn"]) if data.get("turn") else None,
+            turn=TurnContext.model_validate_json(data["turn"] or "") if data.get("turn") else None,
             last_message=data.get("last_message"),
             last_message_id=data.get("last_message_id"),
             pending=[PendingAction.model_validate(p) for p in json.loads(data.get("pending") or "[]")],
@@ -154,7 +154,7 @@ class StateStore:
         key = self.key("conv", conversation)
         async with self.redis.pipeline(transaction=True) as pipe:
             if mapping:
-                pipe.hset(key, mapping=mapping)
+                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
             if deletes:
                 pipe.hdel(key, *deletes)
             pipe.expire(key, self.mapping_ttl)
@@ -237,7 +237,7 @@ class StateStore:
         key = self.key("conv", conversation)
         async with self.redis.pipeline(transaction=True) as pipe:
             if mapping:
-                pipe.hset(key, mapping=mapping)
+                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
             if deletes:
                 pipe.hdel(key, *deletes)
             pipe.expire(key, self.mapping_ttl)

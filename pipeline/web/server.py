@@ -52,10 +52,10 @@ def build_web_app(deps: WebDeps) -> web.Application:
     app.router.add_get("/console/api/messages", console_messages)
     app.router.add_get("/console/api/stream", console_stream)
     app.router.add_get("/console/api/config", console_config)
-    app.router.add_get("/console", lambda _: web.HTTPFound("/console/"))
+    app.router.add_get("/console", redirect_to_console)
     app.router.add_get("/console/", console_page)
     app.router.add_static("/console/static/", STATIC)
-    app.router.add_get("/", lambda _: web.HTTPFound("/console/"))
+    app.router.add_get("/", redirect_to_console)
     return app
 
 
@@ -93,7 +93,10 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
         await deps.outputs.dead_letter(
-            "ingress", exc.reason, body.decode("utf-8", "replace")[:100_000], error=exc.detail[:500],
+            "ingress",
+            exc.reason,
+            body.decode("utf-8", "replace")[:100_000],
+            error=exc.detail[:500],
             key=f"{platform_name}:{bot_id}",
         )
         return web.json_response({"error": exc.reason, "detail": exc.detail[:500]}, status=exc.status)
@@ -101,7 +104,10 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         log.exception("webhook parser of %s failed", platform_name)
         metrics.WEBHOOKS.labels(platform_name, "parser_error").inc()
         await deps.outputs.dead_letter(
-            "ingress", "parser_error", body.decode("utf-8", "replace")[:100_000], error=repr(exc)[:500],
+            "ingress",
+            "parser_error",
+            body.decode("utf-8", "replace")[:100_000],
+            error=repr(exc)[:500],
             key=f"{platform_name}:{bot_id}",
         )
         return web.json_response({"error": "parser_error"}, status=400)
@@ -189,6 +195,10 @@ async def console_config(request: web.Request) -> web.Response:
         if b.platform == "console"
     ]
     return web.json_response({"bots": bots})
+
+
+async def redirect_to_console(_: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/console/")
 
 
 async def console_page(_: web.Request) -> web.FileResponse:

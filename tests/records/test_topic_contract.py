@@ -23,8 +23,15 @@ def test_every_schema_is_a_valid_json_schema() -> None:
 
 def test_a_record_validates_against_its_published_schema() -> None:
     record = InboundMessage(
-        platform="console", bot_id="b", chat_id="c", chat_type="group", sender=Sender(user_id="u"),
-        message_id="m", text="hi", conversation_key="console:b:c", trace_id="t",
+        platform="console",
+        bot_id="b",
+        chat_id="c",
+        chat_type="group",
+        sender=Sender(user_id="u"),
+        message_id="m",
+        text="hi",
+        conversation_key="console:b:c",
+        trace_id="t",
     )
     schema = json.loads((topics.TOPICS_DIR / "im.inbound.schema.json").read_text())
     jsonschema.validate(json.loads(record.model_dump_json()), schema)

@@ -19,8 +19,13 @@ def turn(text: str, inbound: str, known: list[str]) -> SessionCommand:
         bot_id="b",
         chat_id="c",
         chat_type="group",
-        events=[{"type": "user.message", "id": user_message_id("console:b:c", [inbound]),
-                 "content": [{"type": "text", "text": text}]}],
+        events=[
+            {
+                "type": "user.message",
+                "id": user_message_id("console:b:c", [inbound]),
+                "content": [{"type": "text", "text": text}],
+            }
+        ],
         system_text=f"context after {inbound}",
         inbound_ids=[inbound],
         known_ids=known,
@@ -58,8 +63,9 @@ def test_message_text_joins_text_blocks_only() -> None:
 
 
 def test_only_ask_permissions_and_custom_tools_are_pending() -> None:
-    ask = pending_from_tool_event({"id": "e1", "name": "bash", "evaluated_permission": "ask", "input": {"a": 1}},
-                                  "agent.tool_use")
+    ask = pending_from_tool_event(
+        {"id": "e1", "name": "bash", "evaluated_permission": "ask", "input": {"a": 1}}, "agent.tool_use"
+    )
     assert ask is not None and ask.kind == "confirmation" and ask.name == "bash" and ask.input == {"a": 1}
     allowed = pending_from_tool_event({"id": "e2", "name": "bash", "evaluated_permission": "allow"}, "agent.tool_use")
     assert allowed is None

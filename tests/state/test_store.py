@@ -38,11 +38,19 @@ async def test_unmap_keeps_a_newer_session(redis_url: str, redis_prefix: str) ->
 async def test_conversation_state_round_trip(redis_url: str, redis_prefix: str) -> None:
     state = await store(redis_url, redis_prefix)
     assert (await state.conversation("k")).status == "idle"
-    turn = TurnContext(trace_id="t", platform="console", bot_id="b", chat_id="c", chat_type="group", starter_id="u1",
-                       known_ids=["u1", "u2"])
+    turn = TurnContext(
+        trace_id="t",
+        platform="console",
+        bot_id="b",
+        chat_id="c",
+        chat_type="group",
+        starter_id="u1",
+        known_ids=["u1", "u2"],
+    )
     pending = [PendingAction(event_id="e1", kind="confirmation", name="bash")]
-    await state.update_conversation("k", status="requires_action", turn=turn, pending=pending, interrupted=True,
-                                    last_message="hello")
+    await state.update_conversation(
+        "k", status="requires_action", turn=turn, pending=pending, interrupted=True, last_message="hello"
+    )
     got = await state.conversation("k")
     assert got.status == "requires_action" and got.turn == turn and got.pending == pending
     assert got.interrupted and got.last_message == "hello"
