@@ -105,7 +105,7 @@ async def describe_topic_configs(
 
 
 async def wait_for_topics(
-    admin: AIOKafkaAdminClient, partitions: dict[str, int], *, timeout: float = 30.0  # noqa: ASYNC109
+    admin: AIOKafkaAdminClient, partitions: dict[str, int], *, timeout: float = 30.0
 ) -> None:
     """Wait until each topic is in metadata with at least N partitions, all with a leader.
 

@@ -64,7 +64,7 @@ async def consume_until(
     bootstrap: str,
     topic: str,
     predicate: Callable[[ConsumerRecord[bytes, bytes]], bool],
-    timeout: float = 10.0,  # noqa: ASYNC109 (a deadline that also bounds the metadata wait)
+    timeout: float = 10.0,
     *,
     from_beginning: bool = True,
     fetch_max_wait_ms: int = DEFAULT_FETCH_MAX_WAIT_MS,
@@ -111,7 +111,7 @@ async def consume_until(
 
 
 async def consume_count(
-    bootstrap: str, topic: str, count: int, timeout: float = 10.0, **kwargs: int | bool  # noqa: ASYNC109
+    bootstrap: str, topic: str, count: int, timeout: float = 10.0, **kwargs: int | bool
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """Read until ``count`` records have been seen (from the beginning by default)."""
     counter = {"n": 0}
@@ -126,7 +126,7 @@ async def consume_count(
 
 
 async def topic_partitions(
-    bootstrap: str, topic: str, timeout: float = 10.0  # noqa: ASYNC109
+    bootstrap: str, topic: str, timeout: float = 10.0
 ) -> list[int]:
     """Partition ids of ``topic``, waiting up to ``timeout`` for it to exist (never auto-creates it)."""
     loop = asyncio.get_running_loop()
