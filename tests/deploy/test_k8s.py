@@ -158,7 +158,7 @@ def _served_paths() -> set[str]:
     from pipeline.web.server import build_web_app
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # aiohttp on the app's lambda handlers
+        warnings.simplefilter("ignore")  # aiohttp's advice on the app's handlers and keys
         app = build_web_app(MagicMock())
     return {getattr(r.resource, "canonical", "") for r in app.router.routes()}
 

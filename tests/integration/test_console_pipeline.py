@@ -219,3 +219,20 @@ async def test_bad_webhook_is_rejected_with_400(stack: Stack) -> None:
         assert response.status_code == 404
         metrics = (await client.get(f"{url}/metrics")).text
     assert 'switchboard_webhooks_total{outcome="malformed",platform="console"}' in metrics
+
+
+async def test_registered_custom_tool_is_answered_by_switchboard(console: ConsoleClient) -> None:
+    chat = console.chat("group")
+    await console.send(chat, "earlier words", chat_type="group", user_id="u5", user_name="Eve")
+    await console.send(chat, "[sim:custom_tool=im_recent_history] what was said", chat_type="group", mentions=["bot"])
+    got = await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert len(got) == 1
+    assert texts(got)[0].startswith("tool result: ") and "earlier words" in texts(got)[0]
+
+
+async def test_unregistered_custom_tool_gets_an_error_result_not_silence(console: ConsoleClient) -> None:
+    chat = console.chat()
+    await console.send(chat, "[sim:custom_tool=generate_video] a cat")
+    got = await console.wait_for(chat, 1)
+    assert texts(got)[0].startswith("tool error: ") and "not available" in texts(got)[0]
