@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
+import shutil
+import sys
 import time
 import uuid
 from collections import Counter
@@ -91,10 +92,14 @@ async def ramp(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, label:
 
 async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
     """py-spy record -f raw: top frames by own samples and by inclusive samples."""
-    proc = await asyncio.create_subprocess_exec(
-        "py-spy", "record", "-p", str(pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)), "-r", "100",
-        "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            exe, "record", "-p", str(pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)), "-r", "100",
+            "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        return {"error": f"py-spy: {exc}"}
     _, err = await proc.communicate()
     text = await asyncio.to_thread(lambda: out.read_text() if out.exists() else "")
     if proc.returncode != 0 or not text:

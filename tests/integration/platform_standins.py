@@ -94,7 +94,7 @@ class StandIns:
 
     def __init__(self) -> None:
         self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack")}
-        self.lark = LarkStandIn(self.apis["lark"])  # registers the token, message and upload routes
+        self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
         self.calls: list[Call] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
