@@ -110,6 +110,7 @@ class Runtime:
         self.started = False
         self.started_event = asyncio.Event()
         self._web_runner: web.AppRunner | None = None
+        self._lag_labels: set[tuple[str, str]] = set()
         self.web_port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -176,7 +177,14 @@ class Runtime:
         }
         self.ingest = IngestStage(s, self.state, self.outputs, self.notices, self._prompt)
         self.dispatch = DispatchStage(
-            s, self.state, self.session_client, self.provisioner, self.streams, self.outputs, self.notices
+            s,
+            self.state,
+            self.session_client,
+            self.provisioner,
+            self.streams,
+            self.outputs,
+            self.notices,
+            typing=self._typing,
         )
         self.render = RenderStage(
             s,
@@ -236,16 +244,26 @@ class Runtime:
         return checks
 
     async def export_lag(self, app: Any) -> None:
-        """Consumer lag per assigned partition: high watermark minus our committed offset."""
+        """Consumer lag per assigned partition: high watermark minus our committed offset.
+
+        Label sets of partitions no longer assigned are removed, so a rebalance leaves no stale lag.
+        """
+        current: set[tuple[str, str]] = set()
         try:
             consumer = app.consumer
             for tp in consumer.assignment():
                 highwater = consumer.highwater(tp)
                 committed = consumer._committed_offset.get(tp)
                 if highwater is not None and committed is not None:
-                    metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
+                    labels = (tp.topic, str(tp.partition))
+                    metrics.CONSUMER_LAG.labels(*labels).set(max(0, highwater - committed))
+                    current.add(labels)
         except Exception:  # before the first assignment, or during a rebalance
             log.debug("lag export skipped", exc_info=True)
+            return
+        for labels in self._lag_labels - current:
+            metrics.CONSUMER_LAG.remove(*labels)
+        self._lag_labels = current
 
     # -- pieces --------------------------------------------------------------------------------
     def _provisioner(self) -> Provisioner:
@@ -266,6 +284,17 @@ class Runtime:
         return AnthropicProvisioner(
             self.session_client, agent=s.session_agent_id, environment_id=s.session_environment_id
         )
+
+    async def _typing(self, bot: BotConfig, chat_id: str) -> None:
+        """Best effort: a platform's "typing…" while the turn runs; never delays or fails a turn."""
+        platform = self.platforms.get(bot.platform)
+        if platform is None:
+            return
+        try:
+            async with asyncio.timeout(2.0):
+                await platform.typing(bot, chat_id, self.http)
+        except Exception:
+            log.debug("typing indicator failed for %s", bot.platform, exc_info=True)
 
     def _prompt(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> str | None:
         return build_im_prompt(reply_context(bot, message, window), self.policies[(bot.platform, bot.bot_id)])

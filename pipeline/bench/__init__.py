@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", action="store_true", help="worker RSS per idle conversation")
     p.add_argument("--idle-conversations", type=int, default=2000)
     p.add_argument("--streams", type=int, default=0, metavar="N", help="hold N turns open (long think); RSS")
+    p.add_argument("--with-load", action="store_true", help="with --chaos/--streams: run the load phases too")
     p.add_argument("--chaos", action="store_true", help="faults under load, then account for every message")
     p.add_argument("--chaos-duration", type=float, default=90.0)
     p.add_argument("--kill-every", type=float, default=10.0)

@@ -255,6 +255,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await bs.close()
         brokers = []
+    extra_only = (args.chaos or args.streams) and args.mode == "fixed" and not (
+        args.scale or args.memory or args.filtered or args.broker == "both" or args.with_load
+    )
+    if extra_only:
+        brokers = []  # `--chaos` / `--streams N` alone: only that (add --with-load for the load phases too)
     comparison: dict[str, Any] = {}
     for index, broker in enumerate(brokers):
         run_dir = (args.run_dir / broker) if args.run_dir else None
@@ -264,8 +269,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"stack up: run dir {bs.run_dir}")
         target = result if index == 0 else {}
         try:
-            if not (args.chaos and not args.scale and not args.streams and args.mode == "fixed" and args.duration <= 0):
-                await run_on(bs, args, target, name, out_dir)
+            await run_on(bs, args, target, name, out_dir)
             if index == 0:
                 if args.scale:
                     from pipeline.bench.scale import scale_phase
@@ -318,7 +322,3 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {k:32s} {v}")
     result["_paths"] = (str(json_path), str(png_path) if png_path else None)
     return result
-
-
-def _unused() -> None:  # keep imports used by type checkers quiet
-    _ = math.nan

@@ -9,7 +9,7 @@ that may or may not have happened (a crash mid-call) is looked up in the session
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pipeline import metrics
@@ -68,7 +68,9 @@ class DispatchStage:
         streams: StreamRegistry,
         outputs: Outputs,
         notices: Notices,
+        typing: Callable[[BotConfig, str], Awaitable[None]] | None = None,
     ) -> None:
+        self.typing = typing
         self.settings = settings
         self.state = state
         self.client = client
@@ -84,7 +86,9 @@ class DispatchStage:
                 "dispatch", "unknown_bot", command.model_dump_json(), key=command.conversation_key
             )
             return
-        command.hops.setdefault("dispatch_in", now_ms())
+        if "dispatch_in" not in command.hops:
+            now = command.hops["dispatch_in"] = now_ms()
+            metrics.observe_hop("dispatch", command.hops, "ingest", now)
         try:
             if command.kind == "user_turn":
                 await self._user_turn(bot, command, partition)
@@ -167,6 +171,8 @@ class DispatchStage:
             await self._begin(partition, session_id, conversation, command.trace_id, None, **turn_fields)
             await self._send_once(session_id, message_id, events, call="user_turn")
         metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
+        if self.typing is not None:
+            await self.typing(bot, command.chat_id)
 
     async def _create_session(self, bot: BotConfig, command: SessionCommand) -> str:
         session_id = await self.provisioner.create_session()

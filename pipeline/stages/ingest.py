@@ -121,7 +121,8 @@ class IngestStage:
         if not await self.state.first_time("in", dedup_id):
             metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
             return
-        message.hops["ingest"] = now_ms()
+        now = message.hops["ingest"] = now_ms()
+        metrics.observe_hop("ingest", message.hops, "ingress", now)
         command = parse_chat_command(message.text)
         if command is not None:
             await self._command(bot, message, command)

@@ -235,6 +235,7 @@ class RenderStage:
         )
 
     async def _final_reply(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
+        metrics.observe_hop("render", record.hops, "stream", now_ms())
         if state.interrupted:
             await self._notice(bot, record, state, "stopped")
             await self._turn_over(bot, record, state)

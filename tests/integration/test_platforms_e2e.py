@@ -272,6 +272,12 @@ async def test_telegram_private_and_group_mention(stack: Stack, standins: StandI
     assert call.seen.json["reply_parameters"]["message_id"] == message_id
     await standins.settle()
     assert len(standins.delivered("telegram", chat)) == 1 and len(standins.delivered("telegram", group)) == 1
+    # "typing…" was shown while each turn ran.
+    for conversation in (chat, group):
+        actions = [
+            c for c in standins.calls_for("telegram", conversation, messages_only=False) if "sendChatAction" in c.path
+        ]
+        assert actions and actions[0].seen.json["action"] == "typing"
 
 
 async def test_onebot_private_and_group_at(stack: Stack, standins: StandIns) -> None:
