@@ -8,6 +8,7 @@ and the records are the contract in `topics/`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -17,6 +18,9 @@ import faust
 import mode
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from pydantic import BaseModel, ValidationError
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
 from pipeline.executor import KeyedExecutor
@@ -29,6 +33,8 @@ from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_
 log = logging.getLogger(__name__)
 
 ALL_STAGES = ("ingest", "dispatch", "render", "egress")
+# Failures of shared infrastructure that a retry outlives (a Redis restart, AOF loading).
+_INFRASTRUCTURE_ERRORS = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
 
 
 def _patch_fetch_wait() -> None:
@@ -97,6 +103,33 @@ def create_app(
             executors[stage] = KeyedExecutor(settings.max_in_flight, name=stage)
         return executors[stage]
 
+    async def run_handler(
+        stage: str, handler: Callable[[Any, Any], Awaitable[None]], record: Any, message: Any, where: dict[str, Any]
+    ) -> None:
+        """Run a stage handler. Redis unavailable: wait and retry (handlers are idempotent), which
+        holds the partition back instead of losing the record. Any other error: dead letter."""
+        attempt = 0
+        while True:
+            try:
+                await handler(record, message)
+                return
+            except _INFRASTRUCTURE_ERRORS as exc:
+                attempt += 1
+                metrics.HANDLER_RETRIES.labels(stage, type(exc).__name__).inc()
+                log.warning("%s: Redis unavailable (%s); retry %d", stage, type(exc).__name__, attempt)
+                await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
+            except Exception as exc:
+                log.exception("%s: handler failed; dead-lettering the record", stage)
+                await runtime.outputs.dead_letter(
+                    stage,
+                    "handler_error",
+                    record.model_dump_json(),
+                    error=repr(exc)[:2000],
+                    key=getattr(record, "conversation_key", None),
+                    **where,
+                )
+                return
+
     def agent_loop(
         stage: str,
         topic_name: str,
@@ -113,41 +146,29 @@ def create_app(
             manual = stream.noack()
             async for event in manual.events():
                 message = event.message
+                where = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+                slot = {"partition": (message.topic, message.partition), "offset": message.offset}
+                ack = functools.partial(manual.ack, event)
                 raw = event.value
                 try:
                     record = model.model_validate_json(raw)
                 except ValidationError as exc:
+                    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+                    key = event.key.decode("utf-8", "replace") if isinstance(event.key, bytes) else None
                     await runtime.outputs.dead_letter(
-                        stage,
-                        "invalid_record",
-                        raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw),
-                        error=str(exc)[:500],
-                        topic=message.topic,
-                        partition=message.partition,
-                        offset=message.offset,
-                        key=event.key.decode() if isinstance(event.key, bytes) else None,
+                        stage, "invalid_record", text, error=str(exc)[:500], key=key, **where
                     )
-                    await manual.ack(event)
+                    await executor(stage).submit_done(**slot, ack=ack)
                     continue
                 if inline is not None and inline(record):
-                    await executor(stage).submit_done(
-                        partition=(message.topic, message.partition),
-                        offset=message.offset,
-                        ack=functools.partial(manual.ack, event),
-                    )
+                    await executor(stage).submit_done(**slot, ack=ack)
                     continue
+
+                async def work(record: Any = record, message: Any = message, where: dict[str, Any] = where) -> None:
+                    await run_handler(stage, handler, record, message, where)
+
                 key = getattr(record, "conversation_key", None) or message.partition
-
-                async def work(record: Any = record, message: Any = message) -> None:
-                    await handler(record, message)
-
-                await executor(stage).submit(
-                    key,
-                    work,
-                    partition=(message.topic, message.partition),
-                    offset=message.offset,
-                    ack=functools.partial(manual.ack, event),
-                )
+                await executor(stage).submit(key, work, **slot, ack=ack)
 
         loop.__name__ = f"{stage}_{topic_name.replace('.', '_')}"
         app.agent(topic, name=loop.__name__, concurrency=1)(loop)

@@ -55,6 +55,9 @@ NOTICES = Counter("switchboard_notices_total", "Host-written notices sent", ["pl
 EGRESS = Counter(
     "switchboard_egress_total", "Outbound deliveries by outcome", ["platform", "outcome"]
 )  # sent | duplicate | retried | rate_limited | dead_lettered
+HANDLER_RETRIES = Counter(
+    "switchboard_handler_retries_total", "Stage handler retries while Redis was unavailable", ["stage", "error"]
+)
 DEAD_LETTERS = Counter("switchboard_dead_letters_total", "Records dead-lettered", ["stage", "reason"])
 
 # Latency.

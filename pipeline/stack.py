@@ -101,6 +101,8 @@ class Stack:
     web_port: int = 8080
     think: float = 0.0
     run_dir: Path | None = None
+    # The embedded Redis with an append-only file, so its state survives a restart (as in production).
+    redis_aof: bool = False
     broker: TansuBroker | None = None
     redis: RedisServer | None = None
     sim: SimProcess | None = None
@@ -116,7 +118,7 @@ class Stack:
             env["SWITCHBOARD_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
             env.setdefault("SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS", str(self.broker.recommended_fetch_max_wait_ms))
         if not env.get("SWITCHBOARD_REDIS_URL"):
-            self.redis = RedisServer(run_dir=self._dir("redis"))
+            self.redis = RedisServer(run_dir=self._dir("redis"), aof=self.redis_aof, appendfsync="everysec")
             await self.redis.start()
             env["SWITCHBOARD_REDIS_URL"] = self.redis.url
         if not env.get("SWITCHBOARD_SESSION_BASE_URL"):

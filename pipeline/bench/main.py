@@ -92,6 +92,7 @@ async def ramp(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, label:
 
 async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
     """py-spy record -f raw: top frames by own samples and by inclusive samples."""
+    await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     try:
         proc = await asyncio.create_subprocess_exec(

@@ -58,6 +58,11 @@ def merge_turns(commands: Sequence[SessionCommand]) -> SessionCommand:
     )
 
 
+def turn_message_id(command: SessionCommand) -> str:
+    """The stable id of a turn's user.message (derived from its inbound ids by ingest)."""
+    return str(command.events[0].get("id")) if command.events else stable_id("turn-", command.trace_id)
+
+
 class DispatchStage:
     def __init__(
         self,
@@ -111,6 +116,9 @@ class DispatchStage:
     # -- user turns ----------------------------------------------------------------------------
     async def _user_turn(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
         conversation = command.conversation_key
+        if await self.state.marker("sent", turn_message_id(command)) == "1":
+            metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
+            return  # a replay (after a crash) of a turn already sent: its state was written then
         state = await self.state.conversation(conversation)
         if state.status != "idle" and state.session_id:
             if bot.busy_policy in ("merge", "queue"):
@@ -128,23 +136,35 @@ class DispatchStage:
         if state.status != "idle":
             return  # a turn started meanwhile; its idle flushes again
         limit = None if bot.busy_policy == "merge" else 1
-        held = [SessionCommand.model_validate_json(raw) for raw in await self.state.take_held(conversation, limit)]
-        if limit is None:
-            held = held[-self.settings.merge_window_max :] if len(held) > self.settings.merge_window_max else held
-        if held:
-            await self._start_turn(bot, merge_turns(held), state, partition)
+        while True:
+            taken = [SessionCommand.model_validate_json(raw) for raw in await self.state.take_held(conversation, limit)]
+            if not taken:
+                return
+            # A replayed command may have been held although its turn was sent already: drop it.
+            sent = await self.state.markers("sent", [turn_message_id(c) for c in taken])
+            held = [c for c, marker in zip(taken, sent, strict=True) if marker != "1"]
+            if held:
+                break
+        if limit is None and len(held) > self.settings.merge_window_max:
+            held = held[-self.settings.merge_window_max :]
+        await self._start_turn(bot, merge_turns(held), state, partition)
 
     async def _start_turn(
         self, bot: BotConfig, command: SessionCommand, state: ConversationState, partition: int
     ) -> None:
         conversation = command.conversation_key
+        message_id = turn_message_id(command)
+        # Claim the send before touching the conversation's state: a replay of a turn already sent
+        # must not overwrite the state of the turn that runs now.
+        previous = await self.state.claim_send(message_id)
+        if previous == "1":
+            return
         session_id = state.session_id or await self.state.session_for(conversation)
         if session_id is None:
             session_id = await self._create_session(bot, command)
         events = list(command.events)
         if command.system_text:
             events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
-        message_id = str(command.events[0].get("id")) if command.events else stable_id("turn-", command.trace_id)
         turn = TurnContext(
             trace_id=command.trace_id,
             platform=command.platform,
@@ -161,7 +181,7 @@ class DispatchStage:
         turn_fields = {"status": "running", "turn": turn, "interrupted": False, "last_message": None, "pending": []}
         await self._begin(partition, session_id, conversation, command.trace_id, state.cursor, **turn_fields)
         try:
-            await self._send_once(session_id, message_id, events, call="user_turn")
+            await self._send_claimed(session_id, message_id, previous, events, call="user_turn")
         except NotFoundError:
             # The session is gone (deleted, expired): start a new one and send there, once.
             log.info("session of %s is gone; creating a new one", conversation)
@@ -169,7 +189,7 @@ class DispatchStage:
             await self.state.unmap_session(conversation, session_id)
             session_id = await self._create_session(bot, command)
             await self._begin(partition, session_id, conversation, command.trace_id, None, **turn_fields)
-            await self._send_once(session_id, message_id, events, call="user_turn")
+            await self._send_claimed(session_id, message_id, None, events, call="user_turn")
         metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
         if self.typing is not None:
             await self.typing(bot, command.chat_id)
@@ -224,6 +244,11 @@ class DispatchStage:
         previous = await self.state.claim_send(marker_id)
         if previous == "1":
             return
+        await self._send_claimed(session_id, marker_id, previous, events, call=call)
+
+    async def _send_claimed(
+        self, session_id: str, marker_id: str, previous: str | None, events: list[dict[str, Any]], *, call: str
+    ) -> None:
         if previous == "sending" and await self._in_history(session_id, events):
             await self.state.set_marker("sent", marker_id)
             return

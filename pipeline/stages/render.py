@@ -124,6 +124,19 @@ class RenderStage:
         if event_type in _TOOL_CALLS:
             await self._tool_call(record)
             return
+        # A turn's end is handled once: a replay (after a crash) of an older idle must not end the
+        # turn that runs now. Marked after handling, so a crash in between replays it (egress then
+        # drops the duplicate outbound by its id).
+        if record.event_id and await self.state.marker("turnend", record.event_id) is not None:
+            return
+        await self._turn_end(record)
+        if record.event_id:
+            await self.state.set_marker("turnend", record.event_id)
+
+    async def _turn_end(self, record: SessionEventRecord) -> None:
+        event = record.event
+        event_type = record.event_type
+        conversation = record.conversation_key
         state = await self.state.conversation(conversation)
         bot = self._bot(conversation, state)
         if bot is None:
