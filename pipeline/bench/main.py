@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.bench import default_name
 from pipeline.bench.limit import bare_chain, bare_one_hop
 from pipeline.bench.load import TrafficMix
-from pipeline.bench.report import RESULTS, machine, write_chart, write_json
+from pipeline.bench.report import RESULTS, machine, markdown_summary, write_chart, write_json
 from pipeline.bench.runner import (
     BenchStack,
     PhaseResult,
@@ -318,6 +318,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     png_path = None
     with contextlib.suppress(Exception):
         png_path = write_chart(result, series, out_dir, name)
+    with contextlib.suppress(Exception):
+        await asyncio.to_thread((out_dir / f"{name}.md").write_text, markdown_summary(result))
     log(f"result: {json_path}" + (f", chart: {png_path}" if png_path else ""))
     for k, v in result["headline"].items():
         print(f"  {k:32s} {v}")

@@ -143,3 +143,21 @@ def write_chart(result: dict[str, Any], series: list[tuple[float, float, float]]
     fig.savefig(path, dpi=72)
     plt.close(fig)
     return path
+
+
+def markdown_summary(result: dict[str, Any]) -> str:
+    """The headline figures as a Markdown table (pasted into bench/README.md)."""
+    h = result.get("headline", {})
+    m = result.get("machine", {})
+    s = result.get("settings", {})
+    rows = [
+        ("machine", f"{m.get('cpu')} x{m.get('cores')}, {m.get('mem_gib')} GiB, Python {m.get('python')}, "
+                    f"commit {m.get('commit')}"),
+        ("settings", f"broker {s.get('broker')}, {s.get('workers')} worker(s), {s.get('partitions')} partitions, "
+                     f"{s.get('conversations')} conversations, private {s.get('private_share')}, group filtered "
+                     f"{s.get('filtered_share')}, bursts {s.get('burst_prob')}x{s.get('burst_size')}, think "
+                     f"{s.get('think')} s, bot {s.get('bot')}, mode {s.get('mode')}"),
+    ]
+    rows += [(k, str(v)) for k, v in h.items()]
+    lines = ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines) + "\n"

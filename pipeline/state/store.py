@@ -150,15 +150,19 @@ class StateStore:
         )
 
     async def update_conversation(self, conversation: str, **fields: Any) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._queue_update(pipe, conversation, fields)
+            await pipe.execute()
+
+    def _queue_update(self, pipe: Any, conversation: str, fields: dict[str, Any]) -> None:
+        """Queue on `pipe` the writes of `fields` to the conversation's hash (None deletes a field)."""
         mapping, deletes = _hash_fields(fields)
         key = self.key("conv", conversation)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            if mapping:
-                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
-            if deletes:
-                pipe.hdel(key, *deletes)
-            pipe.expire(key, self.mapping_ttl)
-            await pipe.execute()
+        if mapping:
+            pipe.hset(key, mapping=mapping)
+        if deletes:
+            pipe.hdel(key, *deletes)
+        pipe.expire(key, self.mapping_ttl)
 
     # -- held messages (busy policies merge / queue) ------------------------------------------
     async def hold(self, conversation: str, command_json: str) -> int:
@@ -233,14 +237,8 @@ class StateStore:
 
     async def start_turn(self, conversation: str, partition: int, stream: InflightStream, **fields: Any) -> None:
         """Mark the turn running and the session's stream in flight, in one round trip."""
-        mapping, deletes = _hash_fields(fields)
-        key = self.key("conv", conversation)
         async with self.redis.pipeline(transaction=True) as pipe:
-            if mapping:
-                pipe.hset(key, mapping=mapping)  # type: ignore[arg-type]
-            if deletes:
-                pipe.hdel(key, *deletes)
-            pipe.expire(key, self.mapping_ttl)
+            self._queue_update(pipe, conversation, fields)
             pipe.hset(self.key("inflight", str(partition)), stream.session_id, _dump_inflight(stream))
             await pipe.execute()
 

@@ -10,24 +10,20 @@ echoes, so a message `T` is answered with `echo: T`.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
 import itertools
 import json
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from telegram import Chat, Message, MessageEntity, Update, User
 
-from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
+from pipeline.embedded import RedisServer
 from pipeline.kafka import ConsumeTimeoutError, consume_until
 from pipeline.platforms import WebhookRequest
 from pipeline.stack import Stack
@@ -40,6 +36,7 @@ from tests.platforms import test_telegram as telegram_fx
 from tests.platforms.conftest import PNG, PNG_B64
 
 from .platform_standins import Call, StandIns
+from .stacks import running_stack
 
 pytestmark = [pytest.mark.integration]
 
@@ -114,33 +111,8 @@ def standins(broker_kind: str) -> Iterator[StandIns]:
 
 @pytest.fixture(scope="module")
 def stack(broker_kind: str, redis_server: RedisServer, standins: StandIns) -> Iterator[Stack]:
-    run_dir = Path(tempfile.mkdtemp(prefix="sb-e2e-"))
-    config = run_dir / "switchboard.toml"
-    config.write_text(_bots_toml(standins))
-    broker: TansuBroker | ApacheKafka = TansuBroker() if broker_kind == "tansu" else ApacheKafka()
-    asyncio.run(broker.start())
-    env = {
-        "SWITCHBOARD_CONFIG": str(config),
-        "SWITCHBOARD_KAFKA_BOOTSTRAP": broker.bootstrap,
-        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(broker.recommended_fetch_max_wait_ms),
-        "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
-        "SWITCHBOARD_REDIS_URL": redis_server.url,
-        "SWITCHBOARD_REDIS_PREFIX": f"e2e{uuid.uuid4().hex[:8]}:",
-        "SWITCHBOARD_PARTITIONS": "4",
-        "SWITCHBOARD_LOG_LEVEL": "INFO",
-    }
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
-    for key in saved:
-        del os.environ[key]  # the developer's own settings must not leak into the test stack
-    stack = Stack(settings_env=env, web_port=0, think=0.0, run_dir=run_dir)
-    try:
-        asyncio.run(stack.start(workers=0))
-        asyncio.run(stack.add_worker())
+    with running_stack(broker_kind, name="e2e", bots_toml=_bots_toml(standins), redis_url=redis_server.url) as stack:
         yield stack
-    finally:
-        asyncio.run(stack.stop())
-        asyncio.run(broker.stop())
-        os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)

@@ -7,48 +7,23 @@ conversation simply starts a new session. Either way the waiting message gets ex
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
-from pipeline.embedded import TansuBroker
 from pipeline.stack import Stack
 
 from .console import ConsoleClient, texts
+from .stacks import running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["aof", "no-persistence"])
 def own_redis_stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    broker = TansuBroker()
-    asyncio.run(broker.start())
-    env = {
-        "SWITCHBOARD_KAFKA_BOOTSTRAP": broker.bootstrap,
-        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": "20",
-        "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
-        "SWITCHBOARD_PARTITIONS": "2",
-        "SWITCHBOARD_REDIS_PREFIX": f"ro{uuid.uuid4().hex[:6]}:",
-    }
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
-    for key in saved:
-        del os.environ[key]
-    stack = Stack(
-        settings_env=env, web_port=0, run_dir=Path(tempfile.mkdtemp(prefix="sb-redis-")), redis_aof=request.param
-    )
-    try:
-        asyncio.run(stack.start(workers=0))
-        asyncio.run(stack.add_worker())
+    with running_stack("tansu", name="redis", redis_aof=request.param, partitions=2) as stack:
         yield stack
-    finally:
-        asyncio.run(stack.stop())
-        asyncio.run(broker.stop())
-        os.environ.update(saved)
 
 
 async def _session_of(stack: Stack, chat: str) -> str | None:

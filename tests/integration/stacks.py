@@ -1,0 +1,57 @@
+"""One way to run a whole Switchboard for a test module: a fresh broker, Redis (shared or its own),
+the simulator and one worker, with the developer's own SWITCHBOARD_* settings kept out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.embedded import ApacheKafka, TansuBroker
+from pipeline.stack import Stack
+
+
+@contextlib.contextmanager
+def running_stack(
+    broker_kind: str,
+    *,
+    name: str,
+    bots_toml: str | None = None,
+    redis_url: str | None = None,
+    redis_aof: bool = False,
+    partitions: int = 4,
+) -> Iterator[Stack]:
+    """A started stack; `redis_url=None` gives it its own Redis (with AOF if asked)."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"sb-{name}-"))
+    broker: TansuBroker | ApacheKafka = TansuBroker() if broker_kind == "tansu" else ApacheKafka()
+    asyncio.run(broker.start())
+    env = {
+        "SWITCHBOARD_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(broker.recommended_fetch_max_wait_ms),
+        "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
+        "SWITCHBOARD_REDIS_PREFIX": f"{name}{uuid.uuid4().hex[:8]}:",
+        "SWITCHBOARD_PARTITIONS": str(partitions),
+        "SWITCHBOARD_LOG_LEVEL": "INFO",
+    }
+    if bots_toml is not None:
+        config = run_dir / "switchboard.toml"
+        config.write_text(bots_toml)
+        env["SWITCHBOARD_CONFIG"] = str(config)
+    if redis_url is not None:
+        env["SWITCHBOARD_REDIS_URL"] = redis_url
+    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
+    for key in saved:
+        del os.environ[key]  # the developer's own settings must not leak into the test stack
+    stack = Stack(settings_env=env, web_port=0, think=0.0, run_dir=run_dir, redis_aof=redis_aof)
+    try:
+        asyncio.run(stack.start(workers=0))
+        asyncio.run(stack.add_worker())
+        yield stack
+    finally:
+        asyncio.run(stack.stop())
+        asyncio.run(broker.stop())
+        os.environ.update(saved)
