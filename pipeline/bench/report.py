@@ -82,9 +82,17 @@ def write_chart(result: dict[str, Any], series: list[tuple[float, float, float]]
         ax2.plot(t, [r["worker_cpu_pct"] for r in timeline], "k:", label="worker CPU %", lw=1)
         ax2.set_ylabel("worker CPU %", fontsize=8)
         ax2.tick_params(labelsize=7)
-    ax.set_title("load (open loop)", fontsize=9)
+    streams = result.get("streams", {}).get("timeline", [])
+    if not timeline and streams:
+        ax.plot([r["t"] for r in streams], [r["streams"] for r in streams], label="SSE streams held")
+        ax2 = ax.twinx()
+        ax2.plot([r["t"] for r in streams], [r["rss_mib"] for r in streams], "k:", label="worker RSS MiB")
+        ax2.set_ylabel("worker RSS MiB", fontsize=8)
+        ax2.tick_params(labelsize=7)
+    ax.set_title("load (open loop)" if timeline else "turns in flight (streams)", fontsize=9)
     ax.set_xlabel("s", fontsize=8)
-    ax.legend(fontsize=7, loc="upper left")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left")
     ax.tick_params(labelsize=7)
 
     ax = axes[0][1]
@@ -94,7 +102,8 @@ def write_chart(result: dict[str, Any], series: list[tuple[float, float, float]]
         ax.set_yscale("log")
     ax.set_title("reply latency (ms)", fontsize=9)
     ax.set_xlabel("s", fontsize=8)
-    ax.legend(fontsize=7, markerscale=4)
+    if series:
+        ax.legend(fontsize=7, markerscale=4)
     ax.tick_params(labelsize=7)
 
     ax = axes[1][0]
@@ -108,7 +117,8 @@ def write_chart(result: dict[str, Any], series: list[tuple[float, float, float]]
         ax.set_xticklabels([n.replace("->", "→\n") for n in names], fontsize=6)
         ax.set_yscale("log")
     ax.set_title("per-stage latency (ms)", fontsize=9)
-    ax.legend(fontsize=7)
+    if names:
+        ax.legend(fontsize=7)
     ax.tick_params(labelsize=7)
 
     ax = axes[1][1]

@@ -39,6 +39,7 @@ from pipeline.session.models import (
 )
 from pipeline.session.profiles import Profile, get_profile
 from pipeline.session.retry import RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
+from pipeline.session.transport import session_transport
 
 if TYPE_CHECKING:
     from pipeline.session.subscription import Subscription
@@ -178,7 +179,7 @@ class SessionClient:
             headers=self._headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive_connections),
-            transport=transport,
+            transport=transport or session_transport(max_connections),
             verify=self._ssl_context,
         )
         # Callers beyond the pool size wait here, not in httpcore's queue (costly to scan when long).
@@ -199,7 +200,7 @@ class SessionClient:
                 headers=self._headers,
                 timeout=self._stream_timeout,
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-                transport=self._transport,
+                transport=self._transport or session_transport(None),
                 verify=self._ssl_context,
             )
             self._stream_pools[index] = pool
