@@ -116,10 +116,10 @@ class DispatchStage:
     # -- user turns ----------------------------------------------------------------------------
     async def _user_turn(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
         conversation = command.conversation_key
-        if await self.state.marker("sent", turn_message_id(command)) == "1":
+        state, sent = await self.state.conversation_and_marker(conversation, "sent", turn_message_id(command))
+        if sent == "1":
             metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
             return  # a replay (after a crash) of a turn already sent: its state was written then
-        state = await self.state.conversation(conversation)
         if state.status != "idle" and state.session_id:
             if bot.busy_policy in ("merge", "queue"):
                 await self.state.hold(conversation, command.model_dump_json())

@@ -127,17 +127,15 @@ class RenderStage:
         # A turn's end is handled once: a replay (after a crash) of an older idle must not end the
         # turn that runs now. Marked after handling, so a crash in between replays it (egress then
         # drops the duplicate outbound by its id).
-        if record.event_id and await self.state.marker("turnend", record.event_id) is not None:
+        state, handled = await self.state.conversation_and_marker(conversation, "turnend", record.event_id or "-")
+        if record.event_id and handled is not None:
             return
-        await self._turn_end(record)
-        if record.event_id:
-            await self.state.set_marker("turnend", record.event_id)
+        await self._turn_end(record, state)
 
-    async def _turn_end(self, record: SessionEventRecord) -> None:
+    async def _turn_end(self, record: SessionEventRecord, state: ConversationState) -> None:
         event = record.event
         event_type = record.event_type
         conversation = record.conversation_key
-        state = await self.state.conversation(conversation)
         bot = self._bot(conversation, state)
         if bot is None:
             log.warning("render: no bot for %s", conversation)
@@ -147,6 +145,8 @@ class RenderStage:
             metrics.TURNS_FINISHED.labels(bot.platform, stop).inc()
             if stop == "requires_action":
                 await self._requires_action(bot, record, state)
+                if record.event_id:
+                    await self.state.set_marker("turnend", record.event_id)
             elif stop == "end_turn":
                 await self._final_reply(bot, record, state)
             else:  # retries_exhausted, budget_reached, …: the turn ends, the session stays usable
@@ -159,6 +159,8 @@ class RenderStage:
         kind = "session_terminated" if event_type == "session.status_terminated" else "session_deleted"
         await self._notice(bot, record, state, kind)
         await self.state.unmap_session(conversation, record.session_id)
+        if record.event_id:
+            await self.state.set_marker("turnend", record.event_id)
 
     # -- steps ---------------------------------------------------------------------------------
     async def _tool_call(self, record: SessionEventRecord) -> None:
@@ -293,8 +295,15 @@ class RenderStage:
 
     async def _turn_over(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
         """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
-        await self.state.update_conversation(
-            record.conversation_key, status="idle", last_message=None, pending=[], tools={}, interrupted=False
+        await self.state.update_conversation_and_mark(
+            record.conversation_key,
+            "turnend",
+            record.event_id,
+            status="idle",
+            last_message=None,
+            pending=[],
+            tools={},
+            interrupted=False,
         )
         if state.held > 0 and state.turn is not None:
             turn = state.turn

@@ -147,15 +147,24 @@ class StreamRegistry:
                     continue
                 # The cursor is saved once per turn: a resume replays at most this turn's events,
                 # which render and egress de-duplicate by their ids.
+                ends = event.type != "session.status_idle" or not held.queued_turns
                 if event.id:
-                    await self.state.save_session_cursor(stream.conversation_key, session_id, event.id)
+                    # Cursor and (when the stream is released) the in-flight entry in one round trip.
+                    await self.state.save_session_cursor(
+                        stream.conversation_key,
+                        session_id,
+                        event.id,
+                        release_partition=held.partition if ends else None,
+                    )
+                elif ends:
+                    await self.state.remove_inflight(held.partition, session_id)
                 if event.type != "session.status_idle":
+                    held.lingering = True  # already released above
                     break  # terminated or deleted: nothing more will come
                 if held.queued_turns:
                     held.queued_turns -= 1
                     continue
                 held.lingering = True
-                await self.state.remove_inflight(held.partition, session_id)
         except StopAsyncIteration:
             pass
         except asyncio.CancelledError:

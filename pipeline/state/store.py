@@ -132,22 +132,27 @@ class StateStore:
 
     # -- conversation state -----------------------------------------------------------------
     async def conversation(self, conversation: str) -> ConversationState:
-        raw = await self.redis.hgetall(self.key("conv", conversation))
-        if not raw:
-            return ConversationState()
-        data = {_text(k): _text(v) for k, v in raw.items()}
-        return ConversationState(
-            status=data.get("status") or "idle",
-            session_id=data.get("session_id"),
-            turn=TurnContext.model_validate_json(data["turn"] or "") if data.get("turn") else None,
-            last_message=data.get("last_message"),
-            last_message_id=data.get("last_message_id"),
-            pending=[PendingAction.model_validate(p) for p in json.loads(data.get("pending") or "[]")],
-            tools={k: PendingAction.model_validate(v) for k, v in json.loads(data.get("tools") or "{}").items()},
-            interrupted=data.get("interrupted") == "1",
-            held=int(data.get("held") or 0),
-            cursor=_cursor_for(data.get("cursor"), data.get("session_id")),
-        )
+        return _conversation_state(await self.redis.hgetall(self.key("conv", conversation)))
+
+    async def conversation_and_marker(
+        self, conversation: str, kind: str, ident: str
+    ) -> tuple[ConversationState, str | None]:
+        """The conversation's state and one de-duplication marker, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.key("conv", conversation))
+            pipe.get(self.key(f"dedup:{kind}", ident))
+            raw, marker = await pipe.execute()
+        return _conversation_state(raw), _text(marker)
+
+    async def update_conversation_and_mark(
+        self, conversation: str, kind: str, ident: str | None, **fields: Any
+    ) -> None:
+        """Write the conversation's fields and (if `ident`) set a marker, in one round trip."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._queue_update(pipe, conversation, fields)
+            if ident:
+                pipe.set(self.key(f"dedup:{kind}", ident), "1", ex=self.dedup_ttl)
+            await pipe.execute()
 
     async def update_conversation(self, conversation: str, **fields: Any) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -228,11 +233,17 @@ class StateStore:
         return streams
 
     # -- stream cursors (the last event id processed, kept in the conversation's hash) -------------
-    async def save_session_cursor(self, conversation: str, session_id: str, cursor: str) -> None:
+    async def save_session_cursor(
+        self, conversation: str, session_id: str, cursor: str, *, release_partition: int | None = None
+    ) -> None:
+        """Save the stream's cursor; with `release_partition`, also take the session off the
+        partition's in-flight set (its turn is over) in the same round trip."""
         key = self.key("conv", conversation)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, "cursor", f"{session_id}|{cursor}")
             pipe.expire(key, self.mapping_ttl)
+            if release_partition is not None:
+                pipe.hdel(self.key("inflight", str(release_partition)), session_id)
             await pipe.execute()
 
     async def start_turn(self, conversation: str, partition: int, stream: InflightStream, **fields: Any) -> None:
@@ -295,6 +306,24 @@ class StateStore:
     async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
         raw = await self.redis.lrange(self.key("console", f"{bot_id}:{chat_id}"), 0, -1)
         return [_text(v) or "" for v in raw]
+
+
+def _conversation_state(raw: dict[Any, Any]) -> ConversationState:
+    if not raw:
+        return ConversationState()
+    data = {_text(k): _text(v) for k, v in raw.items()}
+    return ConversationState(
+        status=data.get("status") or "idle",
+        session_id=data.get("session_id"),
+        turn=TurnContext.model_validate_json(data["turn"] or "") if data.get("turn") else None,
+        last_message=data.get("last_message"),
+        last_message_id=data.get("last_message_id"),
+        pending=[PendingAction.model_validate(p) for p in json.loads(data.get("pending") or "[]")],
+        tools={k: PendingAction.model_validate(v) for k, v in json.loads(data.get("tools") or "{}").items()},
+        interrupted=data.get("interrupted") == "1",
+        held=int(data.get("held") or 0),
+        cursor=_cursor_for(data.get("cursor"), data.get("session_id")),
+    )
 
 
 def _hash_fields(fields: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
