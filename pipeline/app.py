@@ -86,7 +86,7 @@ def create_app(
         broker_commit_interval=0.5,
         broker_commit_every=1000,
         stream_wait_empty=True,
-        producer_linger_ms=1,
+        producer_linger_ms=settings.kafka_linger_ms,
         producer_acks=-1,
         broker_session_timeout=settings.kafka_session_timeout_seconds,
         broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_seconds / 3),

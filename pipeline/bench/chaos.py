@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 from collections import Counter, defaultdict
@@ -230,7 +231,8 @@ def account(
         "misthreaded_detail": misthreaded[:30],
         "replies_without_echo": len(empty_replies),
         "replies_without_echo_detail": empty_replies[:30],
-        "lost_ids": [s.msg_id for s in lost][:100],
+        "lost_ids": [s.msg_id for s in lost][:2000],
+        "answered_ids": sorted(i for i, v in answers.items() if v),
         "lost_by_chat": dict(sorted(Counter(s.chat_id for s in lost).items())),
         "duplicated_detail": [
             {"msg_id": s.msg_id, "chat": s.chat_id,
@@ -324,6 +326,12 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
                      "text": "".join(b.get("text", "") for b in e.get("content") or [] if isinstance(b, dict))[:60]}
                     for e in last
                 ]
+    answered = set(acc.get("answered_ids", []))
+    for info in chats.values():
+        with contextlib.suppress(Exception):
+            turn = json.loads(info.get("conv", {}).get("turn") or "{}")
+            info["turn_reply_to"] = turn.get("reply_to_message_id")
+            info["turn_reply_to_answered"] = turn.get("reply_to_message_id") in answered
     inflight = {}
     with contextlib.suppress(Exception):
         for key in await bs.redis.keys(f"{p}inflight:*"):

@@ -179,7 +179,7 @@ class SessionClient:
             headers=self._headers,
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive_connections),
-            transport=transport or session_transport(max_connections),
+            transport=transport or session_transport(max_connections, self._ssl_context),
             verify=self._ssl_context,
         )
         # Callers beyond the pool size wait here, not in httpcore's queue (costly to scan when long).
@@ -200,7 +200,7 @@ class SessionClient:
                 headers=self._headers,
                 timeout=self._stream_timeout,
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
-                transport=self._transport or session_transport(None),
+                transport=self._transport or session_transport(None, self._ssl_context),
                 verify=self._ssl_context,
             )
             self._stream_pools[index] = pool
