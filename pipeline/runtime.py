@@ -117,6 +117,7 @@ class Runtime:
     async def start(self) -> None:
         s = self.settings
         assert s.redis_url, "redis_url is required"
+        log.info("event loop: %s", type(asyncio.get_running_loop()).__module__)
         # Retries ride out a Redis restart; beyond them a stage's call fails and is retried by replay.
         # A blocking pool: a burst waits for a connection instead of failing with "too many".
         pool = BlockingConnectionPool.from_url(

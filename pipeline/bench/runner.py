@@ -35,6 +35,7 @@ from pipeline.bench.measure import (
     metric_sum,
     proc_cpu_seconds,
     redis_commands,
+    redis_commandstats,
     rss_mib,
     scrape_metrics,
     self_cpu_seconds,
@@ -308,6 +309,7 @@ async def run_phase(
     await counter.start()
     k0 = await kafka.by_topic()
     r0 = await redis_commands(bs.redis)
+    rc0 = await redis_commandstats(bs.redis)
     w0 = await worker_counters(bs, http)
     cpu0 = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
     self0 = self_cpu_seconds()
@@ -373,6 +375,7 @@ async def run_phase(
     cpu1 = {name: proc_cpu_seconds(pid) for name, pid in pids_end.items()}
     self1 = self_cpu_seconds()
     r1 = await redis_commands(bs.redis)
+    rc1 = await redis_commandstats(bs.redis)
     k1 = await kafka.by_topic()
     w1 = await worker_counters(bs, http)
     await counter.stop()
@@ -449,6 +452,11 @@ async def run_phase(
             "commands": r1 - r0,
             "ops_per_turn": round((r1 - r0) / turns, 2) if turns else None,
             "ops_per_inbound_msg": round((r1 - r0) / gen_stats.acked, 2) if gen_stats.acked else None,
+            "per_turn_by_command": {
+                name: round((calls - rc0.get(name, 0)) / turns, 2)
+                for name, calls in sorted(rc1.items(), key=lambda kv: rc0.get(kv[0], 0) - kv[1])[:15]
+                if turns and calls - rc0.get(name, 0) > 0
+            },
         },
         "kafka": {
             "records": kafka_records,
