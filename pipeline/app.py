@@ -9,6 +9,7 @@ and the records are the contract in `topics/`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -225,7 +226,58 @@ def create_app(
                 await ex.close()
             await runtime.stop()
 
+    async def drain(seconds: float) -> None:
+        """Before Faust stops (its fetcher stops first): take no new turns and let the running ones
+        finish through render and egress, for at most `seconds`; the rest resumes elsewhere."""
+        if seconds <= 0 or not runtime.started:
+            return
+        consumer = app.consumer
+        with contextlib.suppress(Exception):
+            consumer.pause_partitions({tp for tp in consumer.assignment() if tp.topic in (IM_INBOUND, SESSION_INPUT)})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        quiet_since: float | None = None
+        while loop.time() < deadline:
+            busy = runtime.streams.turns_in_flight or any(ex.pending for ex in executors.values())
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = loop.time()
+            elif loop.time() - quiet_since >= 0.5:  # nothing in flight for a moment: done
+                log.info("drained: no turn in flight")
+                return
+            await asyncio.sleep(0.1)
+        log.warning(
+            "drain time over with %d turn(s) in flight; they resume on the next owner", runtime.streams.turns_in_flight
+        )
+
+    app.switchboard_drain = drain  # type: ignore[attr-defined]
+    app.switchboard_drain_seconds = settings.shutdown_drain_seconds  # type: ignore[attr-defined]
     return app
+
+
+class DrainingWorker(faust.Worker):
+    """A Faust worker whose first SIGTERM drains the turns in flight before shutting down (a
+    second SIGTERM, or SIGINT, stops at once)."""
+
+    _draining = False
+    _drain_task: asyncio.Future[None] | None = None
+
+    def _on_sigterm(self) -> None:
+        drain = getattr(self.app, "switchboard_drain", None)
+        if self._draining or drain is None:
+            super()._on_sigterm()
+            return
+        self._draining = True
+        seconds = getattr(self.app, "switchboard_drain_seconds", 0.0)
+
+        async def drain_then_stop() -> None:
+            try:
+                await drain(seconds)
+            finally:
+                super(DrainingWorker, self)._on_sigterm()
+
+        self._drain_task = asyncio.ensure_future(drain_then_stop(), loop=self.loop)
 
 
 def _producer_send(app: faust.App, *, acked: bool = False) -> Callable[[str, str | None, bytes], Awaitable[None]]:

@@ -66,9 +66,8 @@ def _settings() -> Settings:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import faust
 
-    from pipeline.app import create_app
+    from pipeline.app import DrainingWorker, create_app
     from pipeline.logs import configure_logging
 
     settings = _settings()
@@ -78,7 +77,7 @@ def _worker(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",")] if args.platforms else None
     app = create_app(settings, stages=stages, platforms=platforms)
-    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False)
+    worker = DrainingWorker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False)
     profile_path = os.environ.get("SWITCHBOARD_CPROFILE")  # development aid: a cProfile dump at exit
     if not profile_path:
         worker.execute_from_commandline()

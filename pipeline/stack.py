@@ -77,7 +77,7 @@ class SimProcess(_HttpProcess):
 class WorkerProcess(_HttpProcess):
     name = "worker"
     start_timeout = 60.0
-    stop_grace = 20.0
+    stop_grace = 45.0  # above the worker's shutdown drain (20 s by default)
 
     def __init__(
         self, port: int, env: Mapping[str, str], *, args: list[str] | None = None, run_dir: Path | None = None

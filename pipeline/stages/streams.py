@@ -69,6 +69,11 @@ class StreamRegistry:
     def open_streams(self) -> int:
         return len(self._held)
 
+    @property
+    def turns_in_flight(self) -> int:
+        """Streams carrying a turn now (not those lingering between turns)."""
+        return sum(1 for held in self._held.values() if not held.lingering)
+
     async def track(self, partition: int, stream: InflightStream, *, registered: bool = False) -> None:
         """Hold a stream for this session until its turn ends. `registered`: the caller already
         recorded it in flight in Redis (dispatch does so with the turn's state, in one round trip)."""

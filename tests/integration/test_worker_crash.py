@@ -49,3 +49,26 @@ async def test_sigkill_mid_turn_delivers_the_reply_exactly_once(console: Console
     got = await console.settle(chat, quiet=4)
     assert texts(got) == ["echo: warm up", "echo: survive this"]
     assert await _user_messages_in_session(stack, chat) == 2
+
+
+async def test_sigterm_lets_the_running_turn_finish_before_the_worker_exits(
+    console: ConsoleClient, stack: Stack
+) -> None:
+    chat = console.chat("drain")
+    await console.send(chat, "[sim:think=3] finish me first")
+    await asyncio.sleep(1.0)  # the turn is running
+    worker = next(w for w in stack.workers if w.is_running)
+    await worker.stop()  # SIGTERM; returns when the process has exited
+    assert not worker.is_running
+    # No other worker runs: the reply can only have come from the draining one. (Read from Redis:
+    # no worker serves the console API now.)
+    settings = stack.settings()
+    client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
+    try:
+        delivered = await client.lrange(f"{settings.redis_prefix}console:demo:{chat}", 0, -1)
+    finally:
+        await client.aclose()
+    assert len(delivered) == 1 and "echo: finish me first" in delivered[0]
+    await stack.add_worker()  # for the tests after this one
+    got = await console.settle(chat, quiet=3)
+    assert texts(got) == ["echo: finish me first"]
