@@ -48,6 +48,7 @@ class ChaosConfig:
     seed: int = 7
     run_dir: Path | None = None
     session_timeout: float = 3.0
+    kill_in_accept_delay: bool = True  # also SIGKILL a worker while its sends wait on the delayed answers
     burst_prob: float = 0.05
 
 
@@ -55,6 +56,7 @@ class ChaosConfig:
 class FaultLog:
     t0: float
     events: list[dict[str, Any]] = field(default_factory=list)
+    background: list[asyncio.Task[None]] = field(default_factory=list)
 
     def add(self, fault: str, **detail: Any) -> None:
         entry = {"t": round(time.monotonic() - self.t0, 2), "at_ms": round(time.time() * 1000), "fault": fault}
@@ -80,18 +82,24 @@ async def _kill_loop(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog, stop: a
             await asyncio.wait_for(stop.wait(), timeout=max(wait, 0.5))
         if stop.is_set():
             break
-        alive = [w for w in bs.stack.workers if w.is_running]
-        if not alive:
-            continue
-        victim = rng.choice(alive)
-        pid = victim.pid
-        await victim.kill()
-        faults.add("sigkill_worker", pid=pid, log=str(victim.log_path))
-        try:
-            new = await bs.stack.add_worker()
-            faults.add("replacement_ready", pid=new.pid, log=str(new.log_path))
-        except Exception as exc:  # keep going: the report says it
-            faults.add("replacement_failed", error=repr(exc)[:300])
+        await _kill_one(bs, faults, rng, "sigkill_worker")
+
+
+async def _kill_one(bs: BenchStack, faults: FaultLog, rng: random.Random, label: str) -> None:
+    """SIGKILL one running worker, then start a replacement (and wait until it is healthy)."""
+    assert bs.stack is not None
+    alive = [w for w in bs.stack.workers if w.is_running]
+    if not alive:
+        return
+    victim = rng.choice(alive)
+    pid = victim.pid
+    await victim.kill()
+    faults.add(label, pid=pid, log=str(victim.log_path))
+    try:
+        new = await bs.stack.add_worker()
+        faults.add("replacement_ready", pid=new.pid, log=str(new.log_path))
+    except Exception as exc:  # keep going: the report says it
+        faults.add("replacement_failed", error=repr(exc)[:300])
 
 
 async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> None:
@@ -124,6 +132,11 @@ async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> N
                 delay_s = cfg.session_timeout + 1.0
                 await _sim_post(bs, "/_sim/faults", {"accept_delay": delay_s})
                 faults.add("accept_then_delay_on", accept_delay=delay_s, client_timeout=cfg.session_timeout)
+                if cfg.kill_in_accept_delay:
+                    await asyncio.sleep(delay_s * 0.6)
+                    faults.background.append(asyncio.create_task(
+                        _kill_one(bs, faults, random.Random(cfg.seed + 1), "sigkill_worker_during_accept_delay")
+                    ))
             elif what == "accept_delay_off":
                 await _sim_post(bs, "/_sim/faults", {"accept_delay": 0.0})
                 faults.add("accept_then_delay_off")
@@ -378,6 +391,7 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
     stop.set()
     tasks[0].cancel()  # scheduled faults not reached yet are skipped; a replacement being started is awaited
     await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*faults.background, return_exceptions=True)
     with contextlib.suppress(Exception):
         await _sim_post(bs, "/_sim/faults", {"rate_429": 0.0, "rate_500": 0.0, "accept_delay": 0.0})
     assert bs.stack is not None
@@ -412,7 +426,7 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
         "run_dir": str(bs.run_dir),
         "faults": faults.events,
-        "kills": sum(1 for f in faults.events if f["fault"] == "sigkill_worker"),
+        "kills": sum(1 for f in faults.events if f["fault"].startswith("sigkill_worker")),
         "accounting": acc,
         "webhook": {"errors": gen.stats.errors, "failed": gen.stats.failed},
         "sim_stats": {k: v for k, v in sim_stats.items() if k != "faults"},

@@ -122,8 +122,11 @@ class DispatchStage:
             return  # a replay (after a crash) of a turn already sent: its state was written then
         if state.status != "idle" and state.session_id:
             if bot.busy_policy in ("merge", "queue"):
-                await self.state.hold(conversation, command.model_dump_json())
-                metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+                if await self.state.hold_if_busy(conversation, command.model_dump_json()):
+                    metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+                    return
+                # The turn ended since we looked: start this one now.
+                await self._start_turn(bot, command, await self.state.conversation(conversation), partition)
                 return
             # interrupt: stop the running turn; the session runs the new message after it.
             await self._send(state.session_id, [{"type": "user.interrupt"}], call="interrupt")

@@ -295,9 +295,8 @@ class RenderStage:
 
     async def _turn_over(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
         """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
-        await self.state.update_conversation_and_mark(
+        held = await self.state.finish_turn(
             record.conversation_key,
-            "turnend",
             record.event_id,
             status="idle",
             last_message=None,
@@ -305,7 +304,7 @@ class RenderStage:
             tools={},
             interrupted=False,
         )
-        if state.held > 0 and state.turn is not None:
+        if held > 0 and state.turn is not None:
             turn = state.turn
             await self.outputs.session_command(
                 SessionCommand(

@@ -90,6 +90,7 @@ class InflightStream:
 class StateStore:
     def __init__(self, redis: Redis, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400):
         self.redis = redis
+        self._hold_if_busy = redis.register_script(_HOLD_IF_BUSY)
         self.prefix = prefix
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
@@ -144,16 +145,6 @@ class StateStore:
             raw, marker = await pipe.execute()
         return _conversation_state(raw), _text(marker)
 
-    async def update_conversation_and_mark(
-        self, conversation: str, kind: str, ident: str | None, **fields: Any
-    ) -> None:
-        """Write the conversation's fields and (if `ident`) set a marker, in one round trip."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            self._queue_update(pipe, conversation, fields)
-            if ident:
-                pipe.set(self.key(f"dedup:{kind}", ident), "1", ex=self.dedup_ttl)
-            await pipe.execute()
-
     async def update_conversation(self, conversation: str, **fields: Any) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
             self._queue_update(pipe, conversation, fields)
@@ -170,14 +161,29 @@ class StateStore:
         pipe.expire(key, self.mapping_ttl)
 
     # -- held messages (busy policies merge / queue) ------------------------------------------
-    async def hold(self, conversation: str, command_json: str) -> int:
-        key = self.key("held", conversation)
+    async def hold_if_busy(self, conversation: str, command_json: str) -> bool:
+        """Hold the command if a turn is running, atomically with that check.
+
+        Render ends a turn (status idle) and reads the held count in one transaction; this script
+        checks the status and holds in one step. So a message is either held before the turn ends
+        (and the end flushes it) or sees the idle state (and starts its own turn): never stranded.
+        """
+        held = await self._hold_if_busy(
+            keys=[self.key("conv", conversation), self.key("held", conversation)],
+            args=[command_json, self.mapping_ttl],
+        )
+        return bool(held)
+
+    async def finish_turn(self, conversation: str, marker_id: str | None, **fields: Any) -> int:
+        """End the turn (fields, normally status idle) and mark its end event handled; returns how
+        many messages are held (to flush), read in the same transaction."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, command_json)
-            pipe.expire(key, self.mapping_ttl)
-            pipe.hincrby(self.key("conv", conversation), "held", 1)
-            count, _, _ = await pipe.execute()
-        return int(count)
+            self._queue_update(pipe, conversation, fields)
+            if marker_id:
+                pipe.set(self.key("dedup:turnend", marker_id), "1", ex=self.dedup_ttl)
+            pipe.llen(self.key("held", conversation))
+            results = await pipe.execute()
+        return int(results[-1])
 
     async def take_held(self, conversation: str, limit: int | None = None) -> list[str]:
         """Remove and return up to `limit` held commands (all when None), oldest first."""
@@ -306,6 +312,16 @@ class StateStore:
     async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
         raw = await self.redis.lrange(self.key("console", f"{bot_id}:{chat_id}"), 0, -1)
         return [_text(v) or "" for v in raw]
+
+
+_HOLD_IF_BUSY = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or status == 'idle' then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'held', 1)
+return 1
+"""
 
 
 def _conversation_state(raw: dict[Any, Any]) -> ConversationState:

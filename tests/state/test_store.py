@@ -61,14 +61,27 @@ async def test_conversation_state_round_trip(redis_url: str, redis_prefix: str) 
 
 async def test_held_messages_fifo_take_one_or_all(redis_url: str, redis_prefix: str) -> None:
     state = await store(redis_url, redis_prefix)
+    await state.update_conversation("k", status="running")
     for i in range(4):
-        await state.hold("k", f"cmd{i}")
+        assert await state.hold_if_busy("k", f"cmd{i}")
     assert (await state.conversation("k")).held == 4
     assert await state.take_held("k", 1) == ["cmd0"]
     assert (await state.conversation("k")).held == 3
     assert await state.take_held("k") == ["cmd1", "cmd2", "cmd3"]
     assert await state.take_held("k") == []
     assert (await state.conversation("k")).held == 0
+
+
+async def test_a_message_is_never_held_after_the_turn_ended(redis_url: str, redis_prefix: str) -> None:
+    """Hold and turn end are atomic against each other: the held message is flushed or not held."""
+    state = await store(redis_url, redis_prefix)
+    assert not await state.hold_if_busy("k", "cmd")  # no turn at all: the caller starts one
+    await state.update_conversation("k", status="running")
+    assert await state.hold_if_busy("k", "early")
+    assert await state.finish_turn("k", "sevt-idle-1", status="idle") == 1  # the end sees it: flush
+    assert not await state.hold_if_busy("k", "late")  # after the end: the caller starts a turn
+    assert await state.take_held("k") == ["early"]
+    assert await state.marker("turnend", "sevt-idle-1") == "1"
 
 
 async def test_first_time_is_atomic_under_concurrency(redis_url: str, redis_prefix: str) -> None:
