@@ -20,10 +20,16 @@ from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--attach", action="append", default=[], metavar="URL",
-                   help="worker URL of a running stack (repeat); Redis/Kafka from SWITCHBOARD_* env")
+    p = argparse.ArgumentParser(
+        prog="switchboard bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--attach",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="worker URL of a running stack (repeat); Redis/Kafka from SWITCHBOARD_* env",
+    )
     p.add_argument("--worker-pid", action="append", type=int, default=[], help="pid(s) of attached workers (CPU/RSS)")
     p.add_argument("--broker", choices=["tansu", "kafka", "both"], default="tansu")
     p.add_argument("--workers", type=int, default=1)
@@ -56,8 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chaos-duration", type=float, default=90.0)
     p.add_argument("--kill-every", type=float, default=10.0)
     p.add_argument("--chaos-rate", type=float, default=20.0)
-    p.add_argument("--profile", type=float, default=0.0, metavar="S",
-                   help="py-spy record the worker for S seconds during the load (raw folded output)")
+    p.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="py-spy record the worker for S seconds during the load (raw folded output)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny load for a smoke test (a few seconds)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--name", default=None, help="result file name (default bench-<timestamp>)")

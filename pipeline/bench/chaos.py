@@ -134,9 +134,11 @@ async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> N
                 faults.add("accept_then_delay_on", accept_delay=delay_s, client_timeout=cfg.session_timeout)
                 if cfg.kill_in_accept_delay:
                     await asyncio.sleep(delay_s * 0.6)
-                    faults.background.append(asyncio.create_task(
-                        _kill_one(bs, faults, random.Random(cfg.seed + 1), "sigkill_worker_during_accept_delay")
-                    ))
+                    faults.background.append(
+                        asyncio.create_task(
+                            _kill_one(bs, faults, random.Random(cfg.seed + 1), "sigkill_worker_during_accept_delay")
+                        )
+                    )
             elif what == "accept_delay_off":
                 await _sim_post(bs, "/_sim/faults", {"accept_delay": 0.0})
                 faults.add("accept_then_delay_off")
@@ -211,8 +213,9 @@ def account(
     # oldest unanswered messages of their chat.
     by_notice = 0
     for chat, notices in unattributed.items():
-        waiting = sorted((s for s in expected if s.chat_id == chat and not answers.get(s.msg_id)),
-                         key=lambda s: s.intended_ms)
+        waiting = sorted(
+            (s for s in expected if s.chat_id == chat and not answers.get(s.msg_id)), key=lambda s: s.intended_ms
+        )
         for s, d in zip(waiting, sorted(notices, key=lambda d: d.delivered_at), strict=False):
             answers[s.msg_id].append(d)
             by_notice += 1
@@ -248,9 +251,14 @@ def account(
         "answered_ids": sorted(i for i, v in answers.items() if v),
         "lost_by_chat": dict(sorted(Counter(s.chat_id for s in lost).items())),
         "duplicated_detail": [
-            {"msg_id": s.msg_id, "chat": s.chat_id,
-             "answers": [{"id": d.outbound_id, "kind": d.kind, "text": d.text[:120], "delivered_at": d.delivered_at}
-                         for d in answers[s.msg_id]]}
+            {
+                "msg_id": s.msg_id,
+                "chat": s.chat_id,
+                "answers": [
+                    {"id": d.outbound_id, "kind": d.kind, "text": d.text[:120], "delivered_at": d.delivered_at}
+                    for d in answers[s.msg_id]
+                ],
+            }
             for s in duplicated
         ][:50],
     }
@@ -258,7 +266,8 @@ def account(
     if first:
         first.sort()
         out["answer_latency_ms"] = {
-            "p50": round(first[len(first) // 2]), "p99": round(first[max(0, int(len(first) * 0.99) - 1)]),
+            "p50": round(first[len(first) // 2]),
+            "p99": round(first[max(0, int(len(first) * 0.99) - 1)]),
             "max": round(first[-1]),
         }
     posted_twice: list[dict[str, Any]] = []
@@ -300,18 +309,26 @@ def _log_lines(bs: BenchStack, needles: list[str], limit: int = 30) -> list[str]
 async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: FaultLog) -> dict[str, Any]:
     """For lost/duplicated messages: when sent, the faults around it, the chat's Redis state, log lines."""
     sent_by_id = {s.msg_id: s for s in plan.messages}
-    ids = acc["lost_ids"][:8] + [d["msg_id"] for d in acc["duplicated_detail"][:8]] + [
-        d["msg_id"] for d in acc["posted_twice_detail"][:8]
-    ]
+    ids = (
+        acc["lost_ids"][:8]
+        + [d["msg_id"] for d in acc["duplicated_detail"][:8]]
+        + [d["msg_id"] for d in acc["posted_twice_detail"][:8]]
+    )
     messages = []
     for msg_id in dict.fromkeys(ids):
         s: Sent = sent_by_id[msg_id]
         near = [f for f in faults.events if abs(f["at_ms"] - s.intended_ms) <= 15_000]
-        messages.append({
-            "msg_id": msg_id, "chat": s.chat_id, "intended_ms": round(s.intended_ms), "acked_ms": round(s.acked_ms),
-            "attempts": s.attempts, "faults_within_15s": near,
-            "worker_log": _log_lines(bs, [msg_id, f"console:queue:{s.chat_id}"], 20),
-        })
+        messages.append(
+            {
+                "msg_id": msg_id,
+                "chat": s.chat_id,
+                "intended_ms": round(s.intended_ms),
+                "acked_ms": round(s.acked_ms),
+                "attempts": s.attempts,
+                "faults_within_15s": near,
+                "worker_log": _log_lines(bs, [msg_id, f"console:queue:{s.chat_id}"], 20),
+            }
+        )
     chats: dict[str, Any] = {}
     p = bs.redis_prefix
     for chat in list(acc.get("lost_by_chat", {}))[:10]:
@@ -324,7 +341,8 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
             }
             for key in ("held",):
                 chats[chat][key] = [h[:300] for h in chats[chat][key]][:5] + (
-                    [f"... {len(chats[chat][key])} held"] if chats[chat][key] else [])
+                    [f"... {len(chats[chat][key])} held"] if chats[chat][key] else []
+                )
     async with httpx.AsyncClient(timeout=10, headers={"x-api-key": SIM_API_KEY}) as http:
         for info in chats.values():
             sid = info.get("session")
@@ -332,11 +350,15 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
                 continue
             with contextlib.suppress(Exception):
                 info["sim_session_status"] = (await http.get(f"{bs.sim_url}/v1/sessions/{sid}")).json().get("status")
-                last = (await http.get(f"{bs.sim_url}/v1/sessions/{sid}/events",
-                                       params={"limit": 8, "order": "desc"})).json()["data"]
+                last = (
+                    await http.get(f"{bs.sim_url}/v1/sessions/{sid}/events", params={"limit": 8, "order": "desc"})
+                ).json()["data"]
                 info["sim_last_events"] = [
-                    {"id": e.get("id"), "type": e.get("type"),
-                     "text": "".join(b.get("text", "") for b in e.get("content") or [] if isinstance(b, dict))[:60]}
+                    {
+                        "id": e.get("id"),
+                        "type": e.get("type"),
+                        "text": "".join(b.get("text", "") for b in e.get("content") or [] if isinstance(b, dict))[:60],
+                    }
                     for e in last
                 ]
     answered = set(acc.get("answered_ids", []))
@@ -357,8 +379,13 @@ async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str,
     if bs is None:
         log(f"chaos: starting a stack on {cfg.broker} with an AOF Redis and {cfg.workers} workers")
         bs = await start_stack(
-            broker=cfg.broker, workers=cfg.workers, think=cfg.think, aof=True, run_dir=cfg.run_dir,
-            partitions=cfg.partitions, log_level="INFO",
+            broker=cfg.broker,
+            workers=cfg.workers,
+            think=cfg.think,
+            aof=True,
+            run_dir=cfg.run_dir,
+            partitions=cfg.partitions,
+            log_level="INFO",
             extra_env={"SWITCHBOARD_SESSION_TIMEOUT_SECONDS": str(cfg.session_timeout)},
         )
     try:
@@ -369,14 +396,23 @@ async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str,
 
 
 async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
-    mix = TrafficMix(conversations=cfg.chats, private_share=1.0, filtered_share=0.0, burst_prob=cfg.burst_prob,
-                     burst_size=3, bot="queue", think=None)
+    mix = TrafficMix(
+        conversations=cfg.chats,
+        private_share=1.0,
+        filtered_share=0.0,
+        burst_prob=cfg.burst_prob,
+        burst_size=3,
+        bot="queue",
+        think=None,
+    )
     plan = build_plan(mix, cfg.rate, cfg.duration, seed=cfg.seed)
     gen = Generator(plan, bs.urls, retries=120, retry_delay=0.5, timeout=15)
     faults = FaultLog(t0=time.monotonic())
     stop = asyncio.Event()
-    log(f"chaos: {len(plan.messages)} messages into {cfg.chats} chats at {cfg.rate}/s for {cfg.duration}s; "
-        f"run dir {bs.run_dir}")
+    log(
+        f"chaos: {len(plan.messages)} messages into {cfg.chats} chats at {cfg.rate}/s for {cfg.duration}s; "
+        f"run dir {bs.run_dir}"
+    )
     gen.start()
     tasks = [asyncio.create_task(_other_faults(bs, cfg, faults))]
     if cfg.kill_every > 0:
@@ -386,8 +422,10 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
         await asyncio.sleep(0.5)
         if time.monotonic() - last_print >= 1.0:
             last_print = time.monotonic()
-            log(f"[chaos {time.monotonic() - faults.t0:5.0f}s] sent {gen.stats.sent} accepted {gen.stats.acked} "
-                f"webhook errors {gen.stats.errors} workers alive {len(bs.urls())}")
+            log(
+                f"[chaos {time.monotonic() - faults.t0:5.0f}s] sent {gen.stats.sent} accepted {gen.stats.acked} "
+                f"webhook errors {gen.stats.errors} workers alive {len(bs.urls())}"
+            )
     stop.set()
     tasks[0].cancel()  # scheduled faults not reached yet are skipped; a replacement being started is awaited
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -433,7 +471,9 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
     }
     if acc["lost"] or acc["duplicated"] or acc["posted_twice"]:
         result["evidence"] = await _evidence(bs, plan, acc, faults)
-    log(f"chaos: {result['kills']} kills; accepted {acc['triggering_accepted']}, replies {acc['replies']}, "
+    log(
+        f"chaos: {result['kills']} kills; accepted {acc['triggering_accepted']}, replies {acc['replies']}, "
         f"notices {acc['notices']}; lost {acc['lost']} duplicated {acc['duplicated']} late {acc['late']} "
-        f"posted twice {acc['posted_twice']}")
+        f"posted twice {acc['posted_twice']}"
+    )
     return result

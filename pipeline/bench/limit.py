@@ -131,10 +131,20 @@ async def bare_chain(
     return out
 
 
-async def bare_one_hop(bootstrap: str, *, partitions: int = 8, messages: int = 20_000, fetch_wait_ms: int = 20,
-                       broker_pid: int | None = None) -> dict[str, Any]:
+async def bare_one_hop(
+    bootstrap: str,
+    *,
+    partitions: int = 8,
+    messages: int = 20_000,
+    fetch_wait_ms: int = 20,
+    broker_pid: int | None = None,
+) -> dict[str, Any]:
     """A bare one-hop consume rate (the reference for filtered group messages)."""
     return await bare_chain(
-        bootstrap, topics=1, partitions=partitions, messages=messages, fetch_wait_ms=fetch_wait_ms,
+        bootstrap,
+        topics=1,
+        partitions=partitions,
+        messages=messages,
+        fetch_wait_ms=fetch_wait_ms,
         broker_pid=broker_pid,
     )

@@ -54,8 +54,15 @@ async def ramp(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, label:
     rate = args.ramp_start
     best: dict[str, Any] | None = None
     for i in range(args.ramp_steps):
-        phase = await run_phase(bs, mix, rate, args.step_seconds, label=f"{label} {rate:.0f}/s",
-                                drain_timeout=max(10.0, args.step_seconds), seed=100 + i)
+        phase = await run_phase(
+            bs,
+            mix,
+            rate,
+            args.step_seconds,
+            label=f"{label} {rate:.0f}/s",
+            drain_timeout=max(10.0, args.step_seconds),
+            seed=100 + i,
+        )
         d = phase.data
         p99 = d["latency_ms"]["end_to_end"]["p99"]
         backlog_ok = d["messages"]["ingested"] >= 0.99 * d["messages"]["accepted"]
@@ -85,8 +92,11 @@ async def ramp(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, label:
         "max_turns_per_s": best["turns_per_s"] if best else None,
         "max_inbound_msgs_per_s": best["inbound_msgs_per_s"] if best else None,
         "max_offered_msgs_per_s": best["offered_msgs_per_s"] if best else None,
-        "criteria": {"e2e_p99_ms_max": args.max_p99_ms, "backlog": "ingested ≥ 99% of accepted after the drain",
-                     "errors": "≤ 1% webhook errors"},
+        "criteria": {
+            "e2e_p99_ms_max": args.max_p99_ms,
+            "backlog": "ingested ≥ 99% of accepted after the drain",
+            "errors": "≤ 1% webhook errors",
+        },
     }
 
 
@@ -96,8 +106,21 @@ async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     try:
         proc = await asyncio.create_subprocess_exec(
-            exe, "record", "-p", str(pid), "-f", "raw", "-o", str(out), "-d", str(int(seconds)), "-r", "100",
-            "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            exe,
+            "record",
+            "-p",
+            str(pid),
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            "-d",
+            str(int(seconds)),
+            "-r",
+            "100",
+            "--nonblocking",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )
     except OSError as exc:
         return {"error": f"py-spy: {exc}"}
@@ -131,12 +154,21 @@ async def limit_for(bs: BenchStack, load: dict[str, Any], args: argparse.Namespa
     turns_per_s = load["throughput"]["turns_per_s"] or 0.0
     log("limit: bare aiokafka chain on the same broker")
     chain = await bare_chain(
-        bs.bootstrap, topics=4, partitions=args.partitions, messages=args.limit_messages, fetch_wait_ms=fetch_wait,
+        bs.bootstrap,
+        topics=4,
+        partitions=args.partitions,
+        messages=args.limit_messages,
+        fetch_wait_ms=fetch_wait,
         latency_rate=max(1.0, turns_per_s / 2) if turns_per_s else None,
         broker_pid=bs.broker.pid if bs.broker else None,
     )
-    one_hop = await bare_one_hop(bs.bootstrap, partitions=args.partitions, messages=args.limit_messages,
-                                 fetch_wait_ms=fetch_wait, broker_pid=bs.broker.pid if bs.broker else None)
+    one_hop = await bare_one_hop(
+        bs.bootstrap,
+        partitions=args.partitions,
+        messages=args.limit_messages,
+        fetch_wait_ms=fetch_wait,
+        broker_pid=bs.broker.pid if bs.broker else None,
+    )
     rpt = load["kafka"]["records_per_turn"]
     limit_turns = chain["records_per_s"] / rpt if rpt else None
     out = {
@@ -147,14 +179,16 @@ async def limit_for(bs: BenchStack, load: dict[str, Any], args: argparse.Namespa
         "pipeline_turns_per_s": turns_per_s,
         "ratio_turns_to_limit": round(turns_per_s / limit_turns, 4) if limit_turns else None,
         "note": "limit = bare 4-topic chain records/s ÷ the pipeline's Kafka records per turn (same run, broker, "
-                "partitions); the bare chain's latency was taken at half the pipeline's turns/s",
+        "partitions); the bare chain's latency was taken at half the pipeline's turns/s",
     }
     overhead_p99 = load["latency_ms"]["pipeline_overhead"]["p99"]
     bare_p99 = (chain.get("latency_ms") or {}).get("p99")
     if overhead_p99 is not None and bare_p99:
         out["overhead_p99_over_bare_p99"] = round(overhead_p99 / bare_p99, 2)
-    log(f"limit: bare chain {chain['records_per_s']:.0f} records/s → {out['limit_turns_per_s']} turns/s at "
-        f"{rpt} records/turn; pipeline {turns_per_s} turns/s = {out['ratio_turns_to_limit']} of the limit")
+    log(
+        f"limit: bare chain {chain['records_per_s']:.0f} records/s → {out['limit_turns_per_s']} turns/s at "
+        f"{rpt} records/turn; pipeline {turns_per_s} turns/s = {out['ratio_turns_to_limit']} of the limit"
+    )
     return out
 
 
@@ -168,8 +202,10 @@ async def filtered_phase(bs: BenchStack, args: argparse.Namespace, one_hop: dict
     d["ingest_msgs_per_s"] = round(ingest_rate, 1)
     if one_hop and one_hop.get("msgs_per_s"):
         d["ratio_to_bare_one_hop"] = round(ingest_rate / one_hop["msgs_per_s"], 4)
-    log(f"filtered: ingest {ingest_rate:.0f} msg/s (offered {rate:.0f}/s, accepted "
-        f"{d['throughput']['inbound_msgs_per_s']}/s); ratio to bare one hop {d.get('ratio_to_bare_one_hop')}")
+    log(
+        f"filtered: ingest {ingest_rate:.0f} msg/s (offered {rate:.0f}/s, accepted "
+        f"{d['throughput']['inbound_msgs_per_s']}/s); ratio to bare one hop {d.get('ratio_to_bare_one_hop')}"
+    )
     return d
 
 
@@ -178,18 +214,20 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
     lim = result.get("limit") or {}
     h: dict[str, Any] = {}
     if load:
-        h.update({
-            "turns_per_s_per_worker": load["throughput"]["turns_per_s_per_worker"],
-            "inbound_msgs_per_s_per_worker": load["throughput"]["inbound_msgs_per_s_per_worker"],
-            "e2e_p50_ms": load["latency_ms"]["end_to_end"]["p50"],
-            "e2e_p99_ms": load["latency_ms"]["end_to_end"]["p99"],
-            "overhead_p50_ms": load["latency_ms"]["pipeline_overhead"]["p50"],
-            "overhead_p99_ms": load["latency_ms"]["pipeline_overhead"]["p99"],
-            "worker_cpu_ms_per_turn": load["cpu"]["worker_ms_per_turn"],
-            "redis_ops_per_turn": load["redis"]["ops_per_turn"],
-            "kafka_records_per_turn": load["kafka"]["records_per_turn"],
-            "generator_cpu_pct": load["cpu"]["generator_pct_of_core"],
-        })
+        h.update(
+            {
+                "turns_per_s_per_worker": load["throughput"]["turns_per_s_per_worker"],
+                "inbound_msgs_per_s_per_worker": load["throughput"]["inbound_msgs_per_s_per_worker"],
+                "e2e_p50_ms": load["latency_ms"]["end_to_end"]["p50"],
+                "e2e_p99_ms": load["latency_ms"]["end_to_end"]["p99"],
+                "overhead_p50_ms": load["latency_ms"]["pipeline_overhead"]["p50"],
+                "overhead_p99_ms": load["latency_ms"]["pipeline_overhead"]["p99"],
+                "worker_cpu_ms_per_turn": load["cpu"]["worker_ms_per_turn"],
+                "redis_ops_per_turn": load["redis"]["ops_per_turn"],
+                "kafka_records_per_turn": load["kafka"]["records_per_turn"],
+                "generator_cpu_pct": load["cpu"]["generator_pct_of_core"],
+            }
+        )
     if lim:
         h["limit_turns_per_s"] = lim.get("limit_turns_per_s")
         h["ratio_to_limit"] = lim.get("ratio_turns_to_limit")
@@ -243,9 +281,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "name": name,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine(),
-        "settings": {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("out",)
-        },
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("out",)},
     }
     brokers = ["tansu", "kafka"] if args.broker == "both" else [args.broker]
     ok = True
@@ -256,8 +292,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await bs.close()
         brokers = []
-    extra_only = (args.chaos or args.streams) and args.mode == "fixed" and not (
-        args.scale or args.memory or args.filtered or args.broker == "both" or args.with_load
+    extra_only = (
+        (args.chaos or args.streams)
+        and args.mode == "fixed"
+        and not (args.scale or args.memory or args.filtered or args.broker == "both" or args.with_load)
     )
     if extra_only:
         brokers = []  # `--chaos` / `--streams N` alone: only that (add --with-load for the load phases too)
@@ -265,8 +303,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for index, broker in enumerate(brokers):
         run_dir = (args.run_dir / broker) if args.run_dir else None
         log(f"starting the stack on {broker} ({args.workers} worker(s), think {args.think}s)")
-        bs = await start_stack(broker=broker, workers=args.workers, think=args.think, run_dir=run_dir,
-                               partitions=args.partitions, log_level=args.log_level, aof=args.chaos)
+        bs = await start_stack(
+            broker=broker,
+            workers=args.workers,
+            think=args.think,
+            run_dir=run_dir,
+            partitions=args.partitions,
+            log_level=args.log_level,
+            aof=args.chaos,
+        )
         log(f"stack up: run dir {bs.run_dir}")
         target = result if index == 0 else {}
         try:
@@ -304,9 +349,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.chaos:
         from pipeline.bench.chaos import ChaosConfig, run_chaos
 
-        cfg = ChaosConfig(duration=args.chaos_duration, kill_every=args.kill_every, rate=args.chaos_rate,
-                          broker="kafka" if args.broker == "kafka" else "tansu",
-                          run_dir=(args.run_dir / "chaos") if args.run_dir else None)
+        cfg = ChaosConfig(
+            duration=args.chaos_duration,
+            kill_every=args.kill_every,
+            rate=args.chaos_rate,
+            broker="kafka" if args.broker == "kafka" else "tansu",
+            run_dir=(args.run_dir / "chaos") if args.run_dir else None,
+        )
         result["chaos"] = await run_chaos(cfg)
         acc = result["chaos"]["accounting"]
         ok = acc["lost"] == 0 and acc["duplicated"] == 0 and acc["posted_twice"] == 0

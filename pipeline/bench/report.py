@@ -39,8 +39,12 @@ def machine() -> dict[str, Any]:
     import os
 
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "mem_gib": mem_gib, "python": platform.python_version(),
-        "kernel": platform.release(), "commit": commit,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": mem_gib,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "commit": commit,
     }
 
 
@@ -161,12 +165,18 @@ def markdown_summary(result: dict[str, Any]) -> str:
     m = result.get("machine", {})
     s = result.get("settings", {})
     rows = [
-        ("machine", f"{m.get('cpu')} x{m.get('cores')}, {m.get('mem_gib')} GiB, Python {m.get('python')}, "
-                    f"commit {m.get('commit')}"),
-        ("settings", f"broker {s.get('broker')}, {s.get('workers')} worker(s), {s.get('partitions')} partitions, "
-                     f"{s.get('conversations')} conversations, private {s.get('private_share')}, group filtered "
-                     f"{s.get('filtered_share')}, bursts {s.get('burst_prob')}x{s.get('burst_size')}, think "
-                     f"{s.get('think')} s, bot {s.get('bot')}, mode {s.get('mode')}"),
+        (
+            "machine",
+            f"{m.get('cpu')} x{m.get('cores')}, {m.get('mem_gib')} GiB, Python {m.get('python')}, "
+            f"commit {m.get('commit')}",
+        ),
+        (
+            "settings",
+            f"broker {s.get('broker')}, {s.get('workers')} worker(s), {s.get('partitions')} partitions, "
+            f"{s.get('conversations')} conversations, private {s.get('private_share')}, group filtered "
+            f"{s.get('filtered_share')}, bursts {s.get('burst_prob')}x{s.get('burst_size')}, think "
+            f"{s.get('think')} s, bot {s.get('bot')}, mode {s.get('mode')}",
+        ),
     ]
     rows += [(k, str(v)) for k, v in h.items()]
     lines = ["| figure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]

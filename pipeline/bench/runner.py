@@ -167,8 +167,16 @@ async def start_stack(
         del os.environ[key]  # the developer's settings must not leak into the bench stack
     stack = Stack(settings_env=env, web_port=0, think=think, run_dir=run_dir)
     bs = BenchStack(
-        redis_url=redis_server.url, redis_prefix=prefix, bootstrap=kafka.bootstrap, app_id=app_id, stack=stack,
-        broker=kafka, redis_server=redis_server, broker_kind=broker, run_dir=run_dir, settings_env=env,
+        redis_url=redis_server.url,
+        redis_prefix=prefix,
+        bootstrap=kafka.bootstrap,
+        app_id=app_id,
+        stack=stack,
+        broker=kafka,
+        redis_server=redis_server,
+        broker_kind=broker,
+        run_dir=run_dir,
+        settings_env=env,
     )
     try:
         await stack.start(workers=0)
@@ -190,8 +198,13 @@ async def attach_stack(urls: Sequence[str], pids: Sequence[int]) -> BenchStack:
     if not settings.redis_url or not settings.kafka_bootstrap:
         raise SystemExit("--attach needs SWITCHBOARD_REDIS_URL and SWITCHBOARD_KAFKA_BOOTSTRAP of the stack")
     bs = BenchStack(
-        redis_url=settings.redis_url, redis_prefix=settings.redis_prefix, bootstrap=settings.kafka_bootstrap,
-        app_id=settings.app_id, attach_urls=list(urls), attach_pids=list(pids), broker_kind="attached",
+        redis_url=settings.redis_url,
+        redis_prefix=settings.redis_prefix,
+        bootstrap=settings.kafka_bootstrap,
+        app_id=settings.app_id,
+        attach_urls=list(urls),
+        attach_pids=list(pids),
+        broker_kind="attached",
     )
     bs.redis = aioredis.from_url(settings.redis_url, decode_responses=True)
     return bs
@@ -267,8 +280,12 @@ async def warm_up(bs: BenchStack, mix: TrafficMix, *, wait_s: float = 120.0) -> 
     plan.messages, plan.offsets = [], []
     for i, (chat_id, chat_type) in enumerate(plan.chats):
         body: dict[str, Any] = {
-            "chat_id": chat_id, "chat_type": chat_type, "user_id": "u0", "user_name": "U0",
-            "text": "warm [sim:think=0]", "message_id": f"warm-{chat_id}",
+            "chat_id": chat_id,
+            "chat_type": chat_type,
+            "user_id": "u0",
+            "user_name": "U0",
+            "text": "warm [sim:think=0]",
+            "message_id": f"warm-{chat_id}",
         }
         if chat_type == "group":
             body["mentions"] = ["bot"]
@@ -349,8 +366,13 @@ async def run_phase(
             "streams_open": w["streams_open"],
         }
         timeline.append(row)
-        last = {"sent": gen.stats.sent, "acked": gen.stats.acked, "delivered": counter.count,
-                "ingested": w["ingested"], "t": now}
+        last = {
+            "sent": gen.stats.sent,
+            "acked": gen.stats.acked,
+            "delivered": counter.count,
+            "ingested": w["ingested"],
+            "t": now,
+        }
         last_cpu = cpu_now
         if progress:
             log(

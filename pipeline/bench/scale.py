@@ -48,6 +48,7 @@ async def rebalance_phase(bs: BenchStack, mix: TrafficMix, rate: float, *, settl
     t0 = time.monotonic()
     gen.start()
     try:
+
         async def sample_until(t_end: float) -> None:
             while time.monotonic() < t_end:
                 samples.append((time.monotonic() - t0, await _lag(reader, bs.app_id)))
@@ -136,8 +137,10 @@ async def scale_phase(bs: BenchStack, args: argparse.Namespace, mix: TrafficMix)
     out["max_2_workers"] = await ramp(bs, mix, args, label="scale 2 workers")
     one, two = out["max_1_worker"].get("max_turns_per_s"), out["max_2_workers"].get("max_turns_per_s")
     out["scaling_factor"] = round(two / one, 2) if one and two else None
-    out["note"] = ("2 cores: broker, Redis, simulator, load generator and the workers share them, so a second "
-                   "worker process adds little when one worker already uses most of a core")
+    out["note"] = (
+        "2 cores: broker, Redis, simulator, load generator and the workers share them, so a second "
+        "worker process adds little when one worker already uses most of a core"
+    )
     # rebalance: back to one worker, then join + SIGKILL under ~half of the one-worker max rate
     while len([w for w in bs.stack.workers if w.is_running]) > 1:
         await [w for w in bs.stack.workers if w.is_running][-1].stop()
@@ -171,9 +174,14 @@ async def streams_phase(args: argparse.Namespace) -> dict[str, Any]:
     time, so every turn stays in flight with its SSE stream open. Reports streams held and RSS."""
     target = args.streams
     think = 900.0
-    bs = await start_stack(broker="tansu" if args.broker != "kafka" else "kafka", workers=1, think=0.0,
-                           run_dir=(args.run_dir / "streams") if args.run_dir else None, partitions=args.partitions,
-                           log_level=args.log_level)
+    bs = await start_stack(
+        broker="tansu" if args.broker != "kafka" else "kafka",
+        workers=1,
+        think=0.0,
+        run_dir=(args.run_dir / "streams") if args.run_dir else None,
+        partitions=args.partitions,
+        log_level=args.log_level,
+    )
     out: dict[str, Any] = {"target": target}
     http = httpx.AsyncClient(timeout=10)
     try:
@@ -190,8 +198,14 @@ async def streams_phase(args: argparse.Namespace) -> dict[str, Any]:
         rate = 250.0
         for i in range(target):
             chat = f"{prefix}-{i}"
-            body = {"chat_id": chat, "chat_type": "private", "user_id": "u1", "user_name": "U1",
-                    "text": f"hold msg:{prefix}-{i} [sim:think={think:g}]", "message_id": f"{prefix}-{i}"}
+            body = {
+                "chat_id": chat,
+                "chat_type": "private",
+                "user_id": "u1",
+                "user_name": "U1",
+                "text": f"hold msg:{prefix}-{i} [sim:think={think:g}]",
+                "message_id": f"{prefix}-{i}",
+            }
             plan.messages.append(Sent(f"{prefix}-{i}", chat, "private", True, 0.0, json.dumps(body).encode()))
             plan.offsets.append(i / rate)
             plan.chats.append((chat, "private"))
@@ -213,10 +227,13 @@ async def streams_phase(args: argparse.Namespace) -> dict[str, Any]:
                 except Exception:
                     sim_open = None
             rss = rss_mib(pid)
-            timeline.append({"t": round(time.monotonic() - t0, 1), "streams": held, "sim_open": sim_open,
-                             "rss_mib": round(rss, 1)})
-            log(f"[streams {time.monotonic() - t0:4.0f}s] sent {gen.stats.sent}/{target} accepted {gen.stats.acked} "
-                f"streams open {held:.0f} (sim {sim_open}) worker RSS {rss:.0f} MiB")
+            timeline.append(
+                {"t": round(time.monotonic() - t0, 1), "streams": held, "sim_open": sim_open, "rss_mib": round(rss, 1)}
+            )
+            log(
+                f"[streams {time.monotonic() - t0:4.0f}s] sent {gen.stats.sent}/{target} accepted {gen.stats.acked} "
+                f"streams open {held:.0f} (sim {sim_open}) worker RSS {rss:.0f} MiB"
+            )
             if held > best:
                 best, stable_since = held, time.monotonic()
             if held >= target or (gen.stats.done and time.monotonic() - stable_since > 20):
@@ -227,21 +244,25 @@ async def streams_phase(args: argparse.Namespace) -> dict[str, Any]:
         rss1 = rss_mib(pid)
         m = await scrape_metrics(bs.urls()[0], http)
         held = metric_sum(m, "switchboard_sse_streams_open")
-        out.update({
-            "streams_held": int(held),
-            "seconds_to_open": round(time.monotonic() - t0, 1),
-            "worker_rss_idle_mib": round(rss0, 1),
-            "worker_rss_mib": round(rss1, 1),
-            "kib_per_active_conversation": round((rss1 - rss0) * 1024 / max(held, 1), 1),
-            "sim_rss_mib": round(rss_mib(sim_pid), 1) if sim_pid else None,
-            "within_1_gib": rss1 <= 1024,
-            "webhook_errors": gen.stats.errors,
-            "timeline": timeline,
-        })
+        out.update(
+            {
+                "streams_held": int(held),
+                "seconds_to_open": round(time.monotonic() - t0, 1),
+                "worker_rss_idle_mib": round(rss0, 1),
+                "worker_rss_mib": round(rss1, 1),
+                "kib_per_active_conversation": round((rss1 - rss0) * 1024 / max(held, 1), 1),
+                "sim_rss_mib": round(rss_mib(sim_pid), 1) if sim_pid else None,
+                "within_1_gib": rss1 <= 1024,
+                "webhook_errors": gen.stats.errors,
+                "timeline": timeline,
+            }
+        )
         counters = await worker_counters(bs, http)
         out["turns_triggered"] = counters["triggered"]
-        log(f"streams: {out['streams_held']} held, worker RSS {out['worker_rss_mib']} MiB "
-            f"({out['kib_per_active_conversation']} KiB per in-flight turn)")
+        log(
+            f"streams: {out['streams_held']} held, worker RSS {out['worker_rss_mib']} MiB "
+            f"({out['kib_per_active_conversation']} KiB per in-flight turn)"
+        )
         gen.stop()
         await gen.wait()
     finally:

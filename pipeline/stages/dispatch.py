@@ -138,19 +138,23 @@ class DispatchStage:
         state = await self.state.conversation(conversation)
         if state.status != "idle":
             return  # a turn started meanwhile; its idle flushes again
-        limit = None if bot.busy_policy == "merge" else 1
+        # merge: up to the merge window in one turn (the rest goes in the next); queue: one.
+        limit = self.settings.merge_window_max if bot.busy_policy == "merge" else 1
+        # Held commands stay in Redis until the turn that carries them is sent: a crash in between
+        # replays this flush, and the turn's stable id makes the second send a no-op.
         while True:
-            taken = [SessionCommand.model_validate_json(raw) for raw in await self.state.take_held(conversation, limit)]
-            if not taken:
+            raw = await self.state.peek_held(conversation, limit)
+            if not raw:
                 return
+            taken = [SessionCommand.model_validate_json(r) for r in raw]
             # A replayed command may have been held although its turn was sent already: drop it.
             sent = await self.state.markers("sent", [turn_message_id(c) for c in taken])
             held = [c for c, marker in zip(taken, sent, strict=True) if marker != "1"]
             if held:
                 break
-        if limit is None and len(held) > self.settings.merge_window_max:
-            held = held[-self.settings.merge_window_max :]
+            await self.state.drop_held(conversation, len(raw))
         await self._start_turn(bot, merge_turns(held), state, partition)
+        await self.state.drop_held(conversation, len(raw))
 
     async def _start_turn(
         self, bot: BotConfig, command: SessionCommand, state: ConversationState, partition: int

@@ -185,6 +185,22 @@ class StateStore:
             results = await pipe.execute()
         return int(results[-1])
 
+    async def peek_held(self, conversation: str, limit: int | None = None) -> list[str]:
+        """The oldest `limit` held commands (all when None), left in place until `drop_held`."""
+        end = -1 if limit is None else limit - 1
+        return [_text(v) or "" for v in await self.redis.lrange(self.key("held", conversation), 0, end)]
+
+    async def drop_held(self, conversation: str, count: int) -> None:
+        """Remove the `count` oldest held commands (after the turn that carries them was sent)."""
+        if count <= 0:
+            return
+        key = self.key("held", conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpop(key, count)
+            pipe.llen(key)
+            _, remaining = await pipe.execute()
+        await self.redis.hset(self.key("conv", conversation), "held", int(remaining))
+
     async def take_held(self, conversation: str, limit: int | None = None) -> list[str]:
         """Remove and return up to `limit` held commands (all when None), oldest first."""
         key = self.key("held", conversation)

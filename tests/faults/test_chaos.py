@@ -27,8 +27,15 @@ def _plan():  # type: ignore[no-untyped-def]
 
 
 def _reply(s, outbound_id: str, **over) -> Delivery:  # type: ignore[no-untyped-def]
-    base = dict(chat_id=s.chat_id, kind="reply", reply_to=s.msg_id, text=f"echo: msg:{s.msg_id} x",
-                hops={}, delivered_at=s.intended_ms + 500, outbound_id=outbound_id)
+    base = dict(
+        chat_id=s.chat_id,
+        kind="reply",
+        reply_to=s.msg_id,
+        text=f"echo: msg:{s.msg_id} x",
+        hops={},
+        delivered_at=s.intended_ms + 500,
+        outbound_id=outbound_id,
+    )
     base.update(over)
     return Delivery(**base)
 
@@ -53,8 +60,15 @@ def test_accounting_catches_loss_duplicate_double_post_and_lateness() -> None:
     assert acc["duplicated"] == 2  # third (two replies) and fourth (on time + late)
     assert acc["posted_twice"] == 1
     # a host notice without reply_to answers the oldest unanswered message of its chat
-    notice = Delivery(chat_id=first.chat_id, kind="notice", reply_to=None, text="Something went wrong",
-                      hops={}, delivered_at=first.intended_ms + 10, outbound_id="notice-1")
+    notice = Delivery(
+        chat_id=first.chat_id,
+        kind="notice",
+        reply_to=None,
+        text="Something went wrong",
+        hops={},
+        delivered_at=first.intended_ms + 10,
+        outbound_id="notice-1",
+    )
     acc = account(plan, [*deliveries, notice], None, late_after=30)
     assert acc["lost"] == 1 and acc["answered_by_unattributed_notice"] == 1
 
@@ -66,8 +80,18 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
     broker = os.environ.get("SWITCHBOARD_TEST_BROKERS", "tansu").split(",")[0].strip() or "tansu"
     saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_") and k != "SWITCHBOARD_TEST_BROKERS"}
     cfg = ChaosConfig(
-        duration=60, rate=8, chats=20, think=0.5, workers=2, kill_every=12, redis_restarts=1, drop_streams=2,
-        broker=broker, settle_timeout=60, quiet=6, run_dir=tmp_path / "stack",
+        duration=60,
+        rate=8,
+        chats=20,
+        think=0.5,
+        workers=2,
+        kill_every=12,
+        redis_restarts=1,
+        drop_streams=2,
+        broker=broker,
+        settle_timeout=60,
+        quiet=6,
+        run_dir=tmp_path / "stack",
     )
     try:
         result = await run_chaos(cfg)
@@ -75,8 +99,16 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
         os.environ.update(saved)
     (tmp_path / "chaos.json").write_text(json.dumps(result, indent=2, default=str))
     acc = result["accounting"]
-    detail = json.dumps({"accounting": acc, "evidence": result.get("evidence"), "faults": result["faults"],
-                         "run_dir": result["run_dir"]}, indent=1, default=str)[:20000]
+    detail = json.dumps(
+        {
+            "accounting": acc,
+            "evidence": result.get("evidence"),
+            "faults": result["faults"],
+            "run_dir": result["run_dir"],
+        },
+        indent=1,
+        default=str,
+    )[:20000]
     assert result["kills"] >= 3, detail
     assert acc["triggering_accepted"] >= 0.95 * acc["messages_sent"], detail
     assert acc["lost"] == 0, detail
