@@ -280,14 +280,16 @@ class DrainingWorker(faust.Worker):
         self._drain_task = asyncio.ensure_future(drain_then_stop(), loop=self.loop)
 
 
-def _producer_send(app: faust.App, *, acked: bool = False) -> Callable[[str, str | None, bytes], Awaitable[None]]:
-    async def send(topic: str, key: str | None, value: bytes) -> None:
-        # Stages: buffered; Faust flushes the producer before every offset commit (at-least-once).
+def _producer_send(app: faust.App, *, acked: bool = False) -> Callable[[str, str | None, bytes], Awaitable[Any]]:
+    async def send(topic: str, key: str | None, value: bytes) -> Any:
+        # Stages: buffered; the returned future is the broker's acknowledgement (see Outputs).
         # Ingress (`acked`): the webhook is answered only once the broker has the record.
         delivery = await app.producer.send(
             topic, key.encode() if key is not None else None, value, partition=None, timestamp=None, headers=None
         )
         if acked:
             await delivery
+            return None
+        return delivery
 
     return send

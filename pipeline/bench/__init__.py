@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--think", type=float, default=0.1, help="simulated agent think time, seconds")
     p.add_argument("--bot", default="demo", help="demo (busy policy merge) or queue")
     p.add_argument("--log-level", default="WARNING", help="worker log level")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra setting for the stack's workers, e.g. SWITCHBOARD_EVENT_LOOP=asyncio (repeat)",
+    )
     p.add_argument("--no-limit", action="store_true", help="skip the bare aiokafka chain")
     p.add_argument("--limit-messages", type=int, default=20_000)
     p.add_argument("--filtered", action="store_true", help="also a phase of only non-triggering group messages")

@@ -311,6 +311,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             partitions=args.partitions,
             log_level=args.log_level,
             aof=args.chaos,
+            extra_env=dict(kv.split("=", 1) for kv in args.env),
         )
         log(f"stack up: run dir {bs.run_dir}")
         target = result if index == 0 else {}

@@ -120,6 +120,11 @@ class DispatchStage:
         if sent == "1":
             metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
             return  # a replay (after a crash) of a turn already sent: its state was written then
+        if sent == "sending":
+            # A replay of this very turn, interrupted between claiming and confirming the send:
+            # the "running" state is its own, not another turn's. Finish starting it.
+            await self._start_turn(bot, command, state, partition)
+            return
         if state.status != "idle" and state.session_id:
             if bot.busy_policy in ("merge", "queue"):
                 if await self.state.hold_if_busy(conversation, command.model_dump_json()):
@@ -136,8 +141,6 @@ class DispatchStage:
     async def _flush(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
         conversation = command.conversation_key
         state = await self.state.conversation(conversation)
-        if state.status != "idle":
-            return  # a turn started meanwhile; its idle flushes again
         # merge: up to the merge window in one turn (the rest goes in the next); queue: one.
         limit = self.settings.merge_window_max if bot.busy_policy == "merge" else 1
         # Held commands stay in Redis until the turn that carries them is sent: a crash in between
@@ -153,7 +156,10 @@ class DispatchStage:
             if held:
                 break
             await self.state.drop_held(conversation, len(raw))
-        await self._start_turn(bot, merge_turns(held), state, partition)
+        turn = merge_turns(held)
+        if state.status != "idle" and await self.state.marker("sent", turn_message_id(turn)) != "sending":
+            return  # another turn runs; its end flushes again (unless this very flush was cut short)
+        await self._start_turn(bot, turn, state, partition)
         await self.state.drop_held(conversation, len(raw))
 
     async def _start_turn(

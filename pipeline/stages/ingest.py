@@ -118,9 +118,17 @@ class IngestStage:
         # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one message
         # can arrive as two events (Slack app_mention + message): de-duplicate on chat + message.
         dedup_id = f"{message.platform}:{message.bot_id}:{message.chat_id}:{message.message_id}"
-        if not await self.state.first_time("in", dedup_id):
+        if await self.state.marker("in", dedup_id) is not None:
             metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
             return
+        # Marked seen only once what it produced is in the broker: a crash in between replays it,
+        # and dispatch drops the repeated turn by its stable id.
+        self.outputs.begin()
+        await self._process(bot, message)
+        await self.outputs.delivered()
+        await self.state.set_marker("in", dedup_id)
+
+    async def _process(self, bot: BotConfig, message: InboundMessage) -> None:
         now = message.hops["ingest"] = now_ms()
         metrics.observe_hop("ingest", message.hops, "ingress", now)
         command = parse_chat_command(message.text)

@@ -1,29 +1,64 @@
-"""Where stages put what they produce. The app binds this to Faust topics; tests to a list."""
+"""Where stages put what they produce. The app binds this to Faust topics; tests to a list.
+
+Sends are buffered (Faust flushes the producer before it commits offsets). A stage that records a
+fact in Redis after producing ("this turn end was handled", a stream cursor, an inbound id seen)
+first waits for what it produced to be acknowledged by the broker (`delivered()`): otherwise a crash
+could keep the fact and lose the records, and the replay would skip them.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
 
 from pipeline import metrics
 from pipeline.records import DeadLetter, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.topics import DEADLETTER, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
-# (topic, key, value) → produced (awaited until the producer accepted it).
-Send = Callable[[str, str | None, bytes], Awaitable[None]]
+# (topic, key, value) → buffered; returns an awaitable of the broker's acknowledgement (or None).
+Send = Callable[[str, str | None, bytes], Awaitable[Any]]
+
+# What the current task produced since `begin()`: each asyncio task has its own context.
+_pending: ContextVar[list[Any] | None] = ContextVar("switchboard_outputs_pending", default=None)
 
 
 class Outputs:
     def __init__(self, send: Send) -> None:
         self._send = send
 
+    @staticmethod
+    def begin() -> None:
+        """Start tracking what this task produces (for `delivered()`)."""
+        _pending.set([])
+
+    @staticmethod
+    async def delivered() -> None:
+        """Wait until everything this task produced since `begin()` is acknowledged."""
+        pending = _pending.get()
+        if pending:
+            waiting = [p for p in pending if p is not None]
+            pending.clear()
+            if waiting:
+                await asyncio.gather(*waiting)
+
+    async def _produce(self, topic: str, key: str | None, value: bytes) -> None:
+        delivery = await self._send(topic, key, value)
+        pending = _pending.get()
+        if pending is not None and delivery is not None:
+            pending.append(delivery)
+
     async def session_command(self, command: SessionCommand) -> None:
-        await self._send(SESSION_INPUT, command.conversation_key, command.model_dump_json().encode())
+        await self._produce(SESSION_INPUT, command.conversation_key, command.model_dump_json().encode())
 
     async def session_event(self, record: SessionEventRecord) -> None:
-        await self._send(SESSION_EVENTS, record.conversation_key, record.model_dump_json().encode())
+        await self._produce(SESSION_EVENTS, record.conversation_key, record.model_dump_json().encode())
 
     async def outbound(self, message: OutboundMessage) -> None:
-        await self._send(outbound_topic(message.platform), message.conversation_key, message.model_dump_json().encode())
+        await self._produce(
+            outbound_topic(message.platform), message.conversation_key, message.model_dump_json().encode()
+        )
 
     async def dead_letter(
         self,
@@ -50,4 +85,4 @@ class Outputs:
             key=key,
             record=record,
         )
-        await self._send(DEADLETTER, key, letter.model_dump_json().encode())
+        await self._produce(DEADLETTER, key, letter.model_dump_json().encode())

@@ -116,6 +116,7 @@ class RenderStage:
         conversation = record.conversation_key
         if self.handle_inline(record):
             return
+        self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
         if event_type == "agent.message":
             await self.state.update_conversation(
                 conversation, last_message=message_text(event), last_message_id=record.event_id
@@ -145,6 +146,7 @@ class RenderStage:
             metrics.TURNS_FINISHED.labels(bot.platform, stop).inc()
             if stop == "requires_action":
                 await self._requires_action(bot, record, state)
+                await self.outputs.delivered()
                 if record.event_id:
                     await self.state.set_marker("turnend", record.event_id)
             elif stop == "end_turn":
@@ -159,6 +161,7 @@ class RenderStage:
         kind = "session_terminated" if event_type == "session.status_terminated" else "session_deleted"
         await self._notice(bot, record, state, kind)
         await self.state.unmap_session(conversation, record.session_id)
+        await self.outputs.delivered()
         if record.event_id:
             await self.state.set_marker("turnend", record.event_id)
 
@@ -295,6 +298,7 @@ class RenderStage:
 
     async def _turn_over(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
         """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
+        await self.outputs.delivered()
         held = await self.state.finish_turn(
             record.conversation_key,
             record.event_id,

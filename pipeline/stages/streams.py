@@ -128,6 +128,7 @@ class StreamRegistry:
         session_id = stream.session_id
         subscription = self.client.subscribe(session_id, after=stream.cursor, reconnect_max=self.reconnect_max)
         events = subscription.__aiter__()
+        self.outputs.begin()  # the cursor is saved only after the events before it are in the broker
         next_event: asyncio.Future[Any] | None = None
         reconnects = 0
         try:
@@ -153,6 +154,7 @@ class StreamRegistry:
                 # The cursor is saved once per turn: a resume replays at most this turn's events,
                 # which render and egress de-duplicate by their ids.
                 ends = event.type != "session.status_idle" or not held.queued_turns
+                await self.outputs.delivered()
                 if event.id:
                     # Cursor and (when the stream is released) the in-flight entry in one round trip.
                     await self.state.save_session_cursor(
