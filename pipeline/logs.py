@@ -35,3 +35,5 @@ def configure_logging(fmt: str, level: str) -> None:
     # httpx logs every request at INFO: per-event noise (and CPU) on the hot path.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # aiokafka's fetcher logs at DEBUG on every fetch cycle; never let that through.
+    logging.getLogger("aiokafka").setLevel(max(logging.INFO, root.level))

@@ -178,6 +178,12 @@ class DispatchStage:
         events = list(command.events)
         if command.system_text:
             events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
+        if previous == "sending" and await self._in_history(session_id, events):
+            # Posted before a crash: the attempt that posted it had already recorded the turn and
+            # its stream in flight (before sending), so the stream's new owner finishes it. Writing
+            # "running" again here could outlive that turn's end.
+            await self.state.set_marker("sent", message_id)
+            return
         turn = TurnContext(
             trace_id=command.trace_id,
             platform=command.platform,
@@ -194,7 +200,7 @@ class DispatchStage:
         turn_fields = {"status": "running", "turn": turn, "interrupted": False, "last_message": None, "pending": []}
         await self._begin(partition, session_id, conversation, command.trace_id, state.cursor, **turn_fields)
         try:
-            await self._send_claimed(session_id, message_id, previous, events, call="user_turn")
+            await self._send_claimed(session_id, message_id, None, events, call="user_turn")
         except NotFoundError:
             # The session is gone (deleted, expired): start a new one and send there, once.
             log.info("session of %s is gone; creating a new one", conversation)
