@@ -300,28 +300,27 @@ class RenderStage:
         """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
         await self.outputs.delivered()
         held = await self.state.finish_turn(
-            record.conversation_key,
-            record.event_id,
-            status="idle",
-            last_message=None,
-            pending=[],
-            tools={},
-            interrupted=False,
+            record.conversation_key, None, status="idle", last_message=None, pending=[], tools={}, interrupted=False
         )
-        if held > 0 and state.turn is not None:
-            turn = state.turn
+        if held > 0:
+            chat_id, chat_type = _chat_of(record.conversation_key, state.turn)
             await self.outputs.session_command(
                 SessionCommand(
                     kind="flush",
                     conversation_key=record.conversation_key,
-                    platform=turn.platform,
-                    bot_id=turn.bot_id,
-                    chat_id=turn.chat_id,
-                    chat_type=turn.chat_type,
+                    platform=bot.platform,
+                    bot_id=bot.bot_id,
+                    chat_id=chat_id,
+                    chat_type=chat_type,
                     session_id=record.session_id,
                     trace_id=stable_id("flush-", record.event_id or record.conversation_key),
                 )
             )
+        # Marked handled only once the flush is in the broker: a crash before that replays this
+        # turn end (its reply is dropped by egress as a duplicate) rather than strand held messages.
+        await self.outputs.delivered()
+        if record.event_id:
+            await self.state.set_marker("turnend", record.event_id)
 
     # -- output helpers ------------------------------------------------------------------------
     async def _notice(
