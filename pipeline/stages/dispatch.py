@@ -293,17 +293,11 @@ class DispatchStage:
 
     async def _notice(self, bot: BotConfig, command: SessionCommand, kind: str) -> None:
         await self.outputs.outbound(
-            self.notices.outbound(
+            self.notices.answering(
                 bot,
                 kind,
-                platform=command.platform,
-                chat_id=command.chat_id,
-                chat_type=command.chat_type,
-                conversation_key=command.conversation_key,
+                command,
                 outbound_id=stable_id("notice-", command.conversation_key, command.trace_id, kind),
                 reply_to_message_id=command.reply_to_message_id,
-                route=command.route,
-                trace_id=command.trace_id,
-                hops=command.hops,
             )
         )

@@ -238,19 +238,13 @@ class IngestStage:
         )
 
     def _notice(self, bot: BotConfig, message: InboundMessage, name: str, **params: str) -> OutboundMessage:
-        return self.notices.outbound(
+        return self.notices.answering(
             bot,
             name,
-            params=params,
-            platform=message.platform,
-            chat_id=message.chat_id,
-            chat_type=message.chat_type,
-            conversation_key=message.conversation_key,
+            message,
             outbound_id=stable_id("notice-", message.conversation_key, message.message_id, name),
             reply_to_message_id=message.message_id,
-            route=message.route,
-            trace_id=message.trace_id,
-            hops=message.hops,
+            params=params,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline import metrics
-from pipeline.records import OutboundKind, OutboundMessage
+from pipeline.records import InboundMessage, OutboundKind, OutboundMessage, SessionCommand
 from pipeline.segments.models import TextData, TextSegment
 from pipeline.segments.notices import NoticeCatalog, NoticeKind
 from pipeline.settings import BotConfig, Settings
@@ -19,6 +19,32 @@ class Notices:
 
     def text(self, bot: BotConfig, kind: NoticeKind | str, **params: str) -> str:
         return self.catalog.render(NoticeKind(kind), language=bot.language, bot_id=bot.bot_id, **params).text
+
+    def answering(
+        self,
+        bot: BotConfig,
+        kind: NoticeKind | str,
+        record: InboundMessage | SessionCommand,
+        *,
+        outbound_id: str,
+        reply_to_message_id: str | None,
+        params: dict[str, str] | None = None,
+    ) -> OutboundMessage:
+        """A notice to the chat a record came from, with its routing and hop times."""
+        return self.outbound(
+            bot,
+            kind,
+            params=params,
+            platform=record.platform,
+            chat_id=record.chat_id,
+            chat_type=record.chat_type,
+            conversation_key=record.conversation_key,
+            outbound_id=outbound_id,
+            reply_to_message_id=reply_to_message_id,
+            route=record.route,
+            trace_id=record.trace_id,
+            hops=record.hops,
+        )
 
     def outbound(
         self,
