@@ -236,3 +236,20 @@ async def test_unregistered_custom_tool_gets_an_error_result_not_silence(console
     await console.send(chat, "[sim:custom_tool=generate_video] a cat")
     got = await console.wait_for(chat, 1)
     assert texts(got)[0].startswith("tool error: ") and "not available" in texts(got)[0]
+
+
+async def test_reset_forgets_the_session_and_stop_when_idle_says_so(console: ConsoleClient, stack: Stack) -> None:
+    chat = console.chat()
+    await console.send(chat, "hello")
+    await console.wait_for(chat, 1)
+    first_session = await _session_of(stack, chat)
+    await console.send(chat, "/reset")
+    got = await console.wait_for(chat, 2)
+    assert got[1]["kind"] == "notice" and texts(got)[1].startswith("Conversation reset")
+    await console.send(chat, "/stop")  # nothing runs: a notice, and nothing sent to the session
+    got = await console.wait_for(chat, 3)
+    assert texts(got)[2] == "Stopped."
+    await console.send(chat, "again")
+    got = await console.wait_for(chat, 4)
+    assert texts(got)[3] == "echo: again"
+    assert await _session_of(stack, chat) not in (None, first_session)
