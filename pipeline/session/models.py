@@ -9,7 +9,7 @@ Parsing goes through TypeAdapters built once at import time (hot path: every SSE
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -564,48 +564,10 @@ CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
     }
 )
 
-_SERVER_VARIANTS: dict[str, type[BaseModel]] = {
-    cls.model_fields["type"].default: cls
-    for cls in (
-        UserMessage,
-        SystemMessage,
-        UserInterrupt,
-        UserToolConfirmation,
-        UserToolResult,
-        UserCustomToolResult,
-        AgentMessage,
-        AgentThinking,
-        AgentToolUse,
-        AgentToolResult,
-        AgentMCPToolUse,
-        AgentMCPToolResult,
-        AgentCustomToolUse,
-        AgentThreadMessageReceived,
-        AgentThreadMessageSent,
-        AgentThreadContextCompacted,
-        SessionError,
-        SessionDeleted,
-        SessionThreadCreated,
-        SessionStatusRunning,
-        SessionUsage,
-        SessionStatusIdle,
-        SessionStatusRescheduled,
-        SessionStatusTerminated,
-        SessionThreadStatusRunning,
-        SessionThreadStatusIdle,
-        SessionThreadStatusRescheduled,
-        SessionThreadStatusTerminated,
-        SpanModelRequestStart,
-        SpanModelRequestEnd,
-        EventStart,
-        EventDelta,
-    )
-}
-SERVER_EVENT_TYPES: frozenset[str] = frozenset(_SERVER_VARIANTS)
 PREVIEW_TYPES: frozenset[str] = frozenset({"event_start", "event_delta"})
 TERMINAL_TYPES: frozenset[str] = frozenset({"session.deleted", "session.status_terminated"})
 
-ServerEvent = Union[  # noqa: UP007 - a runtime Union is needed to build it from the table above
+ServerEvent = Union[  # noqa: UP007 - a runtime Union: the parser's variant table is derived from it
     UserMessage,
     SystemMessage,
     UserInterrupt,
@@ -640,6 +602,12 @@ ServerEvent = Union[  # noqa: UP007 - a runtime Union is needed to build it from
     EventDelta,
     UnknownEvent,
 ]
+
+# The tag → variant table is derived from the union above (one list of variants, not two).
+_SERVER_VARIANTS: dict[str, type[BaseModel]] = {
+    cls.model_fields["type"].default: cls for cls in get_args(ServerEvent) if cls is not UnknownEvent
+}
+SERVER_EVENT_TYPES: frozenset[str] = frozenset(_SERVER_VARIANTS)
 
 _server_union = Annotated[  # type: ignore[valid-type]
     Union[
