@@ -34,6 +34,8 @@ from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_
 log = logging.getLogger(__name__)
 
 ALL_STAGES = ("ingest", "dispatch", "render", "egress")
+Work = Callable[[], Awaitable[None]]
+BatchAdmit = Callable[[list[Any]], Awaitable[list[Work | None]]]
 # Failures of shared infrastructure that a retry outlives (a Redis restart, AOF loading).
 _INFRASTRUCTURE_ERRORS = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
 
@@ -131,25 +133,41 @@ def create_app(
                 )
                 return
 
+    async def admit_with_retry(stage: str, admit: BatchAdmit, records: list[Any]) -> list[Work | None] | None:
+        """A stage's batch step. Redis unavailable: wait and retry (it is idempotent). Any other
+        error: None, and the batch is handled record by record (each with its own dead letter)."""
+        attempt = 0
+        while True:
+            try:
+                return await admit(records)
+            except _INFRASTRUCTURE_ERRORS as exc:
+                attempt += 1
+                metrics.HANDLER_RETRIES.labels(stage, type(exc).__name__).inc()
+                log.warning("%s: Redis unavailable (%s); retry %d", stage, type(exc).__name__, attempt)
+                await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
+            except Exception:
+                log.exception("%s: batch step failed; handling the records one by one", stage)
+                return None
+
     def agent_loop(
         stage: str,
         topic_name: str,
         model: type[BaseModel],
         handler: Callable[[Any, Any], Awaitable[None]],
         inline: Callable[[Any], bool] | None = None,
+        admit: BatchAdmit | None = None,
     ) -> None:
+        """One agent per stage and topic. Records that are already fetched are taken together
+        (up to `batch_max`), so a stage with a batch step (`admit`) pays one Redis round trip per
+        batch; the records' remaining work goes to the keyed executor in offset order."""
         topic = app.topic(topic_name, key_type=bytes, value_type=bytes, partitions=settings.partitions)
+        ex = executor(stage)
 
-        async def loop(stream: Any) -> None:  # a faust.Stream (its StreamT protocol lacks noack)
-            # The service opens Redis and the clients after Faust starts the agents: wait for it,
-            # or the first records of a restart would meet a half-built runtime.
-            await runtime.started_event.wait()
-            manual = stream.noack()
-            async for event in manual.events():
+        async def handle_batch(manual: Any, events: list[Any]) -> None:
+            parsed: list[tuple[Any, Any, dict[str, Any]]] = []
+            for event in events:
                 message = event.message
                 where = {"topic": message.topic, "partition": message.partition, "offset": message.offset}
-                slot = {"partition": (message.topic, message.partition), "offset": message.offset}
-                ack = functools.partial(manual.ack, event)
                 raw = event.value
                 try:
                     record = model.model_validate_json(raw)
@@ -159,23 +177,58 @@ def create_app(
                     await runtime.outputs.dead_letter(
                         stage, "invalid_record", text, error=str(exc)[:500], key=key, **where
                     )
-                    await executor(stage).submit_done(**slot, ack=ack)
+                    record = None
+                parsed.append((event, record, where))
+            works: list[Work | None] | None = None
+            if admit is not None:
+                works = await admit_with_retry(stage, admit, [r for _, r, _ in parsed if r is not None])
+            planned = iter(works) if works is not None else None
+            for event, record, where in parsed:
+                message = event.message
+                slot = {"partition": (message.topic, message.partition), "offset": message.offset}
+                ack = functools.partial(manual.ack, event)
+                if record is None:
+                    await ex.submit_done(**slot, ack=ack)
                     continue
-                if inline is not None and inline(record):
-                    await executor(stage).submit_done(**slot, ack=ack)
+                handle: Callable[[Any, Any], Awaitable[None]] = handler
+                if planned is not None:
+                    planned_work = next(planned)
+                    if planned_work is None:
+                        await ex.submit_done(**slot, ack=ack)
+                        continue
+                    handle = _planned(planned_work)
+                elif inline is not None and inline(record):
+                    await ex.submit_done(**slot, ack=ack)
                     continue
-
-                async def work(record: Any = record, message: Any = message, where: dict[str, Any] = where) -> None:
-                    await run_handler(stage, handler, record, message, where)
-
+                work = functools.partial(run_handler, stage, handle, record, message, where)
                 key = getattr(record, "conversation_key", None) or message.partition
-                await executor(stage).submit(key, work, **slot, ack=ack)
+                await ex.submit(key, work, **slot, ack=ack)
+
+        async def loop(stream: Any) -> None:  # a faust.Stream (its StreamT protocol lacks noack)
+            # The service opens Redis and the clients after Faust starts the agents: wait for it,
+            # or the first records of a restart would meet a half-built runtime.
+            await runtime.started_event.wait()
+            manual = stream.noack()
+            channel = manual.channel
+            batch: list[Any] = []
+            async for event in manual.events():
+                batch.append(event)
+                if len(batch) < settings.batch_max and not channel.empty():
+                    continue  # more is already fetched: take it too
+                events, batch = batch, []
+                await handle_batch(manual, events)
 
         loop.__name__ = f"{stage}_{topic_name.replace('.', '_')}"
         app.agent(topic, name=loop.__name__, concurrency=1)(loop)
 
     if "ingest" in stage_set:
-        agent_loop("ingest", IM_INBOUND, InboundMessage, lambda r, m: runtime.ingest.handle(r))
+        agent_loop(
+            "ingest",
+            IM_INBOUND,
+            InboundMessage,
+            lambda r, m: runtime.ingest.handle(r),
+            admit=lambda records: runtime.ingest.admit(records),
+        )
     if "dispatch" in stage_set:
         agent_loop("dispatch", SESSION_INPUT, SessionCommand, lambda r, m: runtime.dispatch.handle(r, m.partition))
     if "render" in stage_set:
@@ -278,6 +331,15 @@ class DrainingWorker(faust.Worker):
                 super(DrainingWorker, self)._on_sigterm()
 
         self._drain_task = asyncio.ensure_future(drain_then_stop(), loop=self.loop)
+
+
+def _planned(work: Work) -> Callable[[Any, Any], Awaitable[None]]:
+    """A batch step's remaining work in the shape of a record handler."""
+
+    async def handle(record: Any, message: Any) -> None:
+        await work()
+
+    return handle
 
 
 def _producer_send(app: faust.App, *, acked: bool = False) -> Callable[[str, str | None, bytes], Awaitable[Any]]:

@@ -128,6 +128,8 @@ class Settings(BaseSettings):
 
     # Keyed executor: calls to slow APIs in flight at once, across conversations.
     max_in_flight: int = Field(default=256, ge=1)
+    # Records a stage takes together when they are already fetched (one Redis round trip each).
+    batch_max: int = Field(default=256, ge=1)
     egress_max_attempts: int = Field(default=5, ge=1)
     # On SIGTERM: take no new turns and let the running ones finish, for at most this long.
     shutdown_drain_seconds: float = Field(default=20.0, ge=0, le=600)

@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-limit", action="store_true", help="skip the bare aiokafka chain")
     p.add_argument("--limit-messages", type=int, default=20_000)
     p.add_argument("--filtered", action="store_true", help="also a phase of only non-triggering group messages")
+    p.add_argument(
+        "--filtered-messages",
+        type=int,
+        default=50_000,
+        help="with --filtered: non-triggering messages produced straight into im.inbound for the backlog drain",
+    )
     p.add_argument("--ramp-start", type=float, default=50.0)
     p.add_argument("--ramp-factor", type=float, default=1.5)
     p.add_argument("--ramp-steps", type=int, default=8)

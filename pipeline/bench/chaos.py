@@ -212,11 +212,11 @@ def account(
     # Notices that name no message (render's notices carry no reply_to): they answer, in order, the
     # oldest unanswered messages of their chat.
     by_notice = 0
-    for chat, notices in unattributed.items():
+    for chat, chat_notices in unattributed.items():
         waiting = sorted(
             (s for s in expected if s.chat_id == chat and not answers.get(s.msg_id)), key=lambda s: s.intended_ms
         )
-        for s, d in zip(waiting, sorted(notices, key=lambda d: d.delivered_at), strict=False):
+        for s, d in zip(waiting, sorted(chat_notices, key=lambda d: d.delivered_at), strict=False):
             answers[s.msg_id].append(d)
             by_notice += 1
     lost = [s for s in expected if not answers.get(s.msg_id)]

@@ -13,9 +13,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
+from aiokafka import AIOKafkaProducer
+
 from pipeline.bench import default_name
 from pipeline.bench.limit import bare_chain, bare_one_hop
 from pipeline.bench.load import TrafficMix
+from pipeline.bench.measure import proc_cpu_seconds
 from pipeline.bench.report import RESULTS, machine, markdown_summary, write_chart, write_json
 from pipeline.bench.runner import (
     BenchStack,
@@ -26,7 +30,11 @@ from pipeline.bench.runner import (
     run_phase,
     start_stack,
     warm_up,
+    worker_counters,
 )
+from pipeline.records import InboundMessage, Sender, now_ms
+from pipeline.records.models import conversation_key
+from pipeline.topics import IM_INBOUND
 
 
 def mix_from(args: argparse.Namespace, **over: Any) -> TrafficMix:
@@ -209,6 +217,81 @@ async def filtered_phase(bs: BenchStack, args: argparse.Namespace, one_hop: dict
     return d
 
 
+async def filtered_drain_phase(
+    bs: BenchStack, args: argparse.Namespace, one_hop: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Ingest's own rate for group messages without @bot: N of them are produced straight into
+    `im.inbound` (as the ingress of other workers would) faster than one worker takes them, and the
+    worker's drain is timed from its metrics. This is the figure comparable to a bare one-hop
+    consume; `filtered_phase` measures ingress and ingest together in one process."""
+    n = 5_000 if args.quick else args.filtered_messages
+    producer = AIOKafkaProducer(bootstrap_servers=bs.bootstrap, linger_ms=5, acks=-1)
+    run = uuid.uuid4().hex[:8]
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        base = (await worker_counters(bs, http))["ingested"]
+        pids = bs.worker_pids()
+        await producer.start()
+        try:
+            started = time.monotonic()
+            cpu0 = sum(proc_cpu_seconds(p) for p in pids)
+            deliveries = []
+            for i in range(n):
+                message = _filtered_message(run, i, args.conversations)
+                value, key = message.model_dump_json().encode(), message.conversation_key.encode()
+                deliveries.append(await producer.send(IM_INBOUND, value, key=key))
+            await asyncio.gather(*deliveries)
+            produced_s = time.monotonic() - started
+        finally:
+            await producer.stop()
+        first_at: float | None = None
+        done_at: float | None = None
+        count = base
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            count = (await worker_counters(bs, http))["ingested"]
+            now = time.monotonic()
+            if first_at is None and count > base:
+                first_at = now
+            if count >= base + n:
+                done_at = now
+                break
+            await asyncio.sleep(0.1)
+        cpu = sum(proc_cpu_seconds(p) for p in pids) - cpu0
+    took = (done_at or time.monotonic()) - started
+    d: dict[str, Any] = {
+        "messages": n,
+        "ingested": int(count - base),
+        "produced_in_s": round(produced_s, 2),
+        "drain_s": round(took, 2),
+        "ingest_msgs_per_s": round((count - base) / took, 1) if took > 0 else None,
+        "worker_cpu_us_per_msg": round(cpu / max(count - base, 1) * 1e6, 1),
+        "complete": done_at is not None,
+    }
+    if one_hop and one_hop.get("msgs_per_s") and d["ingest_msgs_per_s"]:
+        d["ratio_to_bare_one_hop"] = round(d["ingest_msgs_per_s"] / one_hop["msgs_per_s"], 4)
+    log(
+        f"filtered backlog: {d['ingested']}/{n} ingested in {d['drain_s']} s = {d['ingest_msgs_per_s']} msg/s, "
+        f"{d['worker_cpu_us_per_msg']} µs worker CPU each; ratio to bare one hop {d.get('ratio_to_bare_one_hop')}"
+    )
+    return d
+
+
+def _filtered_message(run: str, i: int, chats: int) -> InboundMessage:
+    chat = f"drain-{run}-g{i % max(chats, 1)}"
+    return InboundMessage(
+        platform="console",
+        bot_id="demo",
+        chat_id=chat,
+        chat_type="group",
+        sender=Sender(user_id=f"u{i % 37}", name="member"),
+        message_id=f"{run}-{i}",
+        text="just chatting about the weather, no mention here",
+        conversation_key=conversation_key("console", "demo", chat),
+        trace_id=f"{run}{i:08d}",
+        hops={"ingress": now_ms()},
+    )
+
+
 def headline(result: dict[str, Any]) -> dict[str, Any]:
     load = result.get("load") or {}
     lim = result.get("limit") or {}
@@ -233,6 +316,11 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
         h["ratio_to_limit"] = lim.get("ratio_turns_to_limit")
     if result.get("max"):
         h["max_turns_per_s"] = result["max"].get("max_turns_per_s")
+    if result.get("filtered"):
+        h["filtered_webhooks_msgs_per_s"] = result["filtered"].get("ingest_msgs_per_s")
+    if result.get("filtered_backlog"):
+        h["filtered_backlog_msgs_per_s"] = result["filtered_backlog"].get("ingest_msgs_per_s")
+        h["filtered_ratio_to_bare_one_hop"] = result["filtered_backlog"].get("ratio_to_bare_one_hop")
     scale = result.get("scale") or {}
     if scale.get("scaling_factor") is not None:
         h["scaling_1_to_2_workers"] = scale["scaling_factor"]
@@ -272,6 +360,7 @@ async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any
     if args.filtered:
         one_hop = (result.get("limit") or {}).get("bare_one_hop")
         result["filtered"] = await filtered_phase(bs, args, one_hop)
+        result["filtered_backlog"] = await filtered_drain_phase(bs, args, one_hop)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

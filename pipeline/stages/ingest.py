@@ -7,9 +7,10 @@ HTTP call, and ingest must keep up with every group message (5,500/s per worker 
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,7 +18,7 @@ from pipeline import metrics
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ContextEntry, StateStore, TurnContext
+from pipeline.state import ContextEntry, InboundAdmission, StateStore, TurnContext
 
 from ._ids import stable_id, user_message_id
 from .notices import Notices
@@ -92,6 +93,28 @@ def content_blocks(message: InboundMessage, bot: BotConfig, *, label_sender: boo
 
 
 PromptBuilder = Callable[[BotConfig, InboundMessage, list[ContextEntry]], str | None]
+IngestWork = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What ingest decided for one message before its Redis round trip."""
+
+    message: InboundMessage
+    bot: BotConfig | None
+    command: ChatCommand | None
+    reason: TriggerReason | None
+    dedup_id: str
+
+
+def _context_entry(message: InboundMessage) -> ContextEntry:
+    return ContextEntry(
+        message_id=message.message_id,
+        user_id=message.sender.user_id,
+        name=message.sender.name,
+        text=message.text[:500],
+        at_ms=message.sent_at_ms or message.hops.get("ingress", 0.0),
+    )
 
 
 class IngestStage:
@@ -110,52 +133,96 @@ class IngestStage:
         self.prompt = prompt
 
     async def handle(self, message: InboundMessage) -> None:
-        bot = self.settings.bot(message.platform, message.bot_id)
-        if bot is None:
-            metrics.INBOUND_DROPPED.labels(message.platform, "unknown_bot").inc()
-            await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())
-            return
-        # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one message
-        # can arrive as two events (Slack app_mention + message): de-duplicate on chat + message.
-        dedup_id = f"{message.platform}:{message.bot_id}:{message.chat_id}:{message.message_id}"
-        if await self.state.marker("in", dedup_id) is not None:
+        """One message (the batch path with a batch of one)."""
+        (work,) = await self.admit([message])
+        if work is not None:
+            await work()
+
+    async def admit(self, messages: list[InboundMessage]) -> list[IngestWork | None]:
+        """Admit a batch of messages in offset order, with one Redis round trip for all of them:
+        drop duplicates, keep the group-context window, and settle every message that produces
+        nothing (most group messages). Returns, per message, the work that remains (a user turn or
+        a chat command, which produce records) or None when the message is settled."""
+        now = now_ms()
+        plans: list[_Plan | None] = []
+        items: list[InboundAdmission] = []
+        seen: set[str] = set()
+        size = self.settings.group_context_size
+        for message in messages:
+            bot = self.settings.bot(message.platform, message.bot_id)
+            if bot is None:
+                plans.append(_Plan(message, None, None, None, "unknown_bot"))
+                continue
+            # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one
+            # message can arrive as two events (Slack app_mention + message): chat + message.
+            dedup_id = f"{message.platform}:{message.bot_id}:{message.chat_id}:{message.message_id}"
+            if dedup_id in seen:  # twice in one batch: the second is a duplicate
+                plans.append(None)
+                continue
+            seen.add(dedup_id)
+            command = parse_chat_command(message.text)
+            reason = trigger_reason(message, bot) if command is None else None
+            in_window = message.chat_type == "group" and command is None
+            entry = _context_entry(message) if in_window else None
+            # A message that produces nothing is marked seen at once; one that produces only once
+            # the broker has its output (a crash in between replays it, and dispatch drops the
+            # repeated turn by its stable id).
+            settles = command is None and reason is None
+            items.append(
+                InboundAdmission(
+                    dedup_id=dedup_id,
+                    conversation=message.conversation_key,
+                    entry=entry,
+                    want_window=in_window and reason is not None and size > 0,
+                    mark=settles,
+                )
+            )
+            plans.append(_Plan(message, bot, command, reason, dedup_id))
+        results = iter(await self.state.admit_inbound(items, size))
+        works: list[IngestWork | None] = []
+        for message, plan in zip(messages, plans, strict=True):
+            if plan is None:
+                metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
+                works.append(None)
+                continue
+            if plan.bot is None:
+                metrics.INBOUND_DROPPED.labels(message.platform, "unknown_bot").inc()
+                works.append(functools.partial(self._unknown_bot, message))
+                continue
+            result = next(results)
+            if result.duplicate:
+                metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
+                works.append(None)
+                continue
+            message.hops["ingest"] = now
+            metrics.observe_hop("ingest", message.hops, "ingress", now)
+            if plan.command is None and plan.reason is None:
+                metrics.INBOUND_FILTERED.labels(message.platform).inc()
+                works.append(None)
+                continue
+            works.append(functools.partial(self._produce, plan, result.window))
+        return works
+
+    async def _unknown_bot(self, message: InboundMessage) -> None:
+        await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())
+
+    async def _produce(self, plan: _Plan, window: list[ContextEntry]) -> None:
+        assert plan.bot is not None
+        message = plan.message
+        # Checked again here, in the conversation's order: the same message may have been
+        # admitted twice while its first copy was still on its way to the broker.
+        if await self.state.marker("in", plan.dedup_id) is not None:
             metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
             return
-        # Marked seen only once what it produced is in the broker: a crash in between replays it,
-        # and dispatch drops the repeated turn by its stable id.
         self.outputs.begin()
-        await self._process(bot, message)
-        await self.outputs.delivered()
-        await self.state.set_marker("in", dedup_id)
-
-    async def _process(self, bot: BotConfig, message: InboundMessage) -> None:
-        now = message.hops["ingest"] = now_ms()
-        metrics.observe_hop("ingest", message.hops, "ingress", now)
-        command = parse_chat_command(message.text)
-        if command is not None:
-            await self._command(bot, message, command)
-            return
-        reason = trigger_reason(message, bot)
-        if message.chat_type == "group":
-            window = await self.state.context(message.conversation_key, self.settings.group_context_size)
-            await self.state.push_context(
-                message.conversation_key,
-                ContextEntry(
-                    message_id=message.message_id,
-                    user_id=message.sender.user_id,
-                    name=message.sender.name,
-                    text=message.text[:500],
-                    at_ms=message.sent_at_ms or message.hops.get("ingress", 0.0),
-                ),
-                self.settings.group_context_size,
-            )
+        if plan.command is not None:
+            await self._command(plan.bot, message, plan.command)
         else:
-            window = []
-        if reason is None:
-            metrics.INBOUND_FILTERED.labels(message.platform).inc()
-            return
-        metrics.TURNS_TRIGGERED.labels(message.platform, reason).inc()
-        await self.outputs.session_command(self.user_turn(bot, message, window))
+            assert plan.reason is not None
+            metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
+            await self.outputs.session_command(self.user_turn(plan.bot, message, window))
+        await self.outputs.delivered()
+        await self.state.set_marker("in", plan.dedup_id)
 
     def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
         inbound_ids = [message.message_id]

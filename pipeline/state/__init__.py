@@ -2,6 +2,23 @@
 de-duplication markers, the group-context window. All keys live under one prefix."""
 
 from pipeline.state.exceptions import StateError
-from pipeline.state.store import ContextEntry, ConversationState, InflightStream, StateStore, TurnContext
+from pipeline.state.store import (
+    AdmissionResult,
+    ContextEntry,
+    ConversationState,
+    InboundAdmission,
+    InflightStream,
+    StateStore,
+    TurnContext,
+)
 
-__all__ = ["ContextEntry", "ConversationState", "InflightStream", "StateError", "StateStore", "TurnContext"]
+__all__ = [
+    "AdmissionResult",
+    "ContextEntry",
+    "ConversationState",
+    "InboundAdmission",
+    "InflightStream",
+    "StateError",
+    "StateStore",
+    "TurnContext",
+]

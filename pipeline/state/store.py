@@ -76,6 +76,23 @@ class ConversationState(BaseModel):
     cursor: str | None = None
 
 
+@dataclass(frozen=True)
+class InboundAdmission:
+    """One inbound message for `StateStore.admit_inbound`."""
+
+    dedup_id: str
+    conversation: str
+    entry: ContextEntry | None = None  # pushed onto the group-context window
+    want_window: bool = False  # return the window as it was before this message
+    mark: bool = False  # set the de-duplication marker now
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    duplicate: bool
+    window: list[ContextEntry] = field(default_factory=list)
+
+
 @dataclass
 class InflightStream:
     """A session whose stream a worker must hold: routing and where to resume."""
@@ -91,6 +108,7 @@ class StateStore:
     def __init__(self, redis: Redis, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400):
         self.redis = redis
         self._hold_if_busy = redis.register_script(_HOLD_IF_BUSY)
+        self._admit_inbound = redis.register_script(_ADMIT_INBOUND)
         self.prefix = prefix
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
@@ -296,6 +314,35 @@ class StateStore:
                 pipe.set(self.key(f"dedup:{kind}", ident), value, ex=ttl or self.dedup_ttl)
             await pipe.execute()
 
+    # -- inbound admission (ingest, one round trip per batch) -----------------------------------
+    async def admit_inbound(self, items: list[InboundAdmission], context_size: int) -> list[AdmissionResult]:
+        """De-duplicate a batch of inbound messages and keep the group-context window, in one
+        atomic round trip and in the given order.
+
+        Per item: a duplicate (its marker exists) changes nothing. Otherwise the window before the
+        message is returned when asked for, the message is pushed onto its chat's window when it
+        carries an entry, and its marker is set when `mark` (a message that produces nothing can
+        be marked at once; one that produces is marked only after the broker has its output).
+        """
+        if not items:
+            return []
+        keys: list[str] = []
+        args: list[Any] = [self.dedup_ttl, max(context_size, 0), self.mapping_ttl]
+        for item in items:
+            keys.append(self.key("dedup:in", item.dedup_id))
+            keys.append(self.key("ctx", item.conversation))
+            push = item.entry is not None and context_size > 0
+            read = item.want_window and context_size > 0
+            args.append(("w" if read else "") + ("p" if push else "") + ("m" if item.mark else "") or "-")
+            args.append(item.entry.model_dump_json() if push and item.entry is not None else "")
+        raw = await self._admit_inbound(keys=keys, args=args)
+        results = []
+        for reply in raw:
+            duplicate = int(reply[0]) == 0
+            window = _window(reply[1:]) if not duplicate else []
+            results.append(AdmissionResult(duplicate=duplicate, window=window))
+        return results
+
     # -- group-context window -----------------------------------------------------------------
     async def push_context(self, conversation: str, entry: ContextEntry, size: int) -> None:
         if size <= 0:
@@ -311,8 +358,7 @@ class StateStore:
         """The window, oldest first."""
         if size <= 0:
             return []
-        raw = await self.redis.lrange(self.key("ctx", conversation), 0, size - 1)
-        return [ContextEntry.model_validate_json(v) for v in reversed(raw)]
+        return _window(await self.redis.lrange(self.key("ctx", conversation), 0, size - 1))
 
     # -- console deliveries ---------------------------------------------------------------------
     async def append_console(self, bot_id: str, chat_id: str, payload: str, cap: int = 500) -> int:
@@ -338,6 +384,49 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'held', 1)
 return 1
 """
+
+
+# Per item i: KEYS[2i-1] its marker, KEYS[2i] its chat's window; ARGV[2+2i] flags (w: return the
+# window, p: push ARGV[3+2i], m: set the marker). ARGV[1..3]: marker TTL, window size, window TTL.
+_ADMIT_INBOUND = """
+local marker_ttl, size, window_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {}
+for i = 1, #KEYS / 2 do
+  local marker, window = KEYS[2 * i - 1], KEYS[2 * i]
+  local flags, entry = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+  if redis.call('EXISTS', marker) == 1 then
+    out[i] = {0}
+  else
+    local reply = {1}
+    if string.find(flags, 'w', 1, true) then
+      for _, v in ipairs(redis.call('LRANGE', window, 0, size - 1)) do reply[#reply + 1] = v end
+    end
+    if string.find(flags, 'p', 1, true) then
+      redis.call('LPUSH', window, entry)
+      redis.call('LTRIM', window, 0, size - 1)
+      redis.call('EXPIRE', window, window_ttl)
+    end
+    if string.find(flags, 'm', 1, true) then
+      redis.call('SET', marker, '1', 'EX', marker_ttl)
+    end
+    out[i] = reply
+  end
+end
+return out
+"""
+
+
+def _window(raw: list[Any]) -> list[ContextEntry]:
+    """Window entries (newest first in Redis) oldest first, each message once: a message replayed
+    after a crash may have been pushed twice."""
+    seen: set[str] = set()
+    entries: list[ContextEntry] = []
+    for value in reversed(raw):
+        entry = ContextEntry.model_validate_json(value)
+        if entry.message_id not in seen:
+            seen.add(entry.message_id)
+            entries.append(entry)
+    return entries
 
 
 def _conversation_state(raw: dict[Any, Any]) -> ConversationState:

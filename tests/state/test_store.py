@@ -6,7 +6,7 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from pipeline.state import ContextEntry, InflightStream, StateStore, TurnContext
+from pipeline.state import ContextEntry, InboundAdmission, InflightStream, StateStore, TurnContext
 from pipeline.state.store import PendingAction
 
 
@@ -108,3 +108,48 @@ async def test_context_window_is_capped_and_oldest_first(redis_url: str, redis_p
     window = await state.context("k", 5)
     assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
     assert await state.context("k", 0) == []
+
+
+def _entry(i: int) -> ContextEntry:
+    return ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i))
+
+
+async def test_admit_inbound_keeps_the_window_in_batch_order(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    # m0..m3 settle (pushed and marked); m4 triggers: it sees the window before itself.
+    items = [InboundAdmission(f"d{i}", "g", entry=_entry(i), mark=True) for i in range(4)]
+    items.append(InboundAdmission("d4", "g", entry=_entry(4), want_window=True))
+    results = await state.admit_inbound(items, context_size=3)
+    assert [r.duplicate for r in results] == [False] * 5
+    assert [e.message_id for e in results[4].window] == ["m1", "m2", "m3"]
+    assert [r.window for r in results[:4]] == [[], [], [], []]
+    assert [e.message_id for e in await state.context("g", 3)] == ["m2", "m3", "m4"]
+    # Settled messages are duplicates from now on; the triggering one is not (marked after output).
+    again = await state.admit_inbound(
+        [InboundAdmission("d0", "g", entry=_entry(0), mark=True), InboundAdmission("d4", "g", want_window=True)],
+        context_size=3,
+    )
+    assert [r.duplicate for r in again] == [True, False]
+    assert [e.message_id for e in again[1].window] == ["m2", "m3", "m4"]
+    ttl = await state.redis.ttl(state.key("dedup:in", "d0"))
+    assert 0 < ttl <= state.dedup_ttl
+    assert await state.redis.exists(state.key("dedup:in", "d4")) == 0
+
+
+async def test_admit_inbound_without_a_window(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    results = await state.admit_inbound(
+        [InboundAdmission("p1", "private", mark=True), InboundAdmission("g1", "g", entry=_entry(1), want_window=True)],
+        context_size=0,
+    )
+    assert [(r.duplicate, r.window) for r in results] == [(False, []), (False, [])]
+    assert await state.redis.exists(state.key("ctx", "g")) == 0
+    assert await state.admit_inbound([], context_size=5) == []
+
+
+async def test_window_shows_a_replayed_message_once(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    # A triggering message replayed after a crash is pushed again (its marker was never set).
+    for _ in range(2):
+        await state.admit_inbound([InboundAdmission("d7", "g", entry=_entry(7), want_window=True)], context_size=5)
+    assert [e.message_id for e in await state.context("g", 5)] == ["m7"]
