@@ -17,13 +17,12 @@ from typing import Any
 
 import faust
 import mode
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from pydantic import BaseModel, ValidationError
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from pipeline import metrics
+from pipeline import faust_patches, metrics
 from pipeline.executor import KeyedExecutor
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.runtime import Runtime
@@ -40,28 +39,6 @@ BatchAdmit = Callable[[list[Any]], Awaitable[list[Work | None]]]
 _INFRASTRUCTURE_ERRORS = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
 
 
-def _patch_fetch_wait() -> None:
-    """Make the worker consumer's fetch wait configurable.
-
-    faust-streaming hard-codes `fetch_max_wait_ms=1500` for the worker consumer. On a broker that
-    does not answer fetches early (Tansu) every hop then waits that long. The consumer reads the
-    value at start, so setting it on the freshly built consumer is enough.
-    """
-    if getattr(AIOKafkaConsumerThread, "_switchboard_patched", False):
-        return
-    original = AIOKafkaConsumerThread._create_worker_consumer
-
-    def create_worker_consumer(self: Any, transport: Any) -> Any:
-        consumer = original(self, transport)
-        wait = getattr(self.app, "switchboard_fetch_max_wait_ms", None)
-        if wait is not None:
-            consumer._fetch_max_wait_ms = wait
-        return consumer
-
-    AIOKafkaConsumerThread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
-    AIOKafkaConsumerThread._switchboard_patched = True  # type: ignore[attr-defined]
-
-
 def create_app(
     settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None
 ) -> faust.App:
@@ -74,7 +51,7 @@ def create_app(
     if unknown:
         raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
-    _patch_fetch_wait()
+    faust_patches.apply()
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
