@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -119,11 +119,12 @@ class Runtime:
         assert s.redis_url, "redis_url is required"
         log.info("event loop: %s", type(asyncio.get_running_loop()).__module__)
         # Retries ride out a Redis restart; beyond them a stage's call fails and is retried by replay.
-        # A blocking pool: a burst waits for a connection instead of failing with "too many".
-        pool = BlockingConnectionPool.from_url(
+        # A plain pool, not the blocking one: its per-call lock and timeout cost a fifth of the CPU of
+        # a round trip (bench/redis_client_bench.py). The keyed executors bound concurrency well
+        # below the cap; a call beyond it fails like an outage and the stage retries it.
+        pool = ConnectionPool.from_url(
             s.redis_url,
             max_connections=s.redis_max_connections,
-            timeout=20,
             decode_responses=True,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 8),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],

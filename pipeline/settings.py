@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     app_id: str = "switchboard"
     redis_url: str | None = None
     redis_prefix: str = "sb:"
-    redis_max_connections: int = Field(default=256, ge=4)
+    redis_max_connections: int = Field(default=1024, ge=4)
 
     # Session API.
     session_base_url: str | None = None

@@ -1,0 +1,75 @@
+"""CPU per Redis round trip with the pool settings the worker could use.
+
+    .venv/bin/python bench/redis_client_bench.py [--url redis://…]   # starts an embedded redis without --url
+
+Concurrent GETs (64 tasks, like many conversations in flight) through redis-py's asyncio client;
+prints process CPU per call for each variant. Ratios within one run are what matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import time
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def _measure(pool: Any, calls: int, concurrency: int) -> tuple[float, float]:
+    redis = Redis(connection_pool=pool)
+    await redis.set("bench:k", "v")
+    per_task = calls // concurrency
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            await redis.get("bench:k")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm the pool
+    cpu0, t0 = _cpu(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cpu, wall = _cpu() - cpu0, time.perf_counter() - t0
+    await redis.aclose()
+    return cpu / (per_task * concurrency) * 1e6, per_task * concurrency / wall
+
+
+async def main(url: str, calls: int, concurrency: int) -> None:
+    variants = {
+        "blocking pool, socket_timeout=10, health check 15 s (before)": lambda: BlockingConnectionPool.from_url(
+            url, max_connections=256, timeout=20, socket_timeout=10, health_check_interval=15, decode_responses=True
+        ),
+        "plain pool, socket_timeout=10, health check 15 s": lambda: ConnectionPool.from_url(
+            url, max_connections=1024, socket_timeout=10, health_check_interval=15, decode_responses=True
+        ),
+        "plain pool, no socket timeout, no health check": lambda: ConnectionPool.from_url(
+            url, max_connections=1024, decode_responses=True
+        ),
+    }
+    for name, make in variants.items():
+        us, rate = await _measure(make(), calls, concurrency)
+        print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  {name}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url")
+    parser.add_argument("--calls", type=int, default=40_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    if args.url:
+        asyncio.run(main(args.url, args.calls, args.concurrency))
+    else:
+        from pipeline.embedded.redis import RedisServer
+
+        server = RedisServer()
+        server.start()
+        try:
+            asyncio.run(main(server.url, args.calls, args.concurrency))
+        finally:
+            server.stop()
