@@ -32,6 +32,9 @@ SESSION_CALLS = Counter("switchboard_session_calls_total", "Session API calls by
 TURNS_FINISHED = Counter(
     "switchboard_turns_finished_total", "Turns finished, by stop reason", ["platform", "stop_reason"]
 )
+STALE_TURN_ENDS = Counter(
+    "switchboard_stale_turn_ends_total", "Replayed idles of an earlier turn, ignored (the next turn had started)"
+)
 SESSION_ERRORS = Counter("switchboard_session_errors_total", "session.error events", ["error_type", "retry_status"])
 TOKENS = Counter("switchboard_session_tokens_total", "Tokens reported by span.model_request_end", ["kind"])
 ACTIVE_SECONDS = Counter("switchboard_session_active_seconds_total", "Active seconds from session.usage deltas")

@@ -196,6 +196,7 @@ class DispatchStage:
             route=command.route,
             hops={**command.hops, "dispatch": now_ms()},
             inbound_ids=command.inbound_ids,
+            message_id=message_id,
         )
         turn_fields = {"status": "running", "turn": turn, "interrupted": False, "last_message": None, "pending": []}
         await self._begin(partition, session_id, conversation, command.trace_id, state.cursor, **turn_fields)

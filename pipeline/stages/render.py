@@ -131,6 +131,15 @@ class RenderStage:
         state, handled = await self.state.conversation_and_marker(conversation, "turnend", record.event_id or "-")
         if record.event_id and handled is not None:
             return
+        if event_type == "session.status_idle" and _ends_another_turn(record, state):
+            # An idle of an earlier turn, replayed after a crash once the next turn had started:
+            # ending "the" turn now would end that next one (and thread its reply to the wrong
+            # message). Its own turn was ended before the crash, or the next one would not run.
+            metrics.STALE_TURN_ENDS.inc()
+            log.info("render: stale idle for %s ignored (turn %s)", conversation, record.turn_message_id)
+            if record.event_id:
+                await self.state.set_marker("turnend", record.event_id)
+            return
         await self._turn_end(record, state)
 
     async def _turn_end(self, record: SessionEventRecord, state: ConversationState) -> None:
@@ -407,3 +416,9 @@ def _segments_outcome(outcome: contract.ReplyOutcome) -> str:
     if outcome.notice is not None:
         return "failed"
     return "valid"
+
+
+def _ends_another_turn(record: SessionEventRecord, state: ConversationState) -> bool:
+    """True when the stream says this event belongs to a turn other than the one in progress."""
+    current = state.turn.message_id if state.turn is not None else None
+    return bool(record.turn_message_id and current and record.turn_message_id != current)

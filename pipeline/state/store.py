@@ -58,6 +58,8 @@ class TurnContext(BaseModel):
     route: dict[str, str] = Field(default_factory=dict)
     hops: dict[str, float] = Field(default_factory=dict)
     inbound_ids: list[str] = Field(default_factory=list)
+    # The id of the turn's user.message (its stable id): matched against the stream's events.
+    message_id: str | None = None
 
 
 class ConversationState(BaseModel):
