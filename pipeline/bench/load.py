@@ -259,6 +259,9 @@ class LatencyReport:
     client_end_to_end: dict[str, Any] = field(default_factory=dict)
     agent: dict[str, Any] = field(default_factory=dict)
     overhead: dict[str, Any] = field(default_factory=dict)
+    # Held behind the chat's running turn (busy policy), and the overhead without that wait.
+    busy_wait: dict[str, Any] = field(default_factory=dict)
+    overhead_excluding_busy_wait: dict[str, Any] = field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     ingress_ack: dict[str, Any] = field(default_factory=dict)
 
@@ -268,6 +271,8 @@ def latency_report(deliveries: Sequence[Delivery], sent_by_id: dict[str, Sent]) 
     client: list[float] = []
     agent: list[float] = []
     overhead: list[float] = []
+    busy_wait: list[float] = []
+    overhead_own: list[float] = []
     stages: dict[str, list[float]] = {f"{a}->{b}": [] for a, b in itertools.pairwise(STAGES)}
     for d in deliveries:
         if d.kind != "reply":
@@ -282,6 +287,10 @@ def latency_report(deliveries: Sequence[Delivery], sent_by_id: dict[str, Sent]) 
             a = hops["stream"] - hops["dispatch"]
             agent.append(a)
             overhead.append(total - a)
+            wait = hops["released"] - hops["held"] if "held" in hops and "released" in hops else 0.0
+            if wait:
+                busy_wait.append(wait)
+            overhead_own.append(total - a - wait)
         for a_name, b_name in itertools.pairwise(STAGES):
             if a_name in hops and b_name in hops:
                 stages[f"{a_name}->{b_name}"].append(hops[b_name] - hops[a_name])
@@ -294,6 +303,8 @@ def latency_report(deliveries: Sequence[Delivery], sent_by_id: dict[str, Sent]) 
         client_end_to_end=summary(client),
         agent=summary(agent),
         overhead=summary(overhead),
+        busy_wait=summary(busy_wait),
+        overhead_excluding_busy_wait=summary(overhead_own),
         stages={k: summary(v) for k, v in stages.items()},
         ingress_ack=summary(acks),
     )

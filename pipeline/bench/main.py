@@ -191,8 +191,11 @@ async def limit_for(bs: BenchStack, load: dict[str, Any], args: argparse.Namespa
     }
     overhead_p99 = load["latency_ms"]["pipeline_overhead"]["p99"]
     bare_p99 = (chain.get("latency_ms") or {}).get("p99")
+    own_p99 = (load["latency_ms"].get("pipeline_overhead_excluding_busy_wait") or {}).get("p99")
     if overhead_p99 is not None and bare_p99:
         out["overhead_p99_over_bare_p99"] = round(overhead_p99 / bare_p99, 2)
+    if own_p99 is not None and bare_p99:
+        out["overhead_excluding_busy_wait_p99_over_bare_p99"] = round(own_p99 / bare_p99, 2)
     log(
         f"limit: bare chain {chain['records_per_s']:.0f} records/s → {out['limit_turns_per_s']} turns/s at "
         f"{rpt} records/turn; pipeline {turns_per_s} turns/s = {out['ratio_turns_to_limit']} of the limit"
@@ -305,6 +308,9 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
                 "e2e_p99_ms": load["latency_ms"]["end_to_end"]["p99"],
                 "overhead_p50_ms": load["latency_ms"]["pipeline_overhead"]["p50"],
                 "overhead_p99_ms": load["latency_ms"]["pipeline_overhead"]["p99"],
+                "overhead_excluding_busy_wait_p99_ms": (
+                    load["latency_ms"].get("pipeline_overhead_excluding_busy_wait") or {}
+                ).get("p99"),
                 "worker_cpu_ms_per_turn": load["cpu"]["worker_ms_per_turn"],
                 "redis_ops_per_turn": load["redis"]["ops_per_turn"],
                 "kafka_records_per_turn": load["kafka"]["records_per_turn"],

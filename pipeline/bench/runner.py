@@ -455,6 +455,8 @@ async def run_phase(
             "client_end_to_end": lat.client_end_to_end,
             "agent": lat.agent,
             "pipeline_overhead": lat.overhead,
+            "busy_wait": lat.busy_wait,
+            "pipeline_overhead_excluding_busy_wait": lat.overhead_excluding_busy_wait,
             "ingress_ack": lat.ingress_ack,
             "stages": lat.stages,
         },

@@ -127,7 +127,10 @@ class DispatchStage:
             return
         if state.status != "idle" and state.session_id:
             if bot.busy_policy in ("merge", "queue"):
-                if await self.state.hold_if_busy(conversation, command.model_dump_json()):
+                # "held" → "released": time spent waiting for the chat's running turn (the busy
+                # policy), which latency reports keep apart from the pipeline's own overhead.
+                held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
+                if await self.state.hold_if_busy(conversation, held.model_dump_json()):
                     metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
                     return
                 # The turn ended since we looked: start this one now.
@@ -157,6 +160,8 @@ class DispatchStage:
                 break
             await self.state.drop_held(conversation, len(raw))
         turn = merge_turns(held)
+        if "held" in turn.hops:
+            turn.hops["released"] = now_ms()
         if state.status != "idle" and await self.state.marker("sent", turn_message_id(turn)) != "sending":
             return  # another turn runs; its end flushes again (unless this very flush was cut short)
         await self._start_turn(bot, turn, state, partition)
