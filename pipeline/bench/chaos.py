@@ -241,6 +241,14 @@ def account(
         "lost": len(lost),
         "duplicated": len(duplicated),
         "redelivered_same_outbound_id": len(redelivered),
+        "redelivered_detail": [
+            {
+                "msg_id": s.msg_id,
+                "outbound_ids": sorted({d.outbound_id for d in answers[s.msg_id]}),
+                "delivered_at": sorted(d.delivered_at for d in answers[s.msg_id]),
+            }
+            for s in redelivered[:30]
+        ],
         "late": len(late),
         "late_after_s": late_after,
         "misthreaded": len(misthreaded),

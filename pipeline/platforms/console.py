@@ -35,7 +35,9 @@ from .exceptions import WebhookRejected
 
 
 class ConsoleStore(Protocol):
-    async def append_console(self, bot_id: str, chat_id: str, payload: str, cap: int = 500) -> int: ...
+    async def append_console(
+        self, bot_id: str, chat_id: str, payload: str, cap: int = 500, *, message_id: str | None = None
+    ) -> int: ...
 
 
 class ConsoleWebhook(BaseModel):
@@ -122,7 +124,10 @@ class ConsolePlatform(Platform):
         payload = dict(call.json or {})
         payload["delivered_at"] = time.time() * 1000.0
         try:
-            await self.store.append_console(bot.bot_id, call.path, json.dumps(payload, ensure_ascii=False))
+            # Posted at most once per outbound id: a send cut short by a crash, replayed, is a no-op.
+            await self.store.append_console(
+                bot.bot_id, call.path, json.dumps(payload, ensure_ascii=False), message_id=payload["id"]
+            )
         except Exception as exc:  # Redis down: retry like any transient platform failure
             return SendOutcome("retry", reason="store_unavailable", detail=type(exc).__name__)
         return SendOutcome("delivered", platform_message_id=payload["id"])

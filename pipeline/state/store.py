@@ -111,6 +111,7 @@ class StateStore:
         self.redis = redis
         self._hold_if_busy = redis.register_script(_HOLD_IF_BUSY)
         self._admit_inbound = redis.register_script(_ADMIT_INBOUND)
+        self._append_console = redis.register_script(_APPEND_CONSOLE)
         self.prefix = prefix
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
@@ -363,14 +364,17 @@ class StateStore:
         return _window(await self.redis.lrange(self.key("ctx", conversation), 0, size - 1))
 
     # -- console deliveries ---------------------------------------------------------------------
-    async def append_console(self, bot_id: str, chat_id: str, payload: str, cap: int = 500) -> int:
+    async def append_console(
+        self, bot_id: str, chat_id: str, payload: str, cap: int = 500, *, message_id: str | None = None
+    ) -> int:
+        """Append to a console chat. With `message_id` the append happens at most once per id (the
+        console's own idempotency, like Lark's `uuid`): returns 0 when it was posted before."""
         key = self.key("console", f"{bot_id}:{chat_id}")
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(key, payload)
-            pipe.ltrim(key, -cap, -1)
-            pipe.expire(key, self.mapping_ttl)
-            pipe.publish(self.key("console-live", bot_id), chat_id)
-            count, *_ = await pipe.execute()
+        posted = self.key("console-posted", message_id) if message_id else ""
+        count = await self._append_console(
+            keys=[key, self.key("console-live", bot_id), posted],
+            args=[payload, cap, self.mapping_ttl, chat_id, self.dedup_ttl],
+        )
         return int(count)
 
     async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
@@ -415,6 +419,18 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
+"""
+
+
+# KEYS: the chat's list, its live channel, the posted marker ('' for none). ARGV: payload, cap, list
+# TTL, chat id, marker TTL.
+_APPEND_CONSOLE = """
+if KEYS[3] ~= '' and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[5]) then return 0 end
+local count = redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', KEYS[2], ARGV[4])
+return count
 """
 
 

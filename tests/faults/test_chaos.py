@@ -73,6 +73,17 @@ def test_accounting_catches_loss_duplicate_double_post_and_lateness() -> None:
     assert acc["lost"] == 1 and acc["answered_by_unattributed_notice"] == 1
 
 
+def test_accounting_catches_the_same_reply_delivered_twice() -> None:
+    plan = _plan()
+    deliveries = [_reply(s, f"out-{s.msg_id}") for s in plan.messages]
+    first = plan.messages[0]
+    deliveries.append(_reply(first, f"out-{first.msg_id}", delivered_at=first.intended_ms + 500))  # replayed send
+    acc = account(plan, deliveries, None, late_after=30)
+    assert acc["duplicated"] == 0 and acc["redelivered_same_outbound_id"] == 1
+    assert acc["redelivered_detail"][0]["msg_id"] == first.msg_id
+    assert len(acc["redelivered_detail"][0]["delivered_at"]) == 2
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(230)
@@ -114,3 +125,5 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
     assert acc["lost"] == 0, detail
     assert acc["duplicated"] == 0, detail
     assert acc["posted_twice"] == 0, detail
+    assert acc["redelivered_same_outbound_id"] == 0, detail  # the same reply shown twice
+    assert acc["misthreaded"] == 0, detail
