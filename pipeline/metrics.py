@@ -32,8 +32,8 @@ SESSION_CALLS = Counter("switchboard_session_calls_total", "Session API calls by
 TURNS_FINISHED = Counter(
     "switchboard_turns_finished_total", "Turns finished, by stop reason", ["platform", "stop_reason"]
 )
-STALE_TURN_ENDS = Counter(
-    "switchboard_stale_turn_ends_total", "Replayed idles of an earlier turn, ignored (the next turn had started)"
+UNATTRIBUTED_TURN_ENDS = Counter(
+    "switchboard_unattributed_turn_ends_total", "Idles that end no turn in flight (a failed send ran after all)"
 )
 SESSION_ERRORS = Counter("switchboard_session_errors_total", "session.error events", ["error_type", "retry_status"])
 TOKENS = Counter("switchboard_session_tokens_total", "Tokens reported by span.model_request_end", ["kind"])

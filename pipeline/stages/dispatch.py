@@ -107,7 +107,8 @@ class DispatchStage:
             # The client already retried what can be retried: tell the chat, keep the record.
             metrics.SESSION_CALLS.labels(command.kind, type(exc).__name__).inc()
             log.warning("dispatch failed for %s: %s", command.conversation_key, type(exc).__name__)
-            await self.state.update_conversation(command.conversation_key, status="idle")
+            if not await self.state.turns_in_session(command.conversation_key):
+                await self.state.update_conversation(command.conversation_key, status="idle")
             await self.outputs.dead_letter(
                 "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=command.conversation_key
             )
@@ -204,17 +205,26 @@ class DispatchStage:
             message_id=message_id,
         )
         turn_fields = {"status": "running", "turn": turn, "interrupted": False, "last_message": None, "pending": []}
-        await self._begin(partition, session_id, conversation, command.trace_id, state.cursor, **turn_fields)
+        await self._begin(
+            partition, session_id, conversation, command.trace_id, state.cursor, turn_id=message_id, **turn_fields
+        )
         try:
-            await self._send_claimed(session_id, message_id, None, events, call="user_turn")
-        except NotFoundError:
-            # The session is gone (deleted, expired): start a new one and send there, once.
-            log.info("session of %s is gone; creating a new one", conversation)
-            await self.streams.untrack(partition, session_id)
-            await self.state.unmap_session(conversation, session_id)
-            session_id = await self._create_session(bot, command)
-            await self._begin(partition, session_id, conversation, command.trace_id, None, **turn_fields)
-            await self._send_claimed(session_id, message_id, None, events, call="user_turn")
+            try:
+                await self._send_claimed(session_id, message_id, None, events, call="user_turn")
+            except NotFoundError:
+                # The session is gone (deleted, expired): start a new one and send there, once.
+                log.info("session of %s is gone; creating a new one", conversation)
+                await self.streams.untrack(partition, session_id)
+                await self.state.unmap_session(conversation, session_id)
+                session_id = await self._create_session(bot, command)
+                await self._begin(
+                    partition, session_id, conversation, command.trace_id, None, turn_id=message_id, **turn_fields
+                )
+                await self._send_claimed(session_id, message_id, None, events, call="user_turn")
+        except SessionAPIError:
+            # Not sent (as far as the client can tell): no idle will end this turn.
+            await self.state.drop_turn(conversation, message_id)
+            raise
         metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
         if self.typing is not None:
             await self.typing(bot, command.chat_id)
@@ -257,11 +267,20 @@ class DispatchStage:
 
     # -- sending -------------------------------------------------------------------------------
     async def _begin(
-        self, partition: int, session_id: str, conversation: str, trace_id: str, cursor: str | None, **fields: Any
+        self,
+        partition: int,
+        session_id: str,
+        conversation: str,
+        trace_id: str,
+        cursor: str | None,
+        *,
+        turn_id: str | None = None,
+        **fields: Any,
     ) -> None:
-        """Record the turn and its stream in flight (one round trip), then hold the stream."""
+        """Record the turn (a new user message: `turn_id`) and its stream in flight (one round
+        trip), then hold the stream."""
         stream = InflightStream(session_id=session_id, conversation_key=conversation, cursor=cursor, trace_id=trace_id)
-        await self.state.start_turn(conversation, partition, stream, **fields)
+        await self.state.start_turn(conversation, partition, stream, turn_id=turn_id, **fields)
         await self.streams.track(partition, stream, registered=True)
 
     async def _send_once(self, session_id: str, marker_id: str, events: list[dict[str, Any]], *, call: str) -> None:

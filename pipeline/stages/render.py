@@ -125,25 +125,29 @@ class RenderStage:
         if event_type in _TOOL_CALLS:
             await self._tool_call(record)
             return
-        # A turn's end is handled once: a replay (after a crash) of an older idle must not end the
-        # turn that runs now. Marked after handling, so a crash in between replays it (egress then
-        # drops the duplicate outbound by its id).
+        # A turn's end is handled once. Marked after handling, so a crash in between replays it
+        # (egress then drops the duplicate outbound by its id).
         state, handled = await self.state.conversation_and_marker(conversation, "turnend", record.event_id or "-")
         if record.event_id and handled is not None:
             return
-        if event_type == "session.status_idle" and _ends_another_turn(record, state):
-            # An idle of an earlier turn, replayed after a crash once the next turn had started:
-            # ending "the" turn now would end that next one (and thread its reply to the wrong
-            # message). Its own turn was ended before the crash, or the next one would not run.
-            metrics.STALE_TURN_ENDS.inc()
-            log.info("render: stale idle for %s ignored (turn %s)", conversation, record.turn_message_id)
-            if record.event_id:
-                await self.state.set_marker("turnend", record.event_id)
-            return
+        if event_type == "session.status_idle" and _stop_reason(record) != "requires_action":
+            # The idle ends the oldest turn sent to the session and not yet ended (bound once, so
+            # a replay binds the same turn): its reply goes to that turn's chat message, even when
+            # a later turn has replaced "the current turn" in the state meanwhile.
+            turn = await self.state.bind_turn_end(conversation, record.event_id)
+            if turn is not None:
+                state = state.model_copy(update={"turn": turn})
+            elif state.status == "idle":
+                # No turn of ours is running: a turn whose send failed (and was answered with a
+                # notice) ran after all. Its answer would be a second one; count it and move on.
+                metrics.UNATTRIBUTED_TURN_ENDS.inc()
+                log.info("render: idle for %s matches no turn in flight; ignored", conversation)
+                if record.event_id:
+                    await self.state.set_marker("turnend", record.event_id)
+                return
         await self._turn_end(record, state)
 
     async def _turn_end(self, record: SessionEventRecord, state: ConversationState) -> None:
-        event = record.event
         event_type = record.event_type
         conversation = record.conversation_key
         bot = self._bot(conversation, state)
@@ -151,7 +155,7 @@ class RenderStage:
             log.warning("render: no bot for %s", conversation)
             return
         if event_type == "session.status_idle":
-            stop = (event.get("stop_reason") or {}).get("type", "end_turn")
+            stop = _stop_reason(record)
             metrics.TURNS_FINISHED.labels(bot.platform, stop).inc()
             if stop == "requires_action":
                 await self._requires_action(bot, record, state)
@@ -309,7 +313,7 @@ class RenderStage:
         """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
         await self.outputs.delivered()
         held = await self.state.finish_turn(
-            record.conversation_key, None, status="idle", last_message=None, pending=[], tools={}, interrupted=False
+            record.conversation_key, None, last_message=None, pending=[], tools={}, interrupted=False
         )
         if held > 0:
             chat_id, chat_type = _chat_of(record.conversation_key, state.turn)
@@ -418,7 +422,5 @@ def _segments_outcome(outcome: contract.ReplyOutcome) -> str:
     return "valid"
 
 
-def _ends_another_turn(record: SessionEventRecord, state: ConversationState) -> bool:
-    """True when the stream says this event belongs to a turn other than the one in progress."""
-    current = state.turn.message_id if state.turn is not None else None
-    return bool(record.turn_message_id and current and record.turn_message_id != current)
+def _stop_reason(record: SessionEventRecord) -> str:
+    return str((record.event.get("stop_reason") or {}).get("type", "end_turn"))

@@ -112,6 +112,9 @@ class StateStore:
         self._hold_if_busy = redis.register_script(_HOLD_IF_BUSY)
         self._admit_inbound = redis.register_script(_ADMIT_INBOUND)
         self._append_console = redis.register_script(_APPEND_CONSOLE)
+        self._push_turn = redis.register_script(_PUSH_TURN)
+        self._bind_turn_end = redis.register_script(_BIND_TURN_END)
+        self._idle_if_no_turn = redis.register_script(_IDLE_IF_NO_TURN)
         self.prefix = prefix
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
@@ -145,7 +148,12 @@ class StateStore:
         if session_id is not None and current is not None and current != session_id:
             await self.redis.delete(self.key("s2c", session_id))
             return
-        keys = [self.key("c2s", conversation), self.key("conv", conversation), self.key("held", conversation)]
+        keys = [
+            self.key("c2s", conversation),
+            self.key("conv", conversation),
+            self.key("held", conversation),
+            self.key("turns", conversation),
+        ]
         if current:
             keys.append(self.key("s2c", current))
         if session_id and session_id != current:
@@ -196,15 +204,55 @@ class StateStore:
         return bool(held)
 
     async def finish_turn(self, conversation: str, marker_id: str | None, **fields: Any) -> int:
-        """End the turn (fields, normally status idle) and mark its end event handled; returns how
-        many messages are held (to flush), read in the same transaction."""
+        """End a turn: write `fields`, mark its end event handled, and set the status idle unless
+        the session still has turns sent to it (those run next; held messages wait for them).
+        Returns how many messages are held, to flush, or -1 when turns remain (nothing to flush
+        yet). One transaction, so a message is held before the status turns idle or sees it."""
+        fields.pop("status", None)  # decided here, by the turns the session still has
         async with self.redis.pipeline(transaction=True) as pipe:
             self._queue_update(pipe, conversation, fields)
             if marker_id:
                 pipe.set(self.key("dedup:turnend", marker_id), "1", ex=self.dedup_ttl)
-            pipe.llen(self.key("held", conversation))
+            await self._idle_if_no_turn(
+                keys=[
+                    self.key("conv", conversation),
+                    self.key("turns", conversation),
+                    self.key("held", conversation),
+                ],
+                client=pipe,
+            )
             results = await pipe.execute()
         return int(results[-1])
+
+    # -- turns sent to the session, oldest first --------------------------------------------------
+    # The session runs user messages in the order it accepted them and ends each with an idle, so
+    # an idle belongs to the oldest turn not yet ended: not to "the current turn" in the state,
+    # which a later turn may already have replaced when an idle is replayed or arrives late.
+    async def bind_turn_end(self, conversation: str, event_id: str | None) -> TurnContext | None:
+        """The turn an idle ends: the oldest turn sent and not yet ended (taken off the list), or
+        the one this same idle was bound to before (a replay). None when no turn is known."""
+        turn_id = await self._bind_turn_end(
+            keys=[
+                self.key("turns", conversation),
+                self.key("dedup:turnbind", event_id or ""),
+            ],
+            args=[self.dedup_ttl, 1 if event_id else 0],
+        )
+        if not turn_id:
+            return None
+        raw = await self.redis.get(self.key("turn", _text(turn_id) or ""))
+        return TurnContext.model_validate_json(raw) if raw else None
+
+    async def drop_turn(self, conversation: str, turn_id: str) -> int:
+        """Forget a turn whose send failed; returns how many turns remain."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lrem(self.key("turns", conversation), 0, turn_id)
+            pipe.llen(self.key("turns", conversation))
+            _, remaining = await pipe.execute()
+        return int(remaining)
+
+    async def turns_in_session(self, conversation: str) -> list[str]:
+        return [_text(v) or "" for v in await self.redis.lrange(self.key("turns", conversation), 0, -1)]
 
     async def peek_held(self, conversation: str, limit: int | None = None) -> list[str]:
         """The oldest `limit` held commands (all when None), left in place until `drop_held`."""
@@ -289,11 +337,22 @@ class StateStore:
                 pipe.hdel(self.key("inflight", str(release_partition)), session_id)
             await pipe.execute()
 
-    async def start_turn(self, conversation: str, partition: int, stream: InflightStream, **fields: Any) -> None:
-        """Mark the turn running and the session's stream in flight, in one round trip."""
+    async def start_turn(
+        self, conversation: str, partition: int, stream: InflightStream, *, turn_id: str | None = None, **fields: Any
+    ) -> None:
+        """Mark the turn running and the session's stream in flight, in one round trip. With
+        `turn_id` (a new user message) the turn joins the session's list of turns, once, and its
+        context (`fields["turn"]`) is kept under its id for the idle that will end it."""
         async with self.redis.pipeline(transaction=True) as pipe:
             self._queue_update(pipe, conversation, fields)
             pipe.hset(self.key("inflight", str(partition)), stream.session_id, _dump_inflight(stream))
+            if turn_id:
+                turn = fields.get("turn")
+                if isinstance(turn, TurnContext):
+                    pipe.set(self.key("turn", turn_id), turn.model_dump_json(), ex=self.mapping_ttl)
+                await self._push_turn(
+                    keys=[self.key("turns", conversation)], args=[turn_id, self.mapping_ttl], client=pipe
+                )
             await pipe.execute()
 
     async def claim_send(self, marker_id: str) -> str | None:
@@ -431,6 +490,36 @@ redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('PUBLISH', KEYS[2], ARGV[4])
 return count
+"""
+
+
+# The session's turns (KEYS[1]): append ARGV[1] unless it is there already (a replayed dispatch).
+_PUSH_TURN = """
+for _, id in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  if id == ARGV[1] then return 0 end
+end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: the session's turns, this idle's binding. ARGV: binding TTL, whether the idle has an id.
+_BIND_TURN_END = """
+if ARGV[2] == '1' then
+  local bound = redis.call('GET', KEYS[2])
+  if bound then return bound end
+end
+local turn = redis.call('LPOP', KEYS[1])
+if not turn then return false end
+if ARGV[2] == '1' then redis.call('SET', KEYS[2], turn, 'EX', ARGV[1]) end
+return turn
+"""
+
+# KEYS: conversation hash, the session's turns, held messages.
+_IDLE_IF_NO_TURN = """
+if redis.call('LLEN', KEYS[2]) > 0 then return -1 end
+redis.call('HSET', KEYS[1], 'status', 'idle')
+return redis.call('LLEN', KEYS[3])
 """
 
 

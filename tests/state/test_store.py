@@ -164,3 +164,17 @@ async def test_console_append_is_once_per_message_id(redis_url: str, redis_prefi
     assert await state.console_messages("demo", "c1") == ['{"id": "out-1"}', '{"id": "out-2"}', '{"n": 3}']
     ttl = await state.redis.ttl(state.key("console-posted", "out-1"))
     assert 0 < ttl <= state.dedup_ttl
+
+
+async def test_turns_are_listed_once_and_bound_once(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    stream = InflightStream(session_id="s", conversation_key="k")
+    for turn_id in ("a", "b", "a"):  # "a" again: a replayed dispatch
+        await state.start_turn("k", 0, stream, turn_id=turn_id, status="running")
+    assert await state.turns_in_session("k") == ["a", "b"]
+    assert await state.bind_turn_end("k", "idle-1") is None  # no context stored for these ids
+    assert await state.turns_in_session("k") == ["b"]
+    assert await state.drop_turn("k", "b") == 0
+    assert await state.bind_turn_end("k", "idle-2") is None
+    await state.unmap_session("k")
+    assert await state.redis.exists(state.key("turns", "k")) == 0
