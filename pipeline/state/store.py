@@ -9,11 +9,13 @@ after `dedup_ttl`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 ConversationStatus = Literal["idle", "running", "requires_action"]
 
@@ -209,20 +211,34 @@ class StateStore:
         Returns how many messages are held, to flush, or -1 when turns remain (nothing to flush
         yet). One transaction, so a message is held before the status turns idle or sees it."""
         fields.pop("status", None)  # decided here, by the turns the session still has
-        async with self.redis.pipeline(transaction=True) as pipe:
+
+        def build(pipe: Any) -> None:
             self._queue_update(pipe, conversation, fields)
             if marker_id:
                 pipe.set(self.key("dedup:turnend", marker_id), "1", ex=self.dedup_ttl)
-            await self._idle_if_no_turn(
-                keys=[
-                    self.key("conv", conversation),
-                    self.key("turns", conversation),
-                    self.key("held", conversation),
-                ],
-                client=pipe,
-            )
-            results = await pipe.execute()
+            keys = [self.key("conv", conversation), self.key("turns", conversation), self.key("held", conversation)]
+            pipe.evalsha(self._idle_if_no_turn.sha, len(keys), *keys)
+
+        results = await self._transaction(build)
         return int(results[-1])
+
+    async def _transaction(self, build: Callable[[Any], None]) -> list[Any]:
+        """Run a MULTI/EXEC built by `build` that calls scripts by their sha. redis-py would check
+        with SCRIPT EXISTS before every such pipeline (a round trip each); instead a script Redis
+        lost (a restart without AOF, SCRIPT FLUSH) is loaded again and the whole transaction,
+        idempotent by construction, runs once more."""
+        for attempt in range(2):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                build(pipe)
+                try:
+                    result: list[Any] = await pipe.execute()
+                    return result
+                except NoScriptError:
+                    if attempt:
+                        raise
+                    for script in (self._push_turn, self._idle_if_no_turn):
+                        await self.redis.script_load(script.script)
+        raise AssertionError("unreachable")
 
     # -- turns sent to the session, oldest first --------------------------------------------------
     # The session runs user messages in the order it accepted them and ends each with an idle, so
@@ -231,16 +247,10 @@ class StateStore:
     async def bind_turn_end(self, conversation: str, event_id: str | None) -> TurnContext | None:
         """The turn an idle ends: the oldest turn sent and not yet ended (taken off the list), or
         the one this same idle was bound to before (a replay). None when no turn is known."""
-        turn_id = await self._bind_turn_end(
-            keys=[
-                self.key("turns", conversation),
-                self.key("dedup:turnbind", event_id or ""),
-            ],
-            args=[self.dedup_ttl, 1 if event_id else 0],
+        raw = await self._bind_turn_end(
+            keys=[self.key("turns", conversation), self.key("dedup:turnbind", event_id or "")],
+            args=[self.dedup_ttl, 1 if event_id else 0, self.key("turn", "")],
         )
-        if not turn_id:
-            return None
-        raw = await self.redis.get(self.key("turn", _text(turn_id) or ""))
         return TurnContext.model_validate_json(raw) if raw else None
 
     async def drop_turn(self, conversation: str, turn_id: str) -> int:
@@ -343,17 +353,17 @@ class StateStore:
         """Mark the turn running and the session's stream in flight, in one round trip. With
         `turn_id` (a new user message) the turn joins the session's list of turns, once, and its
         context (`fields["turn"]`) is kept under its id for the idle that will end it."""
-        async with self.redis.pipeline(transaction=True) as pipe:
+
+        def build(pipe: Any) -> None:
             self._queue_update(pipe, conversation, fields)
             pipe.hset(self.key("inflight", str(partition)), stream.session_id, _dump_inflight(stream))
             if turn_id:
                 turn = fields.get("turn")
                 if isinstance(turn, TurnContext):
                     pipe.set(self.key("turn", turn_id), turn.model_dump_json(), ex=self.mapping_ttl)
-                await self._push_turn(
-                    keys=[self.key("turns", conversation)], args=[turn_id, self.mapping_ttl], client=pipe
-                )
-            await pipe.execute()
+                pipe.evalsha(self._push_turn.sha, 1, self.key("turns", conversation), turn_id, self.mapping_ttl)
+
+        await self._transaction(build)
 
     async def claim_send(self, marker_id: str) -> str | None:
         """Before a send: the marker's previous value (None: first attempt, now marked `sending`)."""
@@ -503,16 +513,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS: the session's turns, this idle's binding. ARGV: binding TTL, whether the idle has an id.
+# KEYS: the session's turns, this idle's binding. ARGV: binding TTL, whether the idle has an id,
+# the prefix of turn-context keys. Returns the bound turn's context (false when none is known).
 _BIND_TURN_END = """
-if ARGV[2] == '1' then
-  local bound = redis.call('GET', KEYS[2])
-  if bound then return bound end
+local turn = false
+if ARGV[2] == '1' then turn = redis.call('GET', KEYS[2]) end
+if not turn then
+  turn = redis.call('LPOP', KEYS[1])
+  if not turn then return false end
+  if ARGV[2] == '1' then redis.call('SET', KEYS[2], turn, 'EX', ARGV[1]) end
 end
-local turn = redis.call('LPOP', KEYS[1])
-if not turn then return false end
-if ARGV[2] == '1' then redis.call('SET', KEYS[2], turn, 'EX', ARGV[1]) end
-return turn
+return redis.call('GET', ARGV[3] .. turn)
 """
 
 # KEYS: conversation hash, the session's turns, held messages.

@@ -178,3 +178,16 @@ async def test_turns_are_listed_once_and_bound_once(redis_url: str, redis_prefix
     assert await state.bind_turn_end("k", "idle-2") is None
     await state.unmap_session("k")
     assert await state.redis.exists(state.key("turns", "k")) == 0
+
+
+async def test_turn_scripts_survive_a_script_flush(redis_url: str, redis_prefix: str) -> None:
+    state = await store(redis_url, redis_prefix)
+    stream = InflightStream(session_id="s", conversation_key="k")
+    await state.redis.script_flush()  # as after a restart without AOF
+    await state.start_turn("k", 0, stream, turn_id="a", status="running")
+    assert await state.turns_in_session("k") == ["a"]
+    await state.redis.script_flush()
+    assert await state.bind_turn_end("k", "idle-1") is None
+    await state.redis.script_flush()
+    assert await state.finish_turn("k", "idle-1") == 0
+    assert (await state.conversation("k")).status == "idle"
