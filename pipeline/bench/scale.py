@@ -15,6 +15,7 @@ import httpx
 from pipeline.bench.load import Generator, Sent, TrafficMix, build_plan
 from pipeline.bench.measure import metric_sum, rss_mib, scrape_metrics
 from pipeline.bench.runner import BenchStack, DeliveryCounter, log, start_stack, warm_up, worker_counters
+from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka import LagReader
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
@@ -62,7 +63,15 @@ async def rebalance_phase(bs: BenchStack, mix: TrafficMix, rate: float, *, settl
         # -- join -------------------------------------------------------------------------------------
         t_join = time.monotonic()
         log("rebalance: adding a worker under load")
-        new = await bs.stack.add_worker()
+        try:
+            new = await bs.stack.add_worker()
+        except ServiceStartError as exc:
+            # A finding, not a crash of the run: e.g. the group's rebalance waited for the running
+            # worker to finish every record it had fetched, and the newcomer's start waited for it.
+            out["join_error"] = str(exc).splitlines()[0]
+            out["join_error_after_s"] = round(time.monotonic() - t_join, 2)
+            log(f"rebalance: the new worker did not get ready: {out['join_error']}")
+            return out
         out["join_process_ready_s"] = round(time.monotonic() - t_join, 2)
         first_reply = None
         lag_rose = False
