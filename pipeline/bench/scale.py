@@ -121,7 +121,13 @@ async def rebalance_phase(bs: BenchStack, mix: TrafficMix, rate: float, *, settl
         out["lag_threshold"] = threshold
         log(f"rebalance: {out}")
         # bring the stack back to its worker count for what follows
-        await bs.stack.add_worker()
+        t_restore = time.monotonic()
+        try:
+            await bs.stack.add_worker()
+            out["rejoin_after_kill_ready_s"] = round(time.monotonic() - t_restore, 2)
+        except ServiceStartError as exc:
+            out["rejoin_after_kill_error"] = str(exc).splitlines()[0]
+            log(f"rebalance: a worker started after the kill did not get ready: {out['rejoin_after_kill_error']}")
     finally:
         gen.stop()
         await gen.wait()
