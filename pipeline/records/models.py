@@ -115,9 +115,6 @@ class SessionEventRecord(_Record):
     event_type: str
     event_id: str | None = None
     trace_id: str | None = None
-    # The id of the last `user.message` before this event on the session's stream: the turn the
-    # event belongs to (None when the stream has not shown one since it was opened or resumed).
-    turn_message_id: str | None = None
     hops: dict[str, float] = Field(default_factory=dict)
 
 

@@ -46,8 +46,6 @@ class _HeldStream:
     lingering: bool = False
     # Turns started while one was still running (busy policy `interrupt`): their idles are awaited too.
     queued_turns: int = 0
-    # The last user.message seen on this stream: every event after it belongs to its turn.
-    turn_message_id: str | None = None
 
 
 class StreamRegistry:
@@ -150,9 +148,7 @@ class StreamRegistry:
                 if isinstance(event, Preview):
                     continue  # Switchboard shows only validated final replies (S13)
                 held.lingering = False
-                if event.type == "user.message" and event.id:
-                    held.turn_message_id = event.id
-                await self._produce(stream, raw_event(event), event.type, event.id, held.turn_message_id)
+                await self._produce(stream, raw_event(event), event.type, event.id)
                 if event.type not in _TURN_END:
                     continue
                 # The cursor is saved once per turn: a resume replays at most this turn's events,
@@ -217,12 +213,7 @@ class StreamRegistry:
                     await self.state.remove_inflight(held.partition, session_id)
 
     async def _produce(
-        self,
-        stream: InflightStream,
-        event: dict[str, Any],
-        event_type: str,
-        event_id: str | None,
-        turn_message_id: str | None = None,
+        self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None
     ) -> None:
         metrics.STREAM_EVENTS.labels(event_type).inc()
         await self.outputs.session_event(
@@ -233,7 +224,6 @@ class StreamRegistry:
                 event_type=event_type,
                 event_id=event_id,
                 trace_id=stream.trace_id,
-                turn_message_id=turn_message_id,
                 hops={"stream": now_ms()},
             )
         )

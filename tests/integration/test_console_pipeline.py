@@ -9,12 +9,8 @@ import asyncio
 
 import httpx
 import redis.asyncio as aioredis
-from aiokafka.structs import ConsumerRecord
 
-from pipeline.kafka import consume_until
-from pipeline.records import SessionEventRecord
 from pipeline.stack import Stack
-from pipeline.topics import SESSION_EVENTS
 
 from .console import ConsoleClient, texts
 
@@ -257,33 +253,3 @@ async def test_reset_forgets_the_session_and_stop_when_idle_says_so(console: Con
     got = await console.wait_for(chat, 4)
     assert texts(got)[3] == "echo: again"
     assert await _session_of(stack, chat) not in (None, first_session)
-
-
-async def test_session_events_carry_the_turn_they_belong_to(console: ConsoleClient, stack: Stack) -> None:
-    """The stream stage tags every event after a user.message with that message's id, so render
-    can tell a replayed idle of an earlier turn from the running turn's own."""
-    chat = console.chat()
-    await console.send(chat, "first")
-    await console.wait_for(chat, 1)
-    await console.send(chat, "second")
-    await console.wait_for(chat, 2)
-    conversation = f"console:demo:{chat}"
-    settings = stack.settings()
-    events: list[SessionEventRecord] = []
-
-    def both_turns_seen(record: ConsumerRecord[bytes, bytes]) -> bool:
-        if record.key == conversation.encode():
-            events.append(SessionEventRecord.model_validate_json(record.value or b""))
-        return sum(e.event_type == "session.status_idle" for e in events) >= 2
-
-    await consume_until(settings.kafka_bootstrap or "", SESSION_EVENTS, both_turns_seen, timeout=30)
-    turns = [e.event_id for e in events if e.event_type == "user.message"]
-    assert len(turns) == 2 and all(turns)
-    idles = [e.turn_message_id for e in events if e.event_type == "session.status_idle"]
-    assert idles == turns  # each idle names its own turn
-    after_first = events[[e.event_type for e in events].index("user.message") :]
-    current = None
-    for e in after_first:
-        if e.event_type == "user.message":
-            current = e.event_id
-        assert e.turn_message_id == current, (e.event_type, e.turn_message_id, current)
