@@ -266,14 +266,22 @@ def create_app(
             consumer.pause_partitions({tp for tp in consumer.assignment() if tp.topic in (IM_INBOUND, SESSION_INPUT)})
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
+        # A turn's last records travel through the broker between stages (idle → render → egress),
+        # where no executor or stream sees them: "quiet" must outlast a few fetch round trips, and
+        # the downstream partitions we own must have nothing left to read.
+        quiet_for = max(0.5, 3 * settings.kafka_fetch_max_wait_ms / 1000)
         quiet_since: float | None = None
         while loop.time() < deadline:
-            busy = runtime.streams.turns_in_flight or any(ex.pending for ex in executors.values())
+            busy = (
+                runtime.streams.turns_in_flight
+                or any(ex.pending for ex in executors.values())
+                or _unread_downstream(consumer)
+            )
             if busy:
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = loop.time()
-            elif loop.time() - quiet_since >= 0.5:  # nothing in flight for a moment: done
+            elif loop.time() - quiet_since >= quiet_for:  # nothing in flight for a while: done
                 log.info("drained: no turn in flight")
                 return
             await asyncio.sleep(0.1)
@@ -308,6 +316,22 @@ class DrainingWorker(faust.Worker):
                 super(DrainingWorker, self)._on_sigterm()
 
         self._drain_task = asyncio.ensure_future(drain_then_stop(), loop=self.loop)
+
+
+def _unread_downstream(consumer: Any) -> bool:
+    """Records waiting in our partitions of the topics after dispatch (as far as the last fetch
+    responses tell: their high watermarks against what was read)."""
+    try:
+        for tp in consumer.assignment():
+            if tp.topic in (IM_INBOUND, SESSION_INPUT):
+                continue
+            highwater = consumer.highwater(tp)
+            read = consumer._read_offset.get(tp)  # None: nothing read here yet (the quiet time covers it)
+            if highwater is not None and read is not None and highwater > read + 1:
+                return True
+    except Exception:  # during a rebalance: nothing to tell
+        log.debug("downstream check skipped", exc_info=True)
+    return False
 
 
 def _planned(work: Work) -> Callable[[Any, Any], Awaitable[None]]:

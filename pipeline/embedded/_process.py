@@ -313,9 +313,13 @@ class ManagedProcess:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
-        # Only our own child's process group (we started it in a new session).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        # Our own child's process group (we started it in a new session), which includes the child:
+        # one signal, not two. A second SIGTERM means "stop now" to a worker, cutting its drain short.
+        try:
             os.killpg(proc.pid, sig)
+            return
+        except (ProcessLookupError, PermissionError):
+            pass
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
 

@@ -18,6 +18,20 @@ from .console import ConsoleClient, texts
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+async def _until_running(stack: Stack, chat: str, timeout: float = 20.0) -> None:
+    """Wait until dispatch has started the chat's turn (a fixed sleep races a slow group join)."""
+    settings = stack.settings()
+    client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
+    try:
+        key = f"{settings.redis_prefix}conv:console:demo:{chat}"
+        deadline = asyncio.get_running_loop().time() + timeout
+        while await client.hget(key, "status") != "running":
+            assert asyncio.get_running_loop().time() < deadline, "the turn never started"
+            await asyncio.sleep(0.05)  # polling Redis: nothing to wait on in-process
+    finally:
+        await client.aclose()
+
+
 async def _user_messages_in_session(stack: Stack, chat: str) -> int:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
@@ -56,7 +70,7 @@ async def test_sigterm_lets_the_running_turn_finish_before_the_worker_exits(
 ) -> None:
     chat = console.chat("drain")
     await console.send(chat, "[sim:think=3] finish me first")
-    await asyncio.sleep(1.0)  # the turn is running
+    await _until_running(stack, chat)  # SIGTERM while the agent thinks, not before the turn starts
     worker = next(w for w in stack.workers if w.is_running)
     await worker.stop()  # SIGTERM; returns when the process has exited
     assert not worker.is_running
