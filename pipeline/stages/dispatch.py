@@ -202,7 +202,6 @@ class DispatchStage:
             route=command.route,
             hops={**command.hops, "dispatch": now_ms()},
             inbound_ids=command.inbound_ids,
-            message_id=message_id,
         )
         turn_fields = {"status": "running", "turn": turn, "interrupted": False, "last_message": None, "pending": []}
         await self._begin(

@@ -60,8 +60,6 @@ class TurnContext(BaseModel):
     route: dict[str, str] = Field(default_factory=dict)
     hops: dict[str, float] = Field(default_factory=dict)
     inbound_ids: list[str] = Field(default_factory=list)
-    # The id of the turn's user.message (its stable id): matched against the stream's events.
-    message_id: str | None = None
 
 
 class ConversationState(BaseModel):
@@ -416,16 +414,6 @@ class StateStore:
         return results
 
     # -- group-context window -----------------------------------------------------------------
-    async def push_context(self, conversation: str, entry: ContextEntry, size: int) -> None:
-        if size <= 0:
-            return
-        key = self.key("ctx", conversation)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.lpush(key, entry.model_dump_json())
-            pipe.ltrim(key, 0, size - 1)
-            pipe.expire(key, self.mapping_ttl)
-            await pipe.execute()
-
     async def context(self, conversation: str, size: int) -> list[ContextEntry]:
         """The window, oldest first."""
         if size <= 0:

@@ -58,7 +58,6 @@ async def send_turn(state: StateStore, message_id: str) -> None:
         chat_type="private",
         starter_id="u1",
         reply_to_message_id=f"in-{message_id}",
-        message_id=message_id,
     )
     stream = InflightStream(session_id="s1", conversation_key=CONVERSATION)
     await state.start_turn(CONVERSATION, 0, stream, turn_id=message_id, status="running", turn=turn, session_id="s1")

@@ -104,7 +104,8 @@ async def test_inflight_streams_per_partition(redis_url: str, redis_prefix: str)
 async def test_context_window_is_capped_and_oldest_first(redis_url: str, redis_prefix: str) -> None:
     state = await store(redis_url, redis_prefix)
     for i in range(7):
-        await state.push_context("k", ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i)), size=5)
+        entry = ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i))
+        await state.admit_inbound([InboundAdmission(f"d{i}", "k", entry=entry, mark=True)], context_size=5)
     window = await state.context("k", 5)
     assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
     assert await state.context("k", 0) == []
