@@ -33,12 +33,12 @@ $(SYSTEM_STAMP): $(STAMP)
 
 system-deps: $(SYSTEM_STAMP)
 
-test: $(STAMP) $(SYSTEM_STAMP)
-	$(BIN)/ruff check pipeline tests bench
+test: $(STAMP) $(SYSTEM_STAMP) lint
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/ruff format --check pipeline tests bench
 	$(BIN)/mypy pipeline
 
 bench: $(STAMP)

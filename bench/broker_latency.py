@@ -82,7 +82,9 @@ class Sink:
 
 async def _assigned_consumer(bootstrap: str, topic: str, partitions: int, fetch_wait: int) -> AIOKafkaConsumer:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=fetch_wait,
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=fetch_wait,
         max_partition_fetch_bytes=4 * 1024 * 1024,
     )
     await consumer.start()
@@ -159,8 +161,10 @@ async def _bench(args: argparse.Namespace, bootstrap: str, broker_pid: int | Non
     tasks.append(asyncio.create_task(sink_loop(sink_consumer, sink, hops)))
     source = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=args.linger_ms)
     await source.start()
-    print(f"broker={args.broker if not args.bootstrap else bootstrap} fetch_max_wait_ms={fw} "
-          f"topics={len(topics)} hops={hops} partitions={args.partitions}")
+    print(
+        f"broker={args.broker if not args.bootstrap else bootstrap} fetch_max_wait_ms={fw} "
+        f"topics={len(topics)} hops={hops} partitions={args.partitions}"
+    )
     try:
         # -- latency at a low rate: random gaps so sends do not lock onto the fetch cycle ----------
         n = args.latency_messages
@@ -174,17 +178,21 @@ async def _bench(args: argparse.Namespace, bootstrap: str, broker_pid: int | Non
         except TimeoutError:
             print(f"  latency: only {sink.received}/{n} records arrived")
         all_hops = [x for h in sink.hops for x in h]
-        print(f"  latency @~{args.rate:g} msg/s, {len(sink.e2e)} records: per hop p50 {pct(all_hops, 50):.1f} ms"
-              f" p99 {pct(all_hops, 99):.1f} ms | end-to-end ({hops} hops) p50 {pct(sink.e2e, 50):.1f} ms"
-              f" p99 {pct(sink.e2e, 99):.1f} ms")
+        print(
+            f"  latency @~{args.rate:g} msg/s, {len(sink.e2e)} records: per hop p50 {pct(all_hops, 50):.1f} ms"
+            f" p99 {pct(all_hops, 99):.1f} ms | end-to-end ({hops} hops) p50 {pct(sink.e2e, 50):.1f} ms"
+            f" p99 {pct(sink.e2e, 99):.1f} ms"
+        )
         # -- idle CPU: everything subscribed, nothing flowing ----------------------------------------
         c0, b0, t0 = self_cpu_seconds(), proc_cpu_seconds(broker_pid or 0), time.monotonic()
         await asyncio.sleep(args.idle_seconds)
         dt = time.monotonic() - t0
         idle_client = (self_cpu_seconds() - c0) / dt * 100
         idle_broker = (proc_cpu_seconds(broker_pid or 0) - b0) / dt * 100 if broker_pid else float("nan")
-        print(f"  idle ({hops + 1} consumers polling): client CPU {idle_client:.1f}% broker CPU {idle_broker:.1f}%"
-              " (of one core)")
+        print(
+            f"  idle ({hops + 1} consumers polling): client CPU {idle_client:.1f}% broker CPU {idle_broker:.1f}%"
+            " (of one core)"
+        )
         # -- throughput: blast N records, time until the sink has them all ---------------------------
         n = args.throughput_messages
         sink.reset(n, record=False)
@@ -205,9 +213,11 @@ async def _bench(args: argparse.Namespace, bootstrap: str, broker_pid: int | Non
         secs = (sink.last_ns - start) / 1e9
         cpu_client = self_cpu_seconds() - c0
         cpu_broker = proc_cpu_seconds(broker_pid or 0) - b0 if broker_pid else float("nan")
-        print(f"  throughput: {sink.received} records through {hops} hops in {secs:.2f}s = "
-              f"{sink.received / secs:,.0f} msg/s end to end ({sink.received * hops / secs:,.0f} hop-records/s);"
-              f" CPU client {cpu_client:.1f}s broker {cpu_broker:.1f}s")
+        print(
+            f"  throughput: {sink.received} records through {hops} hops in {secs:.2f}s = "
+            f"{sink.received / secs:,.0f} msg/s end to end ({sink.received * hops / secs:,.0f} hop-records/s);"
+            f" CPU client {cpu_client:.1f}s broker {cpu_broker:.1f}s"
+        )
     finally:
         for t in tasks:
             t.cancel()
@@ -223,8 +233,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fetch-wait-ms", type=int, default=20)
     ap.add_argument("--broker", choices=["tansu", "kafka"], default="tansu", help="embedded broker to start")
-    ap.add_argument("--bootstrap", default=os.environ.get("SWITCHBOARD_KAFKA_BOOTSTRAP", ""),
-                    help="use this broker instead of starting one")
+    ap.add_argument(
+        "--bootstrap",
+        default=os.environ.get("SWITCHBOARD_KAFKA_BOOTSTRAP", ""),
+        help="use this broker instead of starting one",
+    )
     ap.add_argument("--topics", type=int, default=4, help="topics in the chain (hops = topics - 1)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--rate", type=float, default=1.0, help="msg/s during the latency phase")

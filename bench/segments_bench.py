@@ -91,9 +91,15 @@ def main() -> None:
     disagreements = [c["name"] for c in cases if pydantic_validate(c["text"]) != jsonschema_validate(c["text"])]
 
     turn = TurnContext(
-        bot_id="bench", platform="onebot", chat_type="group", sender_id="10001", sender_name="Alice",
-        replied_to=RepliedMessage("m-1", "10004"), context_members=(Member("10002"), Member("10003")),
-        looked_up_member_ids=frozenset({"10005"}), bot_self_ids=frozenset({"90000"}),
+        bot_id="bench",
+        platform="onebot",
+        chat_type="group",
+        sender_id="10001",
+        sender_name="Alice",
+        replied_to=RepliedMessage("m-1", "10004"),
+        context_members=(Member("10002"), Member("10003")),
+        looked_up_member_ids=frozenset({"10005"}),
+        bot_self_ids=frozenset({"90000"}),
     )
     policy = ReplyPolicy(leak_scanner=LeakScanner(["corpus-configured-secret-0001"]))
     capabilities = Capabilities()
@@ -112,10 +118,11 @@ def main() -> None:
     time_each(texts, pydantic_validate, 2)
     time_each(texts, jsonschema_validate, 1)
 
-    print(f"corpus: {len(texts)} texts ({len(typical)} typical ≤ {TYPICAL_MAX_CHARS} chars), "
-          f"{args.rounds} rounds")
-    print(f"verdicts differing from plain json.loads+jsonschema ({len(disagreements)}, all cases json.loads "
-          f"is lax about): {', '.join(disagreements)}")
+    print(f"corpus: {len(texts)} texts ({len(typical)} typical ≤ {TYPICAL_MAX_CHARS} chars), {args.rounds} rounds")
+    print(
+        f"verdicts differing from plain json.loads+jsonschema ({len(disagreements)}, all cases json.loads "
+        f"is lax about): {', '.join(disagreements)}"
+    )
     print(summary("validate_reply (pydantic, all)", time_each(texts, pydantic_validate, args.rounds)))
     print(summary("validate_reply (pydantic, typical)", time_each(typical, pydantic_validate, args.rounds)))
     js_rounds = max(1, args.rounds // 5)

@@ -252,9 +252,7 @@ class ManagedProcess:
                 )
             if self._port_taken():
                 # Fail fast: the probe would talk to whoever holds the port (and may hang on it).
-                raise ServiceStartError(
-                    f"{self.name}: port in use; log {self.log_path}:\n{self.log_tail()}"
-                )
+                raise ServiceStartError(f"{self.name}: port in use; log {self.log_path}:\n{self.log_tail()}")
             try:
                 if await asyncio.wait_for(self._probe(), timeout=self.probe_timeout):
                     return

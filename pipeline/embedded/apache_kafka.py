@@ -106,8 +106,15 @@ def ensure_kafka_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     cmd = [
-        mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-        f"-Dkafka.version={version}", f"-DoutputDirectory={tmp}", "-DincludeScope=runtime",
+        mvn,
+        "-B",
+        "-q",
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-Dkafka.version={version}",
+        f"-DoutputDirectory={tmp}",
+        "-DincludeScope=runtime",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
@@ -238,9 +245,21 @@ class ApacheKafka(ManagedProcess):
         if not (self.data_dir / "meta.properties").exists():
             t0 = time.monotonic()
             proc = subprocess.run(
-                [self.java, "-Xmx256m", "-cp", f"{self._libs}/*", "kafka.tools.StorageTool",
-                 "format", "-t", self.cluster_id, "-c", str(cfg)],
-                capture_output=True, text=True, timeout=120,
+                [
+                    self.java,
+                    "-Xmx256m",
+                    "-cp",
+                    f"{self._libs}/*",
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    self.cluster_id,
+                    "-c",
+                    str(cfg),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             self.format_seconds = time.monotonic() - t0
             if proc.returncode != 0:

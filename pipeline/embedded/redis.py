@@ -91,14 +91,22 @@ class RedisServer(ManagedProcess):
     def _command(self) -> list[str]:
         argv = [
             self.binary,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--daemonize", "no",
-            "--protected-mode", "no",
-            "--databases", str(self.databases),
-            "--dir", str(self.data_dir),
-            "--logfile", "",  # stdout, which goes to the log file
-            "--save", "",  # no RDB snapshots: tests never wait on a fork
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--databases",
+            str(self.databases),
+            "--dir",
+            str(self.data_dir),
+            "--logfile",
+            "",  # stdout, which goes to the log file
+            "--save",
+            "",  # no RDB snapshots: tests never wait on a fork
         ]
         if self.aof:
             argv += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
@@ -113,7 +121,10 @@ class RedisServer(ManagedProcess):
 
         # No retries: one quick attempt per probe; the readiness loop does the retrying.
         client = aioredis.Redis(
-            host=self.host, port=self.port, socket_connect_timeout=1, socket_timeout=2,
+            host=self.host,
+            port=self.port,
+            socket_connect_timeout=1,
+            socket_timeout=2,
             retry=Retry(NoBackoff(), 0),
         )
         try:

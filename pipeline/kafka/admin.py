@@ -32,9 +32,7 @@ class TopicState:
 
 
 @contextlib.asynccontextmanager
-async def admin_client(
-    bootstrap: str, *, request_timeout_ms: int = 15000
-) -> AsyncIterator[AIOKafkaAdminClient]:
+async def admin_client(bootstrap: str, *, request_timeout_ms: int = 15000) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
     try:
         await admin.start()
@@ -104,9 +102,7 @@ async def describe_topic_configs(
     return out
 
 
-async def wait_for_topics(
-    admin: AIOKafkaAdminClient, partitions: dict[str, int], *, timeout: float = 30.0
-) -> None:
+async def wait_for_topics(admin: AIOKafkaAdminClient, partitions: dict[str, int], *, timeout: float = 30.0) -> None:
     """Wait until each topic is in metadata with at least N partitions, all with a leader.
 
     Apache Kafka creates topics asynchronously (CreateTopics returns before every partition has a

@@ -56,7 +56,9 @@ class LagReader:
         self.bootstrap = bootstrap
         self._admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
             request_timeout_ms=request_timeout_ms,
         )
         self._started = False

@@ -29,8 +29,11 @@ async def produce(
     timestamp_ms: int | None = None,
 ) -> RecordMetadata:
     """Produce one record (acks=all) and return its metadata. A str key is UTF-8 encoded."""
-    return (await produce_many(bootstrap, topic, [(key, value)], partition=partition, headers=headers,
-                               timestamp_ms=timestamp_ms))[0]
+    return (
+        await produce_many(
+            bootstrap, topic, [(key, value)], partition=partition, headers=headers, timestamp_ms=timestamp_ms
+        )
+    )[0]
 
 
 async def produce_many(
@@ -51,8 +54,12 @@ async def produce_many(
             raw_key = key.encode() if isinstance(key, str) else key
             futures.append(
                 await producer.send(
-                    topic, value=value, key=raw_key, partition=partition,
-                    headers=list(headers) if headers else None, timestamp_ms=timestamp_ms,
+                    topic,
+                    value=value,
+                    key=raw_key,
+                    partition=partition,
+                    headers=list(headers) if headers else None,
+                    timestamp_ms=timestamp_ms,
                 )
             )
         return list(await asyncio.gather(*futures))
@@ -125,9 +132,7 @@ async def consume_count(
     return await consume_until(bootstrap, topic, enough, timeout, **kwargs)  # type: ignore[arg-type]
 
 
-async def topic_partitions(
-    bootstrap: str, topic: str, timeout: float = 10.0
-) -> list[int]:
+async def topic_partitions(bootstrap: str, topic: str, timeout: float = 10.0) -> list[int]:
     """Partition ids of ``topic``, waiting up to ``timeout`` for it to exist (never auto-creates it)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -70,9 +70,7 @@ def _content_of(payload: Any) -> str:
 class Corrector:
     """Makes the one correction call. Build once per endpoint; it owns an `httpx.AsyncClient`."""
 
-    def __init__(
-        self, settings: CorrectionSettings, *, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, settings: CorrectionSettings, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.settings = settings
         self._client = httpx.AsyncClient(
             transport=transport,

@@ -111,16 +111,24 @@ async def _finish_segments(
         if unknown_mentions and policy.mention_policy is MentionPolicy.REJECT:
             # Correction only fixes format; it cannot know ids, so no correction call here.
             return ReplyOutcome(
-                [], _notice(NoticeKind.REPLY_INVALID, ctx, policy), OutcomeReason.UNKNOWN_MENTION,
-                detail="unknown_mention", corrected=corrected, unknown_mentions=unknown_mentions,
+                [],
+                _notice(NoticeKind.REPLY_INVALID, ctx, policy),
+                OutcomeReason.UNKNOWN_MENTION,
+                detail="unknown_mention",
+                corrected=corrected,
+                unknown_mentions=unknown_mentions,
             )
         segments = mention_check.segments
 
     leak = scan_segments(segments, policy.leak_scanner)
     if leak.hits and policy.leak_action is LeakAction.BLOCK:
         return ReplyOutcome(
-            [], _notice(NoticeKind.LEAK_BLOCKED, ctx, policy), OutcomeReason.LEAK_BLOCKED,
-            detail="leak_blocked", corrected=corrected, leak_hits=leak.hits,
+            [],
+            _notice(NoticeKind.LEAK_BLOCKED, ctx, policy),
+            OutcomeReason.LEAK_BLOCKED,
+            detail="leak_blocked",
+            corrected=corrected,
+            leak_hits=leak.hits,
             unknown_mentions=unknown_mentions,
         )
     segments = leak.segments
@@ -144,8 +152,13 @@ async def _finish_segments(
         media_check = _capability_only(segments, capabilities, unavailable)
     checked = tuple(sorted([*media_check.checked, *leak_dropped], key=lambda c: c.index))
     return ReplyOutcome(
-        media_check.segments, None, reason, corrected=corrected, leak_hits=leak.hits,
-        media_rejected=media_check.rejected + len(leak_dropped), unknown_mentions=unknown_mentions,
+        media_check.segments,
+        None,
+        reason,
+        corrected=corrected,
+        leak_hits=leak.hits,
+        media_rejected=media_check.rejected + len(leak_dropped),
+        unknown_mentions=unknown_mentions,
         media=checked,
     )
 
@@ -193,7 +206,9 @@ def _finish_caller_schema(text: str, ctx: TurnContext, policy: ReplyPolicy) -> R
     if policy.caller_schema is not None:
         if not is_json or not _caller_validator(policy.caller_schema).is_valid(parsed):
             return ReplyOutcome(
-                [], _notice(NoticeKind.REPLY_INVALID, ctx, policy), OutcomeReason.CALLER_SCHEMA_INVALID,
+                [],
+                _notice(NoticeKind.REPLY_INVALID, ctx, policy),
+                OutcomeReason.CALLER_SCHEMA_INVALID,
                 detail="caller_schema",
             )
     if is_json:
@@ -205,8 +220,11 @@ def _finish_caller_schema(text: str, ctx: TurnContext, policy: ReplyPolicy) -> R
         out_text, hits = result.text, result.hits
     if hits and policy.leak_action is LeakAction.BLOCK:
         return ReplyOutcome(
-            [], _notice(NoticeKind.LEAK_BLOCKED, ctx, policy), OutcomeReason.LEAK_BLOCKED,
-            detail="leak_blocked", leak_hits=hits,
+            [],
+            _notice(NoticeKind.LEAK_BLOCKED, ctx, policy),
+            OutcomeReason.LEAK_BLOCKED,
+            detail="leak_blocked",
+            leak_hits=hits,
         )
     return ReplyOutcome([], None, OutcomeReason.CALLER_SCHEMA, leak_hits=hits, passthrough=out_text)
 
@@ -233,8 +251,14 @@ async def finalize_reply(
             return ReplyOutcome([], None, OutcomeReason.NO_REPLY)
         plain: list[Segment] = [TextSegment(type="text", data=TextData(text=text))]
         return await _finish_segments(
-            plain, ctx, policy, reason=OutcomeReason.PLAIN_TEXT, corrected=False, media=None,
-            capabilities=capabilities, apply_mentions=False,
+            plain,
+            ctx,
+            policy,
+            reason=OutcomeReason.PLAIN_TEXT,
+            corrected=False,
+            media=None,
+            capabilities=capabilities,
+            apply_mentions=False,
         )
 
     corrected = False
@@ -244,14 +268,18 @@ async def finalize_reply(
     except ReplyInvalid as invalid:
         if corrector is None:
             return ReplyOutcome(
-                [], _notice(NoticeKind.REPLY_INVALID, ctx, policy), OutcomeReason.INVALID,
+                [],
+                _notice(NoticeKind.REPLY_INVALID, ctx, policy),
+                OutcomeReason.INVALID,
                 detail=invalid.reason,
             )
         try:
             reply = await corrector.correct(text)
         except CorrectionFailed as failed:
             return ReplyOutcome(
-                [], _notice(NoticeKind.REPLY_INVALID, ctx, policy), OutcomeReason.CORRECTION_FAILED,
+                [],
+                _notice(NoticeKind.REPLY_INVALID, ctx, policy),
+                OutcomeReason.CORRECTION_FAILED,
                 detail=failed.reason,
             )
         corrected = True
@@ -260,6 +288,12 @@ async def finalize_reply(
     if not reply.segments:
         return ReplyOutcome([], None, OutcomeReason.NO_REPLY, corrected=corrected)
     return await _finish_segments(
-        list(reply.segments), ctx, policy, reason=reason, corrected=corrected, media=media,
-        capabilities=capabilities, apply_mentions=True,
+        list(reply.segments),
+        ctx,
+        policy,
+        reason=reason,
+        corrected=corrected,
+        media=media,
+        capabilities=capabilities,
+        apply_mentions=True,
     )

@@ -26,8 +26,10 @@ MIN_CONFIGURED_SECRET_LENGTH = 8
 # regex (Python's `re` loses its literal-prefix fast path on `\b`-anchored alternatives).
 _CREDENTIAL_SHAPES: tuple[tuple[str, tuple[str, ...]], ...] = (
     # PEM private key blocks (to the END line, or to the end of the string when it is cut off).
-    (r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|.*\Z)",
-     ("private key",)),
+    (
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|.*\Z)",
+        ("private key",),
+    ),
     # OpenAI (sk-, sk-proj-, sk-svcacct-…) and Anthropic (sk-ant-api03-…) API keys.
     (r"\bsk-[A-Za-z0-9_-]{20,}", ("sk-",)),
     # AWS access key ids; Volcengine access keys (AKLT… long-term, AKTP… temporary).
@@ -50,9 +52,11 @@ _CREDENTIAL_SHAPES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"(?i:\bbearer)\s+[A-Za-z0-9._~+/=-]{16,}", ("bearer",)),
     # Labelled secrets, e.g. `ARK_API_KEY=…` (Ark keys are UUID-shaped, so only the labelled form is
     # recognisable without flagging every UUID; the deployed key itself is a configured value).
-    (r"(?i:api[_-]?key|secret(?:[_-]?key)?|access[_-]?key|auth[_-]?token|password)"
-     r"[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9._~+/=-]{16,}",
-     ("key", "secret", "token", "password")),
+    (
+        r"(?i:api[_-]?key|secret(?:[_-]?key)?|access[_-]?key|auth[_-]?token|password)"
+        r"[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9._~+/=-]{16,}",
+        ("key", "secret", "token", "password"),
+    ),
 )
 _COMPILED_SHAPES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
     (re.compile(pattern, re.DOTALL), triggers) for pattern, triggers in _CREDENTIAL_SHAPES

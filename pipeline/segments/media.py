@@ -64,7 +64,7 @@ class MediaCheck:
 
 def _strip_base64_prefix(value: str) -> str:
     if value.startswith("base64://"):  # OneBot's convention
-        return value[len("base64://"):]
+        return value[len("base64://") :]
     if value.startswith("data:"):
         header, sep, payload = value.partition(",")
         if sep and header.endswith(";base64"):
@@ -163,7 +163,13 @@ class MediaChecker:
         if not mime_fits_segment(mime, segment.type):
             return CheckedMedia(index, segment.type, media.kind, False, "type_mismatch", mime, len(data))
         return CheckedMedia(
-            index, segment.type, media.kind, True, "ok", mime or _GENERIC_BINARY, len(data),
+            index,
+            segment.type,
+            media.kind,
+            True,
+            "ok",
+            mime or _GENERIC_BINARY,
+            len(data),
             data if self.settings.keep_bytes else None,
         )
 

@@ -152,8 +152,19 @@ Segment = Annotated[
 MediaSegment = ImageSegment | AudioSegment | VideoSegment | FileSegment
 
 SEGMENT_TYPES: tuple[str, ...] = (
-    "text", "markdown", "mention", "image", "audio", "video", "file",
-    "reply", "forward", "face", "dice", "rps", "share",
+    "text",
+    "markdown",
+    "mention",
+    "image",
+    "audio",
+    "video",
+    "file",
+    "reply",
+    "forward",
+    "face",
+    "dice",
+    "rps",
+    "share",
 )
 MEDIA_SEGMENT_TYPES: frozenset[str] = frozenset({"image", "audio", "video", "file"})
 MEDIA_KINDS: tuple[str, ...] = ("url", "path", "base64", "file")

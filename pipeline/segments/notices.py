@@ -66,8 +66,7 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.SESSION_DELETED: "本次会话已被删除，下一条消息将开始新的会话。",
         NoticeKind.ATTACHMENT_UNAVAILABLE: "[附件不可用]",
         NoticeKind.LEAK_BLOCKED: "抱歉，该回复包含敏感信息，已被拦截。",
-        NoticeKind.TOOL_CONFIRMATION_PROMPT: "助手请求执行工具 {tool_name}，"
-        "请 {who} 回复 /allow 允许或 /deny 拒绝。",
+        NoticeKind.TOOL_CONFIRMATION_PROMPT: "助手请求执行工具 {tool_name}，请 {who} 回复 /allow 允许或 /deny 拒绝。",
         NoticeKind.CONFIRMATION_REFUSED: "只有 {who} 可以回复此确认。",
         NoticeKind.BUSY: "正在处理上一条消息，你的消息将随后处理。",
         NoticeKind.STOPPED: "已停止。",

@@ -62,9 +62,7 @@ _CONTRACT_ZH = """\
 - Markdown 图片语法不会发送图片，请使用 image 段。只使用会话或工具给出的媒体引用，不要编造附件地址或路径。
 - ID 保持原样（字符串仍为字符串）。"""
 
-_PLAIN_EN = (
-    "Reply in plain text. Your text is sent as it is; writing \"@name\" does not notify anyone in this chat."
-)
+_PLAIN_EN = 'Reply in plain text. Your text is sent as it is; writing "@name" does not notify anyone in this chat.'
 _PLAIN_ZH = "请用纯文本回复。文字将原样发送；在文字中写“@昵称”不会提醒任何人。"
 
 _CONTEXT_HEADER = {

@@ -20,8 +20,7 @@ SCHEMA_NAME = "im_reply"
 
 # Keywords a strict structured-output provider accepts (OpenAI strict mode's documented subset).
 STRICT_ALLOWED_KEYWORDS: frozenset[str] = frozenset(
-    {"type", "properties", "required", "additionalProperties", "enum", "anyOf", "items", "$defs",
-     "$ref", "description"}
+    {"type", "properties", "required", "additionalProperties", "enum", "anyOf", "items", "$defs", "$ref", "description"}
 )
 
 
@@ -111,7 +110,7 @@ def strict_schema_violations(schema: dict[str, Any]) -> list[str]:
         for index, sub in enumerate(node.get("anyOf", [])):
             walk(sub, f"{where}.anyOf[{index}]")
         ref = node.get("$ref")
-        if ref is not None and (not ref.startswith("#/$defs/") or ref[len("#/$defs/"):] not in defs):
+        if ref is not None and (not ref.startswith("#/$defs/") or ref[len("#/$defs/") :] not in defs):
             problems.append(f"{where}: $ref {ref!r} does not point into $defs")
 
     if schema.get("type") != "object":
@@ -126,7 +125,7 @@ def strict_schema_violations(schema: dict[str, Any]) -> list[str]:
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                found.add(ref[len("#/$defs/"):])
+                found.add(ref[len("#/$defs/") :])
             for value in node.values():
                 found |= refs_of(value)
         elif isinstance(node, list):

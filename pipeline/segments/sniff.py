@@ -4,11 +4,21 @@ from __future__ import annotations
 
 # ISO base media (mp4 family) brands → MIME. Unknown brands of an `ftyp` box count as video/mp4.
 _FTYP_BRANDS: dict[bytes, str] = {
-    b"M4A ": "audio/mp4", b"M4B ": "audio/mp4", b"M4P ": "audio/mp4", b"F4A ": "audio/mp4",
+    b"M4A ": "audio/mp4",
+    b"M4B ": "audio/mp4",
+    b"M4P ": "audio/mp4",
+    b"F4A ": "audio/mp4",
     b"qt  ": "video/quicktime",
-    b"avif": "image/avif", b"avis": "image/avif",
-    b"heic": "image/heic", b"heix": "image/heic", b"mif1": "image/heif", b"msf1": "image/heif",
-    b"3gp4": "video/3gpp", b"3gp5": "video/3gpp", b"3gp6": "video/3gpp", b"3g2a": "video/3gpp2",
+    b"avif": "image/avif",
+    b"avis": "image/avif",
+    b"heic": "image/heic",
+    b"heix": "image/heic",
+    b"mif1": "image/heif",
+    b"msf1": "image/heif",
+    b"3gp4": "video/3gpp",
+    b"3gp5": "video/3gpp",
+    b"3gp6": "video/3gpp",
+    b"3g2a": "video/3gpp2",
 }
 
 # (offset, magic, mime) for fixed signatures, checked in order.
@@ -61,7 +71,7 @@ def sniff_mime(head: bytes) -> str | None:
     if head[:4] == b"\x1a\x45\xdf\xa3":  # EBML: Matroska or WebM, told apart by the DocType
         return "video/webm" if b"webm" in head[:SNIFF_BYTES] else "video/x-matroska"
     for offset, magic, mime in _SIGNATURES:
-        if head[offset:offset + len(magic)] == magic:
+        if head[offset : offset + len(magic)] == magic:
             return mime
     if head[:2] == b"BM" and len(head) >= 14 and head[6:10] == b"\x00\x00\x00\x00":
         return "image/bmp"  # "BM" alone is too weak: also require the zero reserved fields

@@ -18,8 +18,26 @@ from pipeline.segments.models import SEGMENT_TYPES, Reply, reply_adapter
 # Names that may appear in a reason: field names of the contract and the segment tags. Anything else
 # in an error location comes from the reply itself (an unknown key) and is replaced by `?`.
 _KNOWN_LOCATION_NAMES: frozenset[str] = frozenset(
-    {"segments", "type", "data", "text", "content", "target", "media", "kind", "value", "message_id",
-     "forward_id", "id", "url", "title", "str", "int", "float", *SEGMENT_TYPES}
+    {
+        "segments",
+        "type",
+        "data",
+        "text",
+        "content",
+        "target",
+        "media",
+        "kind",
+        "value",
+        "message_id",
+        "forward_id",
+        "id",
+        "url",
+        "title",
+        "str",
+        "int",
+        "float",
+        *SEGMENT_TYPES,
+    }
 )
 _MAX_REASON_PARTS = 8
 

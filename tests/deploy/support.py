@@ -110,8 +110,22 @@ def settings_default(field: str) -> Any:
 
 # -- PromQL ---------------------------------------------------------------------------------------------
 _KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-    "offset", "atmodifier", "inf", "nan", "start", "end",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "atmodifier",
+    "inf",
+    "nan",
+    "start",
+    "end",
 }
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
@@ -139,7 +153,7 @@ def metric_names(expr: str) -> set[str]:
     names = set()
     for match in _IDENT.finditer(text):
         word = match.group(0)
-        rest = text[match.end():].lstrip()
+        rest = text[match.end() :].lstrip()
         if rest.startswith("(") or word.lower() in _KEYWORDS:
             continue  # function or aggregation, or an operator keyword
         if re.fullmatch(r"[eE]\d*|0x[0-9a-fA-F]+", word):

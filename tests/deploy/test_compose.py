@@ -37,7 +37,8 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def workers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Services that run `switchboard worker` (the image's default command)."""
     return {
-        name: svc for name, svc in services(compose).items()
+        name: svc
+        for name, svc in services(compose).items()
         if svc.get("image", "").startswith("switchboard") and svc.get("command", ["worker"])[0] == "worker"
     }
 

@@ -16,7 +16,7 @@ def metric_rows() -> dict[str, tuple[str, tuple[str, ...], str]]:
     lines = section.splitlines()
     start = lines.index(HEADER)
     rows: dict[str, tuple[str, tuple[str, ...], str]] = {}
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -118,6 +118,4 @@ async def test_prometheus_scrapes_a_worker(prometheus: Prometheus, console: Cons
     delivered = await prometheus.wait_for('sum(switchboard_end_to_end_seconds_count{platform="console"})')
     assert delivered >= 1
     # Histogram buckets are stored under the names the alerts and the dashboard use.
-    assert await prometheus.wait_for(
-        'count(switchboard_end_to_end_seconds_bucket{platform="console"})', above=1
-    ) > 1
+    assert await prometheus.wait_for('count(switchboard_end_to_end_seconds_bucket{platform="console"})', above=1) > 1

@@ -23,9 +23,9 @@ def test_catalogue_reads_pipeline_metrics() -> None:
 
 def test_metric_names_skip_functions_keywords_and_labels() -> None:
     expr = (
-        'histogram_quantile(0.99, sum by (platform, le) (rate(switchboard_end_to_end_seconds_bucket'
+        "histogram_quantile(0.99, sum by (platform, le) (rate(switchboard_end_to_end_seconds_bucket"
         '{platform=~"tele.*", le!="1e3"}[5m]))) > 1e3 and on (platform) '
-        "sum without (instance) (switchboard_consumer_lag offset 10m) or absent(up{job=\"switchboard\"})"
+        'sum without (instance) (switchboard_consumer_lag offset 10m) or absent(up{job="switchboard"})'
     )
     assert metric_names(expr) == {"switchboard_end_to_end_seconds_bucket", "switchboard_consumer_lag", "up"}
 

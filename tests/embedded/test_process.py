@@ -19,8 +19,7 @@ class _Stubborn(ManagedProcess):
 
     def _command(self) -> list[str]:
         code = (
-            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-            "print('up', flush=True); time.sleep(60)"
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);print('up', flush=True); time.sleep(60)"
         )
         return [sys.executable, "-c", code]
 

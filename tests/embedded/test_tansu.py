@@ -79,8 +79,12 @@ async def test_consumer_group_commit_and_committed(tansu_broker, topic_factory, 
         await produce(tansu_broker.bootstrap, topic, f"k{i}", b"v", partition=i % 2)
     group = unique_name("g")
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=tansu_broker.bootstrap, group_id=group, enable_auto_commit=False,
-        auto_offset_reset="earliest", **tansu_broker.recommended_consumer_config,
+        topic,
+        bootstrap_servers=tansu_broker.bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **tansu_broker.recommended_consumer_config,
     )
     await consumer.start()
     try:
@@ -100,8 +104,12 @@ async def test_first_join_waits_half_the_session_timeout(kafka_broker, topic_fac
     """Tansu answers a group's first JoinGroup after session_timeout_ms / 2 (Kafka: at once)."""
     topic = await topic_factory()
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=kafka_broker.bootstrap, group_id=unique_name("join"),
-        session_timeout_ms=4000, heartbeat_interval_ms=300, fetch_max_wait_ms=20,
+        topic,
+        bootstrap_servers=kafka_broker.bootstrap,
+        group_id=unique_name("join"),
+        session_timeout_ms=4000,
+        heartbeat_interval_ms=300,
+        fetch_max_wait_ms=20,
     )
     loop = asyncio.get_running_loop()
     t0 = loop.time()

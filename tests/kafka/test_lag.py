@@ -10,13 +10,15 @@ from aiokafka.structs import OffsetAndMetadata
 from pipeline.kafka import LagReader, consumer_lag, produce
 
 
-async def _commit_via_group(
-    bootstrap: str, group: str, topic: str, consumer_config: dict[str, int], read: int
-) -> None:
+async def _commit_via_group(bootstrap: str, group: str, topic: str, consumer_config: dict[str, int], read: int) -> None:
     """Join ``group`` and commit position ``read`` on partition 0."""
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-        auto_offset_reset="earliest", **consumer_config,
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **consumer_config,
     )
     await consumer.start()
     try:
@@ -29,8 +31,7 @@ async def _commit_via_group(
         await consumer.stop()
 
 
-async def test_lag_committed_vs_high_watermark(kafka_bootstrap, topic_factory, unique_name,
-                                               kafka_consumer_config):
+async def test_lag_committed_vs_high_watermark(kafka_bootstrap, topic_factory, unique_name, kafka_consumer_config):
     topic = await topic_factory(partitions=2)
     for i in range(7):
         await produce(kafka_bootstrap, topic, f"k{i}", b"v", partition=0)

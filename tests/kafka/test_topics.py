@@ -54,9 +54,7 @@ async def test_fewer_partitions_is_degraded(kafka_bootstrap, unique_name):
     report = await apply_topics(kafka_bootstrap, [TopicSpec(name, partitions=1)])
     assert report.ok
     assert any("cannot remove partitions" in m for m in report.degraded)
-    assert [d.kind for d in await check_topics(kafka_bootstrap, [TopicSpec(name, partitions=1)])] == [
-        "partitions"
-    ]
+    assert [d.kind for d in await check_topics(kafka_bootstrap, [TopicSpec(name, partitions=1)])] == ["partitions"]
 
 
 async def test_config_drift(kafka_broker, kafka_bootstrap, unique_name):
@@ -103,9 +101,7 @@ def test_spec_validation():
         TopicSpec("t", partitions=0)
     with pytest.raises(ValueError):
         TopicSpec("t", config={"retention.ms": 5})  # type: ignore[dict-item]
-    spec = TopicSpec.from_mapping(
-        {"name": "im.inbound", "partitions": 6, "config": {"retention.ms": 1000, "x": True}}
-    )
+    spec = TopicSpec.from_mapping({"name": "im.inbound", "partitions": 6, "config": {"retention.ms": 1000, "x": True}})
     assert spec.config == {"retention.ms": "1000", "x": "true"}
 
 

@@ -46,7 +46,8 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def strict_json_loads(text: str) -> Any:
     """RFC 8259 JSON, strictly: no NaN/Infinity, no overflow to inf, no lone surrogates, no duplicate keys."""
-    value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
-                       object_pairs_hook=_unique_pairs)
+    value = json.loads(
+        text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_unique_pairs
+    )
     _check_strings(value)
     return value

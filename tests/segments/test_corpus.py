@@ -31,12 +31,15 @@ def test_corpus_is_large_and_covers_every_outcome() -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 async def test_corpus_case(case: dict[str, Any], capabilities: Any) -> None:
     policy = make_policy(**case.get("policy", {}))
-    outcome = await finalize_reply(case["text"], TURN, policy, corrector=None, media=None,
-                                   capabilities=capabilities)
+    outcome = await finalize_reply(case["text"], TURN, policy, corrector=None, media=None, capabilities=capabilities)
     expect = case["expect"]
-    expected_reason = {"ok": OutcomeReason.OK, "no_reply": OutcomeReason.NO_REPLY,
-                       "invalid": OutcomeReason.INVALID, "unknown_mention": OutcomeReason.UNKNOWN_MENTION,
-                       "leak_blocked": OutcomeReason.LEAK_BLOCKED}[expect]
+    expected_reason = {
+        "ok": OutcomeReason.OK,
+        "no_reply": OutcomeReason.NO_REPLY,
+        "invalid": OutcomeReason.INVALID,
+        "unknown_mention": OutcomeReason.UNKNOWN_MENTION,
+        "leak_blocked": OutcomeReason.LEAK_BLOCKED,
+    }[expect]
     assert outcome.reason is expected_reason, outcome.detail
     assert outcome.leak_hits == case.get("leak_hits", 0)
     assert outcome.unknown_mentions == case.get("unknown_mentions", 0)

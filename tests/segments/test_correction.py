@@ -81,8 +81,9 @@ async def provider() -> AsyncIterator[FakeProvider]:
 
 
 def settings(provider: FakeProvider, timeout_s: float = 5.0) -> CorrectionSettings:
-    return CorrectionSettings(endpoint_url=provider.url, model="doubao-test", api_key="test-key-123456",
-                              timeout_s=timeout_s)
+    return CorrectionSettings(
+        endpoint_url=provider.url, model="doubao-test", api_key="test-key-123456", timeout_s=timeout_s
+    )
 
 
 async def test_success_request_carries_only_invalid_output_and_strict_schema(provider: FakeProvider) -> None:
@@ -91,8 +92,9 @@ async def test_success_request_carries_only_invalid_output_and_strict_schema(pro
 
     provider.handler = ok
     async with Corrector(settings(provider)) as corrector:
-        outcome = await finalize_reply(INVALID, TURN, make_policy(), corrector=corrector, media=None,
-                                       capabilities=_caps())
+        outcome = await finalize_reply(
+            INVALID, TURN, make_policy(), corrector=corrector, media=None, capabilities=_caps()
+        )
     assert outcome.reason is OutcomeReason.CORRECTED and outcome.corrected
     assert [s.model_dump() for s in outcome.segments] == [{"type": "text", "data": {"text": "fixed"}}]
 
@@ -130,8 +132,9 @@ async def test_still_invalid_gives_notice_not_content(provider: FakeProvider) ->
 
     provider.handler = still_bad
     async with Corrector(settings(provider)) as corrector:
-        outcome = await finalize_reply(INVALID, TURN, make_policy(), corrector=corrector, media=None,
-                                       capabilities=_caps())
+        outcome = await finalize_reply(
+            INVALID, TURN, make_policy(), corrector=corrector, media=None, capabilities=_caps()
+        )
     assert outcome.reason is OutcomeReason.CORRECTION_FAILED
     assert outcome.detail.startswith("still_invalid:schema:")
     assert outcome.segments == [] and outcome.notice is not None
@@ -151,8 +154,9 @@ async def test_timeout_gives_notice(provider: FakeProvider) -> None:
             await corrector.correct(INVALID)
         assert asyncio.get_running_loop().time() - started < 2.0
         assert failure.value.reason == "timeout"
-        outcome = await finalize_reply(INVALID, TURN, make_policy(), corrector=corrector, media=None,
-                                       capabilities=_caps())
+        outcome = await finalize_reply(
+            INVALID, TURN, make_policy(), corrector=corrector, media=None, capabilities=_caps()
+        )
     assert outcome.reason is OutcomeReason.CORRECTION_FAILED and outcome.detail == "timeout"
 
 
@@ -180,16 +184,20 @@ async def test_http_error_gives_notice_without_error_text(provider: FakeProvider
 
     provider.handler = failing
     async with Corrector(settings(provider)) as corrector:
-        outcome = await finalize_reply(INVALID, TURN, make_policy(), corrector=corrector, media=None,
-                                       capabilities=_caps())
+        outcome = await finalize_reply(
+            INVALID, TURN, make_policy(), corrector=corrector, media=None, capabilities=_caps()
+        )
     assert outcome.reason is OutcomeReason.CORRECTION_FAILED and outcome.detail == f"http_{status}"
     assert outcome.notice is not None and "secret detail" not in outcome.notice.text
 
 
 @pytest.mark.parametrize(
     ("body", "reason"),
-    [(b"not json", "bad_response"), (b'{"choices": []}', "bad_response"),
-     (json.dumps(completion(None)).encode(), "no_content")],
+    [
+        (b"not json", "bad_response"),
+        (b'{"choices": []}', "bad_response"),
+        (json.dumps(completion(None)).encode(), "no_content"),
+    ],
 )
 async def test_malformed_provider_body(provider: FakeProvider, body: bytes, reason: str) -> None:
     async def weird(request: web.Request) -> web.Response:
@@ -216,8 +224,9 @@ async def test_valid_reply_makes_no_call(provider: FakeProvider) -> None:
 
     provider.handler = ok
     async with Corrector(settings(provider)) as corrector:
-        outcome = await finalize_reply(VALID, TURN, make_policy(), corrector=corrector, media=None,
-                                       capabilities=_caps())
+        outcome = await finalize_reply(
+            VALID, TURN, make_policy(), corrector=corrector, media=None, capabilities=_caps()
+        )
     assert outcome.reason is OutcomeReason.OK and provider.requests == []
 
 

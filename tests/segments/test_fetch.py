@@ -207,8 +207,9 @@ async def test_finalize_with_real_fetches(server: MediaServer) -> None:
     )
     checker = MediaChecker(MediaSettings(), SafeFetcher(allow_loopback_for_tests=True))
     try:
-        outcome = await finalize_reply(text, TURN, make_policy(), corrector=None, media=checker,
-                                       capabilities=Capabilities())
+        outcome = await finalize_reply(
+            text, TURN, make_policy(), corrector=None, media=checker, capabilities=Capabilities()
+        )
     finally:
         await checker.aclose()
     assert outcome.reason is OutcomeReason.OK
@@ -228,8 +229,9 @@ async def test_default_checker_refuses_loopback_in_finalize(server: MediaServer)
     text = f'{{"segments":[{{"type":"image","data":{{"media":{{"kind":"url","value":"{server.base}/a.png"}}}}}}]}}'
     checker = MediaChecker(MediaSettings(), SafeFetcher())
     try:
-        outcome = await finalize_reply(text, TURN, make_policy(), corrector=None, media=checker,
-                                       capabilities=Capabilities())
+        outcome = await finalize_reply(
+            text, TURN, make_policy(), corrector=None, media=checker, capabilities=Capabilities()
+        )
     finally:
         await checker.aclose()
     assert outcome.media_rejected == 1 and outcome.media[0].reason == "address_loopback"
@@ -279,8 +281,9 @@ async def test_turn_cancellation_cancels_media_reads(server: MediaServer) -> Non
     text = f'{{"segments":[{{"type":"image","data":{{"media":{{"kind":"url","value":"{server.base}/stall"}}}}}}]}}'
     checker = MediaChecker(MediaSettings(), SafeFetcher(allow_loopback_for_tests=True))
     try:
-        task = asyncio.create_task(finalize_reply(text, TURN, make_policy(), corrector=None, media=checker,
-                                                  capabilities=Capabilities()))
+        task = asyncio.create_task(
+            finalize_reply(text, TURN, make_policy(), corrector=None, media=checker, capabilities=Capabilities())
+        )
         await asyncio.wait_for(server.stalled.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

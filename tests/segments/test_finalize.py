@@ -22,13 +22,18 @@ class FixedCorrector:
 
 
 async def test_corrected_reply_still_goes_through_mentions_and_leak_check() -> None:
-    corrected = json.dumps({"segments": [
-        {"type": "mention", "data": {"target": "424242"}},
-        {"type": "text", "data": {"text": f"token {CONFIGURED_SECRET}"}},
-    ]})
+    corrected = json.dumps(
+        {
+            "segments": [
+                {"type": "mention", "data": {"target": "424242"}},
+                {"type": "text", "data": {"text": f"token {CONFIGURED_SECRET}"}},
+            ]
+        }
+    )
     corrector = FixedCorrector(corrected)
-    outcome = await finalize_reply("not json", TURN, make_policy(), corrector=corrector, media=None,
-                                   capabilities=Capabilities())
+    outcome = await finalize_reply(
+        "not json", TURN, make_policy(), corrector=corrector, media=None, capabilities=Capabilities()
+    )
     assert corrector.seen == ["not json"]
     assert outcome.reason is OutcomeReason.CORRECTED and outcome.corrected
     assert outcome.unknown_mentions == 1 and outcome.leak_hits == 1
@@ -39,22 +44,35 @@ async def test_corrected_reply_still_goes_through_mentions_and_leak_check() -> N
 
 async def test_block_after_correction_reports_both_facts() -> None:
     corrected = json.dumps({"segments": [{"type": "text", "data": {"text": CONFIGURED_SECRET}}]})
-    outcome = await finalize_reply("{", TURN, make_policy(leak_action="block"), corrector=FixedCorrector(corrected),
-                                   media=None, capabilities=Capabilities())
+    outcome = await finalize_reply(
+        "{",
+        TURN,
+        make_policy(leak_action="block"),
+        corrector=FixedCorrector(corrected),
+        media=None,
+        capabilities=Capabilities(),
+    )
     assert outcome.reason is OutcomeReason.LEAK_BLOCKED and outcome.corrected and outcome.leak_hits == 1
     assert outcome.notice is not None and outcome.notice.kind is NoticeKind.LEAK_BLOCKED
 
 
 async def test_corrected_empty_reply_is_no_reply() -> None:
-    outcome = await finalize_reply("nope", TURN, make_policy(), corrector=FixedCorrector('{"segments":[]}'),
-                                   media=None, capabilities=Capabilities())
+    outcome = await finalize_reply(
+        "nope",
+        TURN,
+        make_policy(),
+        corrector=FixedCorrector('{"segments":[]}'),
+        media=None,
+        capabilities=Capabilities(),
+    )
     assert outcome.reason is OutcomeReason.NO_REPLY and outcome.corrected and outcome.sends_nothing
 
 
 async def test_notice_language_follows_turn_then_policy() -> None:
     zh_turn = TURN.__class__(**{**TURN.__dict__, "language": "zh"})
-    outcome = await finalize_reply("x", zh_turn, make_policy(language="en"), corrector=None, media=None,
-                                   capabilities=Capabilities())
+    outcome = await finalize_reply(
+        "x", zh_turn, make_policy(language="en"), corrector=None, media=None, capabilities=Capabilities()
+    )
     assert outcome.notice is not None and outcome.notice.text.startswith("抱歉")
 
 

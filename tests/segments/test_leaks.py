@@ -67,13 +67,20 @@ def test_short_configured_secrets_are_refused() -> None:
 
 
 def test_nested_strings_and_untouched_segments_are_shared() -> None:
-    reply = Reply.model_validate({"segments": [
-        {"type": "text", "data": {"text": "clean"}},
-        {"type": "share", "data": {"url": "https://e.com/?t=configured-secret-abc", "title": "ok"}},
-        {"type": "image", "data": {"media": {"kind": "url", "value": "https://e.com/configured-secret-abc.png"}}},
-        {"type": "face", "data": {"id": "configured-secret-abc"}},
-        {"type": "face", "data": {"id": 5}},
-    ]})
+    reply = Reply.model_validate(
+        {
+            "segments": [
+                {"type": "text", "data": {"text": "clean"}},
+                {"type": "share", "data": {"url": "https://e.com/?t=configured-secret-abc", "title": "ok"}},
+                {
+                    "type": "image",
+                    "data": {"media": {"kind": "url", "value": "https://e.com/configured-secret-abc.png"}},
+                },
+                {"type": "face", "data": {"id": "configured-secret-abc"}},
+                {"type": "face", "data": {"id": 5}},
+            ]
+        }
+    )
     result = scan_segments(list(reply.segments), SCANNER)
     assert result.hits == 3
     assert result.hit_positions == frozenset({1, 2, 3})

@@ -19,13 +19,27 @@ from tests.segments.conftest import TURN, make_policy
 @pytest.mark.parametrize(
     ("data", "mime"),
     [
-        (samples.PNG, "image/png"), (samples.JPEG, "image/jpeg"), (samples.GIF, "image/gif"),
-        (samples.WEBP, "image/webp"), (samples.BMP, "image/bmp"), (samples.MP3_ID3, "audio/mpeg"),
-        (samples.MP3_FRAME, "audio/mpeg"), (samples.OGG, "audio/ogg"), (samples.WAV, "audio/wav"),
-        (samples.M4A, "audio/mp4"), (samples.AMR, "audio/amr"), (samples.SILK, "audio/silk"),
-        (samples.MP4, "video/mp4"), (samples.MOV, "video/quicktime"), (samples.WEBM, "video/webm"),
-        (samples.AVI, "video/x-msvideo"), (samples.PDF, "application/pdf"), (samples.ZIP, "application/zip"),
-        (samples.TEXT, None), (b"", None), (b"BM", None),
+        (samples.PNG, "image/png"),
+        (samples.JPEG, "image/jpeg"),
+        (samples.GIF, "image/gif"),
+        (samples.WEBP, "image/webp"),
+        (samples.BMP, "image/bmp"),
+        (samples.MP3_ID3, "audio/mpeg"),
+        (samples.MP3_FRAME, "audio/mpeg"),
+        (samples.OGG, "audio/ogg"),
+        (samples.WAV, "audio/wav"),
+        (samples.M4A, "audio/mp4"),
+        (samples.AMR, "audio/amr"),
+        (samples.SILK, "audio/silk"),
+        (samples.MP4, "video/mp4"),
+        (samples.MOV, "video/quicktime"),
+        (samples.WEBM, "video/webm"),
+        (samples.AVI, "video/x-msvideo"),
+        (samples.PDF, "application/pdf"),
+        (samples.ZIP, "application/zip"),
+        (samples.TEXT, None),
+        (b"", None),
+        (b"BM", None),
     ],
 )
 def test_sniff(data: bytes, mime: str | None) -> None:
@@ -43,9 +57,7 @@ def test_mime_fits_segment() -> None:
 def segments_json(*items: tuple[str, str, str]) -> str:
     import json
 
-    return json.dumps({"segments": [
-        {"type": t, "data": {"media": {"kind": k, "value": v}}} for t, k, v in items
-    ]})
+    return json.dumps({"segments": [{"type": t, "data": {"media": {"kind": k, "value": v}}} for t, k, v in items]})
 
 
 @pytest.fixture
@@ -87,8 +99,14 @@ async def test_path_media(media_root: Path, segment_type: str, value: str, accep
 
 
 async def test_path_media_refused_without_root() -> None:
-    outcome = await finalize_reply(segments_json(("image", "path", "a.png")), TURN, make_policy(),
-                                   corrector=None, media=MediaChecker(), capabilities=Capabilities())
+    outcome = await finalize_reply(
+        segments_json(("image", "path", "a.png")),
+        TURN,
+        make_policy(),
+        corrector=None,
+        media=MediaChecker(),
+        capabilities=Capabilities(),
+    )
     assert outcome.media_rejected == 1 and outcome.media[0].reason == "path_not_allowed"
 
 
@@ -130,8 +148,9 @@ async def test_finalize_media_kinds_and_capabilities(media_root: Path) -> None:
     )
     caps = Capabilities(supported_segment_types=frozenset({"text", "image", "audio"}))
     checker = MediaChecker(MediaSettings(media_root=media_root, keep_bytes=True))
-    outcome = await finalize_reply(text, TURN, make_policy(language="zh"), corrector=None, media=checker,
-                                   capabilities=caps)
+    outcome = await finalize_reply(
+        text, TURN, make_policy(language="zh"), corrector=None, media=checker, capabilities=caps
+    )
     assert outcome.reason is OutcomeReason.OK
     assert [s.type for s in outcome.segments] == ["image", "text", "audio", "text", "audio"]
     assert outcome.segments[1].model_dump()["data"]["text"] == "[附件不可用]"
@@ -150,8 +169,7 @@ async def test_finalize_media_kinds_and_capabilities(media_root: Path) -> None:
 async def test_per_type_limit_from_capabilities() -> None:
     text = segments_json(("image", "base64", base64.b64encode(samples.PNG + b"\x00" * 2000).decode()))
     caps = Capabilities(max_bytes_by_type={"image": 1000})
-    outcome = await finalize_reply(text, TURN, make_policy(), corrector=None, media=MediaChecker(),
-                                   capabilities=caps)
+    outcome = await finalize_reply(text, TURN, make_policy(), corrector=None, media=MediaChecker(), capabilities=caps)
     assert outcome.media[0].reason == "too_large"
 
 
@@ -164,6 +182,12 @@ async def test_without_checker_only_capabilities_apply() -> None:
 
 
 async def test_empty_source_is_unavailable() -> None:
-    outcome = await finalize_reply(segments_json(("image", "base64", "")), TURN, make_policy(), corrector=None,
-                                   media=MediaChecker(), capabilities=Capabilities())
+    outcome = await finalize_reply(
+        segments_json(("image", "base64", "")),
+        TURN,
+        make_policy(),
+        corrector=None,
+        media=MediaChecker(),
+        capabilities=Capabilities(),
+    )
     assert outcome.media[0].reason == "empty"

@@ -34,8 +34,9 @@ def test_overrides_and_fallbacks() -> None:
 
 def test_confirmation_prompt_placeholders() -> None:
     catalog = NoticeCatalog()
-    text = catalog.render(NoticeKind.TOOL_CONFIRMATION_PROMPT, language="en", tool_name="rm {-rf}",
-                          who="@Alice and admins").text
+    text = catalog.render(
+        NoticeKind.TOOL_CONFIRMATION_PROMPT, language="en", tool_name="rm {-rf}", who="@Alice and admins"
+    ).text
     assert "rm {-rf}" in text and "@Alice and admins" in text
     assert "{" not in catalog.render(NoticeKind.CONFIRMATION_REFUSED, language="zh").text
 

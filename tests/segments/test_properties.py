@@ -49,13 +49,29 @@ def data_for(kind: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 valid_segment = st.sampled_from(
-    ["text", "markdown", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps",
-     "share"]
+    [
+        "text",
+        "markdown",
+        "mention",
+        "image",
+        "audio",
+        "video",
+        "file",
+        "reply",
+        "forward",
+        "face",
+        "dice",
+        "rps",
+        "share",
+    ]
 ).flatmap(lambda kind: data_for(kind).map(lambda data: {"type": kind, "data": data}))
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), strings)
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(strings, inner, max_size=3)), max_leaves=6)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(strings, inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -149,8 +165,9 @@ def test_rejected_replies_never_yield_any_part_of_themselves(text: str, with_cor
     except ReplyInvalid:
         pass
     corrector = EchoCorrector() if with_corrector else None
-    outcome = asyncio.run(finalize_reply(text, TURN, make_policy(), corrector=corrector, media=None,
-                                         capabilities=Capabilities()))
+    outcome = asyncio.run(
+        finalize_reply(text, TURN, make_policy(), corrector=corrector, media=None, capabilities=Capabilities())
+    )
     assert outcome.reason in (OutcomeReason.INVALID, OutcomeReason.CORRECTION_FAILED)
     assert outcome.segments == [] and outcome.passthrough is None and outcome.media == ()
     assert outcome.notice is not None and outcome.notice.text == FIXED_NOTICE  # fixed, input-independent
@@ -159,7 +176,7 @@ def test_rejected_replies_never_yield_any_part_of_themselves(text: str, with_cor
     # is not itself contract vocabulary appears in it.
     vocabulary = "segments type data text content target media kind value message_id forward_id id url title"
     for start in range(max(0, len(text) - 5)):
-        window = text[start:start + 6]
+        window = text[start : start + 6]
         if window in outcome.detail:
             assert window in vocabulary or window in "still_invalid:schema:invalid_json:not_an_object"
     if corrector is not None:

@@ -54,9 +54,19 @@ def test_every_object_closed_and_fully_required() -> None:
 
 def test_segment_types_and_fields_match_s2() -> None:
     expected = {
-        "text": {"text"}, "markdown": {"content"}, "mention": {"target"}, "image": {"media"}, "audio": {"media"},
-        "video": {"media"}, "file": {"media"}, "reply": {"message_id"}, "forward": {"forward_id"}, "face": {"id"},
-        "dice": set(), "rps": set(), "share": {"url", "title"},
+        "text": {"text"},
+        "markdown": {"content"},
+        "mention": {"target"},
+        "image": {"media"},
+        "audio": {"media"},
+        "video": {"media"},
+        "file": {"media"},
+        "reply": {"message_id"},
+        "forward": {"forward_id"},
+        "face": {"id"},
+        "dice": set(),
+        "rps": set(),
+        "share": {"url", "title"},
     }
     defs = SCHEMA["$defs"]
     found: dict[str, set[str]] = {}
@@ -74,18 +84,31 @@ def test_segment_types_and_fields_match_s2() -> None:
 def test_violation_checker_catches_what_strict_mode_rejects() -> None:
     assert strict_schema_violations({"type": "object", "properties": {"a": {"type": "string"}}})
     assert strict_schema_violations({"anyOf": [{"type": "object"}]})  # root must be an object
-    cyclic = {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}, "required": ["n"],
-              "additionalProperties": False,
-              "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}, "required": ["n"],
-                              "additionalProperties": False}}}
+    cyclic = {
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/N"}},
+        "required": ["n"],
+        "additionalProperties": False,
+        "$defs": {
+            "N": {
+                "type": "object",
+                "properties": {"n": {"$ref": "#/$defs/N"}},
+                "required": ["n"],
+                "additionalProperties": False,
+            }
+        },
+    }
     assert any("cycle" in p for p in strict_schema_violations(cyclic))
-    assert strict_schema_violations({**SCHEMA, "properties": {"segments": {"type": "array", "minItems": 1,
-                                                                           "items": {"type": "string"}}}})
+    assert strict_schema_violations(
+        {**SCHEMA, "properties": {"segments": {"type": "array", "minItems": 1, "items": {"type": "string"}}}}
+    )
 
 
 def test_response_format_shape() -> None:
-    assert response_format() == {"type": "json_schema",
-                                 "json_schema": {"name": "im_reply", "schema": SCHEMA, "strict": True}}
+    assert response_format() == {
+        "type": "json_schema",
+        "json_schema": {"name": "im_reply", "schema": SCHEMA, "strict": True},
+    }
 
 
 def test_schema_copies_are_independent() -> None:

@@ -29,8 +29,10 @@ def test_no_reply_is_valid() -> None:
         ('{"segments":[]} trailing', "invalid_json"),
         ("[]", "not_an_object"),
         ("{}", "schema:segments:missing"),
-        ('{"segments":[{"type":"mention","data":{"target":123}}]}',
-         "schema:segments.0.mention.data.target:string_type"),
+        (
+            '{"segments":[{"type":"mention","data":{"target":123}}]}',
+            "schema:segments.0.mention.data.target:string_type",
+        ),
         ('{"segments":[{"type":"whisper","data":{}}]}', "schema:segments.0:union_tag_invalid"),
         ('{"segments":[],"password_is_hunter2":1}', "schema:?:extra_forbidden"),
     ],

@@ -98,9 +98,15 @@ for index in range(30):
 # Several mentions interleaved with text.
 add(
     "valid_interleaved_mentions",
-    reply(seg("mention", target="10001"), seg("text", text=" and "), seg("mention", target="10002"),
-          seg("text", text=" and "), seg("mention", target="10003")),
-    "ok", keeps_order=True,
+    reply(
+        seg("mention", target="10001"),
+        seg("text", text=" and "),
+        seg("mention", target="10002"),
+        seg("text", text=" and "),
+        seg("mention", target="10003"),
+    ),
+    "ok",
+    keeps_order=True,
 )
 
 # Formatting variants of valid JSON.
@@ -120,8 +126,11 @@ for name, text in {
     "quotes_backslashes": 'he said "hi" \\ ok',
 }.items():
     if text is None:
-        add("valid_unicode_escaped_surrogate_pair", '{"segments":[{"type":"text","data":{"text":"\\ud83d\\ude00"}}]}',
-            "ok")
+        add(
+            "valid_unicode_escaped_surrogate_pair",
+            '{"segments":[{"type":"text","data":{"text":"\\ud83d\\ude00"}}]}',
+            "ok",
+        )
     else:
         add(f"valid_unicode_{name}", reply(seg("text", text=text), ensure_ascii=False), "ok")
         add(f"valid_unicode_{name}_ascii_escaped", reply(seg("text", text=text), ensure_ascii=True), "ok")
@@ -153,7 +162,7 @@ for name, text in {
     "trailing_comma": '{"segments":[{"type":"text","data":{"text":"a"}},]}',
     "trailing_comma_object": '{"segments":[],}',
     "comment": '{"segments":[] /* none */}',
-    "unquoted_keys": '{segments:[]}',
+    "unquoted_keys": "{segments:[]}",
     "python_repr": "{'segments': []}",
     "bom_prefix": "\ufeff" + good,
     "lone_surrogate": '{"segments":[{"type":"text","data":{"text":"\\ud800"}}]}',
@@ -182,8 +191,11 @@ STRUCTURE_INVALID: dict[str, Any] = {
     "extra_top_level_field": {"segments": [], "thinking": "hmm"},
     "extra_segment_field": {"segments": [{"type": "text", "data": {"text": "a"}, "id": 1}]},
     "extra_data_field": {"segments": [seg("text", text="a", bold=True)]},
-    "extra_media_field": {"segments": [{"type": "image", "data": {"media": {
-        "kind": "url", "value": "https://e.com/a.png", "name": "a.png"}}}]},
+    "extra_media_field": {
+        "segments": [
+            {"type": "image", "data": {"media": {"kind": "url", "value": "https://e.com/a.png", "name": "a.png"}}}
+        ]
+    },
     "extra_field_in_dice": {"segments": [seg("dice", value=6)]},
     "extra_share_field": {"segments": [seg("share", url="https://e.com", title="t", image="x")]},
     "missing_type": {"segments": [{"data": {"text": "a"}}]},
@@ -250,30 +262,63 @@ add("invalid_face_infinity", '{"segments":[{"type":"face","data":{"id":-Infinity
 add("invalid_nan_in_text_field", '{"segments":[{"type":"text","data":{"text":NaN}}]}', "invalid", detail="schema:")
 add("invalid_face_1e400", '{"segments":[{"type":"face","data":{"id":1e400}}]}', "invalid", detail="schema:")
 # Duplicate keys: the parser would keep the last and silently drop the rest (partial acceptance).
-add("invalid_duplicate_segments_key_both_valid",
-    '{"segments":[{"type":"text","data":{"text":"first"}}],"segments":[]}', "invalid", detail="duplicate_key")
-add("invalid_duplicate_text_key_in_data",
-    '{"segments":[{"type":"text","data":{"text":"shown","text":"hidden"}}]}', "invalid", detail="duplicate_key")
-add("invalid_duplicate_type_key",
-    '{"segments":[{"type":"dice","type":"rps","data":{}}]}', "invalid", detail="duplicate_key")
-add("invalid_duplicate_segments_key_last_bad",
-    '{"segments":[{"type":"text","data":{"text":"a"}}],"segments":[1]}', "invalid", detail="schema:")
+add(
+    "invalid_duplicate_segments_key_both_valid",
+    '{"segments":[{"type":"text","data":{"text":"first"}}],"segments":[]}',
+    "invalid",
+    detail="duplicate_key",
+)
+add(
+    "invalid_duplicate_text_key_in_data",
+    '{"segments":[{"type":"text","data":{"text":"shown","text":"hidden"}}]}',
+    "invalid",
+    detail="duplicate_key",
+)
+add(
+    "invalid_duplicate_type_key",
+    '{"segments":[{"type":"dice","type":"rps","data":{}}]}',
+    "invalid",
+    detail="duplicate_key",
+)
+add(
+    "invalid_duplicate_segments_key_last_bad",
+    '{"segments":[{"type":"text","data":{"text":"a"}}],"segments":[1]}',
+    "invalid",
+    detail="schema:",
+)
 
 # --- mentions (S5, S7) ----------------------------------------------------------------------------
-add("mention_unknown_plain", reply(seg("text", text="hi "), seg("mention", target="77777")), "ok",
-    unknown_mentions=1, plain_mention_text="@77777")
+add(
+    "mention_unknown_plain",
+    reply(seg("text", text="hi "), seg("mention", target="77777")),
+    "ok",
+    unknown_mentions=1,
+    plain_mention_text="@77777",
+)
 add("mention_bot_self_is_not_a_user", reply(seg("mention", target="90000")), "ok", unknown_mentions=1)
 add("mention_nickname_as_target", reply(seg("mention", target="@Bob")), "ok", unknown_mentions=1)
 add("mention_empty_target", reply(seg("mention", target="")), "ok", unknown_mentions=1)
-add("mention_two_unknown_one_known",
+add(
+    "mention_two_unknown_one_known",
     reply(seg("mention", target="a1"), seg("mention", target="10001"), seg("mention", target="a2")),
-    "ok", unknown_mentions=2)
-add("mention_unknown_reject", reply(seg("mention", target="77777")), "unknown_mention",
-    unknown_mentions=1, policy={"mention_policy": "reject"})
-add("mention_known_reject_policy_ok", reply(seg("mention", target="10002")), "ok",
-    policy={"mention_policy": "reject"})
-add("mention_unknown_allow", reply(seg("mention", target="77777")), "ok", unknown_mentions=0,
-    policy={"mention_policy": "allow"})
+    "ok",
+    unknown_mentions=2,
+)
+add(
+    "mention_unknown_reject",
+    reply(seg("mention", target="77777")),
+    "unknown_mention",
+    unknown_mentions=1,
+    policy={"mention_policy": "reject"},
+)
+add("mention_known_reject_policy_ok", reply(seg("mention", target="10002")), "ok", policy={"mention_policy": "reject"})
+add(
+    "mention_unknown_allow",
+    reply(seg("mention", target="77777")),
+    "ok",
+    unknown_mentions=0,
+    policy={"mention_policy": "allow"},
+)
 add("mention_textual_at_is_just_text", reply(seg("text", text="@10002 look")), "ok", unknown_mentions=0)
 
 # --- leaks (S14): every nested string -------------------------------------------------------------
@@ -296,8 +341,13 @@ SECRETS: dict[str, str] = {
     "configured": CONFIGURED_SECRET,
 }
 for name, secret in SECRETS.items():
-    add(f"leak_text_{name}", reply(seg("text", text=f"the value is {secret} ok")), "ok", leak_hits=1,
-        must_not_contain=secret)
+    add(
+        f"leak_text_{name}",
+        reply(seg("text", text=f"the value is {secret} ok")),
+        "ok",
+        leak_hits=1,
+        must_not_contain=secret,
+    )
 for where, segment in {
     "markdown": seg("markdown", content=f"```\n{CONFIGURED_SECRET}\n```"),
     "share_url": seg("share", url=f"https://e.com/?k={CONFIGURED_SECRET}", title="t"),
@@ -307,22 +357,60 @@ for where, segment in {
     "face_id_string": seg("face", id=CONFIGURED_SECRET),
     "mention_target_unknown": seg("mention", target=CONFIGURED_SECRET),
 }.items():
-    add(f"leak_nested_{where}", reply(seg("text", text="x"), segment), "ok", leak_hits=1,
-        must_not_contain=CONFIGURED_SECRET, unknown_mentions=1 if where.startswith("mention") else 0)
-add("leak_nested_media_url", reply(media("image", "url", f"https://e.com/a.png?token={CONFIGURED_SECRET}")),
-    "ok", leak_hits=1, media_rejected=1, must_not_contain=CONFIGURED_SECRET)
-add("leak_nested_media_path", reply(media("file", "path", f"dir/{CONFIGURED_SECRET}.txt")),
-    "ok", leak_hits=1, media_rejected=1, must_not_contain=CONFIGURED_SECRET)
-add("leak_two_in_one_string", reply(seg("text", text=f"{CONFIGURED_SECRET} and {SECRETS['aws_akid']}")),
-    "ok", leak_hits=2, must_not_contain=CONFIGURED_SECRET)
-add("leak_block_policy", reply(seg("text", text=f"oops {SECRETS['openai_key']}")), "leak_blocked",
-    leak_hits=1, policy={"leak_action": "block"}, must_not_contain=SECRETS["openai_key"])
-add("leak_block_policy_nested", reply(seg("share", url="https://e.com", title=CONFIGURED_SECRET)),
-    "leak_blocked", leak_hits=1, policy={"leak_action": "block"}, must_not_contain=CONFIGURED_SECRET)
-add("leak_block_policy_clean_reply", reply(seg("text", text="nothing secret here")), "ok",
-    policy={"leak_action": "block"})
-add("leak_not_a_uuid_alone", reply(seg("text", text="id 5e1e5a22-1d5b-4c55-9d23-0123456789ab")), "ok",
-    leak_hits=0)
+    add(
+        f"leak_nested_{where}",
+        reply(seg("text", text="x"), segment),
+        "ok",
+        leak_hits=1,
+        must_not_contain=CONFIGURED_SECRET,
+        unknown_mentions=1 if where.startswith("mention") else 0,
+    )
+add(
+    "leak_nested_media_url",
+    reply(media("image", "url", f"https://e.com/a.png?token={CONFIGURED_SECRET}")),
+    "ok",
+    leak_hits=1,
+    media_rejected=1,
+    must_not_contain=CONFIGURED_SECRET,
+)
+add(
+    "leak_nested_media_path",
+    reply(media("file", "path", f"dir/{CONFIGURED_SECRET}.txt")),
+    "ok",
+    leak_hits=1,
+    media_rejected=1,
+    must_not_contain=CONFIGURED_SECRET,
+)
+add(
+    "leak_two_in_one_string",
+    reply(seg("text", text=f"{CONFIGURED_SECRET} and {SECRETS['aws_akid']}")),
+    "ok",
+    leak_hits=2,
+    must_not_contain=CONFIGURED_SECRET,
+)
+add(
+    "leak_block_policy",
+    reply(seg("text", text=f"oops {SECRETS['openai_key']}")),
+    "leak_blocked",
+    leak_hits=1,
+    policy={"leak_action": "block"},
+    must_not_contain=SECRETS["openai_key"],
+)
+add(
+    "leak_block_policy_nested",
+    reply(seg("share", url="https://e.com", title=CONFIGURED_SECRET)),
+    "leak_blocked",
+    leak_hits=1,
+    policy={"leak_action": "block"},
+    must_not_contain=CONFIGURED_SECRET,
+)
+add(
+    "leak_block_policy_clean_reply",
+    reply(seg("text", text="nothing secret here")),
+    "ok",
+    policy={"leak_action": "block"},
+)
+add("leak_not_a_uuid_alone", reply(seg("text", text="id 5e1e5a22-1d5b-4c55-9d23-0123456789ab")), "ok", leak_hits=0)
 add("leak_words_key_token_clean", reply(seg("text", text="the key to the token economy")), "ok", leak_hits=0)
 
 
