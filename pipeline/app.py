@@ -29,6 +29,7 @@ from pipeline.runtime import Runtime
 from pipeline.settings import Settings
 from pipeline.stages.render import RenderStage
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
+from pipeline.web import check_worker_settings
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def create_app(
         raise ValueError("SWITCHBOARD_KAFKA_BOOTSTRAP is required for a worker")
     if not settings.redis_url:
         raise ValueError("SWITCHBOARD_REDIS_URL is required for a worker")
+    check_worker_settings(settings)  # nothing to serve, or a console open to anyone: refuse now
     stage_set = set(stages)
     unknown = stage_set - set(ALL_STAGES)
     if unknown:

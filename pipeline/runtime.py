@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from aiohttp import web
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -60,8 +59,8 @@ from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
-from pipeline.state import ContextEntry, StateStore
-from pipeline.web import WebDeps, build_web_app
+from pipeline.state import ConsoleStore, ContextEntry, StateStore
+from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ class Runtime:
         self._produce_acked = produce_acked or send
         self.started = False
         self.started_event = asyncio.Event()
-        self._web_runner: web.AppRunner | None = None
+        self.web: WebServer | None = None
         self._lag_labels: set[tuple[str, str]] = set()
         self.web_port: int | None = None
 
@@ -131,6 +130,7 @@ class Runtime:
             health_check_interval=15,
             socket_timeout=10,
             socket_connect_timeout=5,
+            client_name="switchboard",
         )
         self.redis = Redis(connection_pool=pool)
         self.state = StateStore(
@@ -169,7 +169,11 @@ class Runtime:
         self.platforms: dict[str, Platform] = {name: get_platform(name) for name in s.platforms}
         console = self.platforms.get("console")
         if isinstance(console, ConsolePlatform):
-            console.bind(self.state)
+            # Egress appends deliveries through the pipeline's connections; viewers read through
+            # the web server's own (pipeline/web).
+            console.bind(
+                ConsoleStore(self.redis, s.redis_prefix, ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds)
+            )
         capabilities = {
             name: Capabilities(
                 supported_segment_types=p.profile.native_segments | {"text"},
@@ -206,26 +210,17 @@ class Runtime:
         self.started_event.set()
 
     async def start_web(self, host: str, port: int) -> int:
-        deps = WebDeps(
-            settings=self.settings,
-            state=self.state,
-            produce=self._produce_acked,
-            outputs=self.outputs,
-            ready=self.ready,
-        )
-        self._web_runner = web.AppRunner(build_web_app(deps), access_log=None)
-        await self._web_runner.setup()
-        site = web.TCPSite(self._web_runner, host, port, reuse_address=True)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.web_port = sockets[0].getsockname()[1] if sockets else port
-        log.info("web listening on http://%s:%s", host, self.web_port)
+        check_worker_settings(self.settings)
+        for warning in exposure_warnings(self.settings):
+            log.warning("%s", warning)
+        self.web = WebServer(self.settings, produce=self._produce_acked, outputs=self.outputs, ready=self.ready)
+        self.web_port = await self.web.start(host, port)
         return self.web_port
 
     async def stop(self) -> None:
-        if self._web_runner is not None:
-            await self._web_runner.cleanup()
+        if self.web is not None:
+            await self.web.stop()  # first: open console streams end at once and never hold the stop
+            self.web = None
         if not self.started:
             return
         await self.streams.close()

@@ -111,7 +111,6 @@ class StateStore:
         self.redis = redis
         self._hold_if_busy = redis.register_script(_HOLD_IF_BUSY)
         self._admit_inbound = redis.register_script(_ADMIT_INBOUND)
-        self._append_console = redis.register_script(_APPEND_CONSOLE)
         self._push_turn = redis.register_script(_PUSH_TURN)
         self._bind_turn_end = redis.register_script(_BIND_TURN_END)
         self._idle_if_no_turn = redis.register_script(_IDLE_IF_NO_TURN)
@@ -420,24 +419,6 @@ class StateStore:
             return []
         return _window(await self.redis.lrange(self.key("ctx", conversation), 0, size - 1))
 
-    # -- console deliveries ---------------------------------------------------------------------
-    async def append_console(
-        self, bot_id: str, chat_id: str, payload: str, cap: int = 500, *, message_id: str | None = None
-    ) -> int:
-        """Append to a console chat. With `message_id` the append happens at most once per id (the
-        console's own idempotency, like Lark's `uuid`): returns 0 when it was posted before."""
-        key = self.key("console", f"{bot_id}:{chat_id}")
-        posted = self.key("console-posted", message_id) if message_id else ""
-        count = await self._append_console(
-            keys=[key, self.key("console-live", bot_id), posted],
-            args=[payload, cap, self.mapping_ttl, chat_id, self.dedup_ttl],
-        )
-        return int(count)
-
-    async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
-        raw = await self.redis.lrange(self.key("console", f"{bot_id}:{chat_id}"), 0, -1)
-        return [_text(v) or "" for v in raw]
-
 
 _HOLD_IF_BUSY = """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -476,18 +457,6 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
-"""
-
-
-# KEYS: the chat's list, its live channel, the posted marker ('' for none). ARGV: payload, cap, list
-# TTL, chat id, marker TTL.
-_APPEND_CONSOLE = """
-if KEYS[3] ~= '' and not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[5]) then return 0 end
-local count = redis.call('RPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', KEYS[2], ARGV[4])
-return count
 """
 
 

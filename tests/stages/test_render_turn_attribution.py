@@ -33,7 +33,7 @@ class Recorder:
 
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
-    s = Settings(redis_prefix=prefix)
+    s = Settings(redis_prefix=prefix, console_enabled=True)  # the console bot `demo`
     state = StateStore(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(

@@ -156,17 +156,6 @@ async def test_window_shows_a_replayed_message_once(redis_url: str, redis_prefix
     assert [e.message_id for e in await state.context("g", 5)] == ["m7"]
 
 
-async def test_console_append_is_once_per_message_id(redis_url: str, redis_prefix: str) -> None:
-    state = await store(redis_url, redis_prefix)
-    assert await state.append_console("demo", "c1", '{"id": "out-1"}', message_id="out-1") == 1
-    assert await state.append_console("demo", "c1", '{"id": "out-1"}', message_id="out-1") == 0  # a replay
-    assert await state.append_console("demo", "c1", '{"id": "out-2"}', message_id="out-2") == 2
-    assert await state.append_console("demo", "c1", '{"n": 3}') == 3  # no id: always appended
-    assert await state.console_messages("demo", "c1") == ['{"id": "out-1"}', '{"id": "out-2"}', '{"n": 3}']
-    ttl = await state.redis.ttl(state.key("console-posted", "out-1"))
-    assert 0 < ttl <= state.dedup_ttl
-
-
 async def test_turns_are_listed_once_and_bound_once(redis_url: str, redis_prefix: str) -> None:
     state = await store(redis_url, redis_prefix)
     stream = InflightStream(session_id="s", conversation_key="k")

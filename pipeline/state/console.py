@@ -1,0 +1,111 @@
+"""The console's chats in Redis: what each console chat was sent, and the live channel.
+
+Keys (under the deployment's prefix): `console:<bot>:<chat>` the chat's delivered messages, oldest
+first, capped; `console-seq:<bot>:<chat>` the chat's last sequence number; `console-posted:<id>`
+the once-per-outbound-id marker. Every append stamps the message with the chat's next sequence
+number (`"seq"`, the stream's event id) and publishes it once on `console-live`, one channel for
+every bot: a worker subscribes once and fans deliveries out to its viewers in memory.
+
+A live message is `<header>\\n<message>`: the header a JSON array `[bot_id, chat_id, seq]`, the
+message the stored JSON object itself (neither contains a raw newline).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+# How many messages a console chat keeps.
+CHAT_CAP = 500
+
+
+@dataclass(frozen=True)
+class LiveMessage:
+    """A delivery as published on the live channel."""
+
+    bot_id: str
+    chat_id: str
+    seq: int
+    message: str  # the stored JSON object
+
+    @classmethod
+    def parse(cls, data: str | bytes) -> LiveMessage:
+        """Raises ValueError for anything the append script did not publish."""
+        text = data.decode() if isinstance(data, bytes) else data
+        header, sep, message = text.partition("\n")
+        bot_id, chat_id, seq = json.loads(header) if sep else (None, None, None)
+        if not (isinstance(bot_id, str) and isinstance(chat_id, str) and isinstance(seq, int)):
+            raise ValueError("not a console live message")
+        return cls(bot_id, chat_id, seq, message)
+
+
+def message_seq(message: str) -> int:
+    """The sequence number of a stored message (0 for one stored before they had one)."""
+    try:
+        value = json.loads(message).get("seq", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
+
+
+class ConsoleStore:
+    """Console chats on one Redis client. Egress appends through the pipeline's client; the web
+    side reads and subscribes through a client of its own, so viewers never take the pipeline's
+    connections."""
+
+    def __init__(self, redis: Redis, prefix: str = "sb:", *, ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.ttl = ttl
+        self.dedup_ttl = dedup_ttl
+        self._append = redis.register_script(_APPEND)
+
+    @property
+    def channel(self) -> str:
+        return f"{self.prefix}console-live"
+
+    def _chat_key(self, kind: str, bot_id: str, chat_id: str) -> str:
+        return f"{self.prefix}{kind}:{bot_id}:{chat_id}"
+
+    async def append(self, bot_id: str, chat_id: str, message: dict[str, Any], *, message_id: str | None = None) -> int:
+        """Append a message (a JSON object) to a console chat and publish it. With `message_id`, at
+        most once per id (the console's own idempotency, like Lark's `uuid`). Returns the message's
+        sequence number in its chat, or 0 when it was posted before."""
+        payload = json.dumps({k: v for k, v in message.items() if k != "seq"}, ensure_ascii=False)
+        if payload == "{}":
+            raise ValueError("a console message is a non-empty JSON object")
+        posted = f"{self.prefix}console-posted:{message_id}" if message_id else ""
+        seq = await self._append(
+            keys=[
+                self._chat_key("console", bot_id, chat_id),
+                self._chat_key("console-seq", bot_id, chat_id),
+                self.channel,
+                posted,
+            ],
+            args=[payload, CHAT_CAP, self.ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
+        )
+        return int(seq)
+
+    async def messages(self, bot_id: str, chat_id: str) -> list[str]:
+        """The chat's messages, oldest first, as stored (JSON objects with their `seq`)."""
+        raw = await self.redis.lrange(self._chat_key("console", bot_id, chat_id), 0, -1)
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
+
+
+# KEYS: the chat's list, its sequence counter, the live channel, the posted marker ('' for none).
+# ARGV: the message (a JSON object), cap, list TTL, marker TTL, the header's `[bot, chat]` as JSON.
+# The sequence number goes first into the object (`{"seq":N,` + the rest of it).
+_APPEND = """
+if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[4]) then return 0 end
+local seq = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+local message = '{"seq":' .. seq .. ',' .. string.sub(ARGV[1], 2)
+redis.call('RPUSH', KEYS[1], message)
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', KEYS[3], string.sub(ARGV[5], 1, -2) .. ',' .. seq .. ']\\n' .. message)
+return seq
+"""

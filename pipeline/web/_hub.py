@@ -1,0 +1,159 @@
+"""Console viewers of one worker: one Redis subscription, fanned out in memory.
+
+Every delivery to a console chat is published once on the deployment's live channel. The hub holds
+the worker's only subscription to it and hands each delivery, already framed as a server-sent
+event, to the viewers of that chat and no other. A viewer that falls behind (its queue is full) or
+misses deliveries (the subscription was lost) is ended: the page reconnects with the last
+sequence number it has and catches up from the chat's list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any
+
+from redis.asyncio.client import PubSub
+
+from pipeline import metrics
+from pipeline.state import ConsoleStore, LiveMessage
+
+log = logging.getLogger(__name__)
+
+# Deliveries a viewer may have waiting before it counts as too slow and is ended.
+VIEWER_QUEUE = 256
+
+
+class ViewerLimit(Exception):
+    """The worker already has its cap of console viewers."""
+
+
+class Viewer:
+    """One open console stream: the deliveries of its chat waiting to be written."""
+
+    __slots__ = ("chat", "ended", "pending", "reason", "wake")
+
+    def __init__(self, chat: tuple[str, str]) -> None:
+        self.chat = chat
+        self.pending: deque[tuple[int, bytes]] = deque()
+        self.wake = asyncio.Event()
+        self.ended = False
+        self.reason = "client_left"
+
+    def offer(self, seq: int, frame: bytes) -> None:
+        if self.ended:
+            return
+        if len(self.pending) >= VIEWER_QUEUE:
+            self.end("slow")
+            return
+        self.pending.append((seq, frame))
+        self.wake.set()
+
+    def end(self, reason: str) -> None:
+        if not self.ended:
+            self.ended = True
+            self.reason = reason
+            self.wake.set()
+
+
+def sse_frame(seq: int, message: str) -> bytes:
+    return f"id: {seq}\nevent: message\ndata: {message}\n\n".encode()
+
+
+class ConsoleHub:
+    def __init__(self, store: ConsoleStore, max_viewers: int) -> None:
+        self.store = store
+        self.max_viewers = max_viewers
+        self._chats: dict[tuple[str, str], set[Viewer]] = {}
+        self._count = 0
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        # Set while the subscription is live: a viewer reads its chat's backlog only then, so no
+        # delivery falls between the backlog and the live messages.
+        self.subscribed = asyncio.Event()
+
+    @property
+    def viewers(self) -> int:
+        return self._count
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="console-hub")
+
+    async def close(self) -> None:
+        """End every stream (their handlers return at once) and drop the subscription."""
+        self._closed = True
+        self._end_all("shutdown")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def join(self, bot_id: str, chat_id: str) -> Viewer:
+        if self._closed:
+            raise ViewerLimit("shutting down")
+        if self._count >= self.max_viewers:
+            raise ViewerLimit(f"{self._count} console viewers on this worker (SWITCHBOARD_CONSOLE_MAX_VIEWERS)")
+        viewer = Viewer((bot_id, chat_id))
+        self._chats.setdefault(viewer.chat, set()).add(viewer)
+        self._count += 1
+        metrics.CONSOLE_VIEWERS.set(self._count)
+        return viewer
+
+    def leave(self, viewer: Viewer) -> None:
+        viewers = self._chats.get(viewer.chat)
+        if viewers is None or viewer not in viewers:
+            return
+        viewers.discard(viewer)
+        if not viewers:
+            del self._chats[viewer.chat]
+        self._count -= 1
+        metrics.CONSOLE_VIEWERS.set(self._count)
+        metrics.CONSOLE_STREAMS_ENDED.labels(viewer.reason).inc()
+
+    def _deliver(self, data: Any) -> None:
+        try:
+            live = LiveMessage.parse(data)
+        except (ValueError, TypeError):
+            log.warning("console: ignored a malformed live message")
+            return
+        viewers = self._chats.get((live.bot_id, live.chat_id))
+        if not viewers:
+            return
+        frame = sse_frame(live.seq, live.message)
+        for viewer in list(viewers):
+            viewer.offer(live.seq, frame)
+
+    def _end_all(self, reason: str) -> None:
+        for viewers in self._chats.values():
+            for viewer in viewers:
+                viewer.end(reason)
+
+    async def _listen(self) -> None:
+        backoff = 0.2
+        while not self._closed:
+            pubsub: PubSub = self.store.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.store.channel)
+                self.subscribed.set()
+                backoff = 0.2
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30.0)
+                    if message is not None and message.get("type") == "message":
+                        self._deliver(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Deliveries published while we were not subscribed are lost to this worker: its
+                # viewers reconnect and catch up from their chats' lists.
+                log.warning("console: live subscription lost (%s); resubscribing", type(exc).__name__)
+                self.subscribed.clear()
+                self._end_all("resync")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                self.subscribed.clear()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
