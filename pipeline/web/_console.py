@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import dataclass
+from pathlib import Path
 
 from aiohttp import web
 from redis.exceptions import RedisError
@@ -23,9 +23,10 @@ from redis.exceptions import RedisError
 from pipeline import metrics
 from pipeline.platforms.console import bearer_ok
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ConsoleStore, message_seq
+from pipeline.state import message_seq
 
-from ._hub import ConsoleHub, Viewer, ViewerLimit, sse_frame
+from ._deps import DEPS, STATIC_DIR, ConsoleDeps
+from ._hub import Viewer, ViewerLimit, sse_frame
 
 KEEPALIVE_SECONDS = 15.0
 # How long a new stream waits for the worker's subscription (after a Redis outage) before 503.
@@ -34,13 +35,7 @@ SUBSCRIBE_WAIT_SECONDS = 5.0
 MAX_CHAT_ID = 200
 
 
-@dataclass
-class ConsoleDeps:
-    store: ConsoleStore  # on the console's own Redis connections
-    hub: ConsoleHub
-
-
-def add_console_routes(app: web.Application, static: str) -> None:
+def add_console_routes(app: web.Application, static: Path) -> None:
     app.router.add_get("/console/api/config", console_config)
     app.router.add_get("/console/api/messages", console_messages)
     app.router.add_get("/console/api/stream", console_stream)
@@ -73,7 +68,7 @@ def _console_bots(settings: Settings) -> list[BotConfig]:
 
 def _authorized_bot(request: web.Request) -> BotConfig:
     """The console bot named by `bot_id` (or the only one), if the request carries its token."""
-    settings: Settings = request.app["deps"].settings
+    settings: Settings = request.app[DEPS].settings
     bots = _console_bots(settings)
     bot_id = request.query.get("bot_id")
     if bot_id:
@@ -105,7 +100,7 @@ def _after(request: web.Request) -> int:
 
 
 def _console(request: web.Request) -> ConsoleDeps:
-    console: ConsoleDeps | None = request.app["deps"].console
+    console: ConsoleDeps | None = request.app[DEPS].console
     if console is None:
         raise _reject(503, "unavailable", "the console is not running on this worker")
     return console
@@ -113,7 +108,7 @@ def _console(request: web.Request) -> ConsoleDeps:
 
 async def console_config(request: web.Request) -> web.Response:
     """The console bots this caller may use: those without a token, and those whose token it sent."""
-    settings: Settings = request.app["deps"].settings
+    settings: Settings = request.app[DEPS].settings
     authorization = request.headers.get("Authorization")
     bots = _console_bots(settings)
     open_bots = [b for b in bots if b.secret("token") is None]
@@ -213,4 +208,4 @@ async def redirect_to_console(_: web.Request) -> web.StreamResponse:
 
 
 async def console_page(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(request.app["static"] / "index.html")
+    return web.FileResponse(request.app[STATIC_DIR] / "index.html")

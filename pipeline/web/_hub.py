@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 # Deliveries a viewer may have waiting before it counts as too slow and is ended.
 VIEWER_QUEUE = 256
+# The subscription's read returns this often when nothing arrives (to notice a shutdown).
+POLL_SECONDS = 1.0
 
 
 class ViewerLimit(Exception):
@@ -85,11 +87,14 @@ class ConsoleHub:
         """End every stream (their handlers return at once) and drop the subscription."""
         self._closed = True
         self._end_all("shutdown")
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # redis-py can absorb a cancellation inside a read (the read then returns nothing):
+            # the loop also stops by itself within a poll once it sees `_closed`.
+            await asyncio.wait({task}, timeout=POLL_SECONDS + 2)
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.warning("console: live subscription ended with %r", task.exception())
 
     def join(self, bot_id: str, chat_id: str) -> Viewer:
         if self._closed:
@@ -139,8 +144,8 @@ class ConsoleHub:
                 await pubsub.subscribe(self.store.channel)
                 self.subscribed.set()
                 backoff = 0.2
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=30.0)
+                while not self._closed:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_SECONDS)
                     if message is not None and message.get("type") == "message":
                         self._deliver(message["data"])
             except asyncio.CancelledError:

@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
@@ -28,7 +27,8 @@ from pipeline.stages.outputs import Outputs
 from pipeline.state import ConsoleStore
 from pipeline.topics import IM_INBOUND
 
-from ._console import ConsoleDeps, add_console_routes
+from ._console import add_console_routes
+from ._deps import DEPS, STATIC_DIR, ConsoleDeps, ProduceAcked, WebDeps
 from ._guard import GuardedAppRunner
 from ._hub import ConsoleHub
 
@@ -41,29 +41,17 @@ DEAD_LETTER_EXCERPT_CHARS = 1000
 # Handlers still running this long after the streams were ended are cancelled at shutdown.
 SHUTDOWN_SECONDS = 3.0
 
-# (topic, key, value) → awaited until the broker acknowledged the record.
-ProduceAcked = Callable[[str, str | None, bytes], Awaitable[None]]
-
-
-@dataclass
-class WebDeps:
-    settings: Settings
-    produce: ProduceAcked
-    outputs: Outputs
-    ready: Callable[[], Awaitable[dict[str, bool]]]
-    console: ConsoleDeps | None = None  # set when the console is enabled
-
 
 def build_web_app(deps: WebDeps) -> web.Application:
     app = web.Application(client_max_size=MAX_WEBHOOK_BYTES)
-    app["deps"] = deps
-    app["static"] = STATIC
+    app[DEPS] = deps
+    app[STATIC_DIR] = STATIC
     app.router.add_post("/webhooks/{platform}/{bot_id}", webhook)
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if deps.settings.console_enabled:
-        add_console_routes(app, str(STATIC))
+        add_console_routes(app, STATIC)
     return app
 
 
@@ -142,7 +130,7 @@ class WebServer:
 
 
 async def webhook(request: web.Request) -> web.StreamResponse:
-    deps: WebDeps = request.app["deps"]
+    deps: WebDeps = request.app[DEPS]
     platform_name = request.match_info["platform"]
     bot_id = request.match_info["bot_id"]
     received = now_ms()
@@ -212,7 +200,7 @@ async def _dead_letter(deps: WebDeps, reason: str, body: bytes, error: str, key:
 
 
 async def metrics_view(request: web.Request) -> web.Response:
-    settings: Settings = request.app["deps"].settings
+    settings: Settings = request.app[DEPS].settings
     token = settings.metrics_token
     if token is not None and not bearer_ok(token.get_secret_value(), request.headers.get("Authorization")):
         metrics.WEB_REJECTED.labels("metrics", "unauthorized").inc()
@@ -229,7 +217,7 @@ async def healthz(_: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    deps: WebDeps = request.app["deps"]
+    deps: WebDeps = request.app[DEPS]
     checks = await deps.ready()
     ok = all(checks.values())
     return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
