@@ -41,11 +41,43 @@ def check_worker_settings(settings: Settings) -> None:
         )
 
 
+def metrics_open(settings: Settings) -> bool:
+    """/metrics without a token only on loopback; beyond it, a token is required (without one,
+    every request is refused)."""
+    return settings.metrics_token is None and is_loopback(settings.web_host)
+
+
+def open_webhooks(settings: Settings) -> list[str]:
+    """Bots whose webhooks anyone can post to: their platform checks nothing without a secret
+    (Telegram without `webhook_secret`, OneBot without `secret`, a console bot without `token`)."""
+    from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
+
+    unsigned = WebhookRequest(headers={}, body=b"{}", query={})
+    found = []
+    for bot in settings.bots:
+        try:
+            get_platform(bot.platform).verify(bot, unsigned)
+        except WebhookRejected:
+            continue
+        found.append(f"{bot.platform}/{bot.bot_id}")
+    return found
+
+
 def exposure_warnings(settings: Settings) -> list[str]:
-    """Surfaces that are open beyond loopback but allowed to be (said once at start-up)."""
-    if settings.metrics_token is None and not is_loopback(settings.web_host):
-        return [
-            f"/metrics on {settings.web_host or 'every interface'}:{settings.web_port} has no token: "
-            "set SWITCHBOARD_METRICS_TOKEN (and the same bearer token in the Prometheus scrape config)"
-        ]
-    return []
+    """What a worker beyond loopback should be told at start-up (allowed, but worth knowing)."""
+    if is_loopback(settings.web_host):
+        return []
+    where = f"{settings.web_host or 'every interface'}:{settings.web_port}"
+    warnings = []
+    if settings.metrics_token is None:
+        warnings.append(
+            f"/metrics on {where} refuses every request: set SWITCHBOARD_METRICS_TOKEN (and the same bearer "
+            "token in the Prometheus scrape config)"
+        )
+    unchecked = open_webhooks(settings)
+    if unchecked:
+        warnings.append(
+            f"webhooks of {', '.join(unchecked)} on {where} are not authenticated: anyone can post messages "
+            "as any user (set the platform's secret in the bot's credentials)"
+        )
+    return warnings

@@ -2,8 +2,9 @@
 
 Ingress answers a webhook as soon as the broker has the record: verify (401 and nothing else on a
 bad signature), parse (400 plus a dead letter on a malformed payload), produce to `im.inbound`.
-`/metrics` needs `Authorization: Bearer <SWITCHBOARD_METRICS_TOKEN>` when that is set; `/healthz`
-and `/readyz` are open (probes). The console (page, API, stream) is served only when enabled.
+`/metrics` needs `Authorization: Bearer <SWITCHBOARD_METRICS_TOKEN>` when that is set, and is
+refused to everyone when the worker listens beyond loopback without one; `/healthz` and `/readyz`
+are open (probes). The console (page, API, stream) is served only when enabled.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pipeline.topics import IM_INBOUND
 
 from ._console import add_console_routes
 from ._deps import DEPS, STATIC_DIR, ConsoleDeps, ProduceAcked, WebDeps
+from ._exposure import metrics_open
 from ._guard import GuardedAppRunner
 from ._hub import ConsoleHub
 
@@ -202,10 +204,15 @@ async def _dead_letter(deps: WebDeps, reason: str, body: bytes, error: str, key:
 async def metrics_view(request: web.Request) -> web.Response:
     settings: Settings = request.app[DEPS].settings
     token = settings.metrics_token
-    if token is not None and not bearer_ok(token.get_secret_value(), request.headers.get("Authorization")):
+    if not metrics_open(settings) and (
+        token is None or not bearer_ok(token.get_secret_value(), request.headers.get("Authorization"))
+    ):
         metrics.WEB_REJECTED.labels("metrics", "unauthorized").inc()
+        detail = "Authorization: Bearer <SWITCHBOARD_METRICS_TOKEN> is required"
+        if token is None:
+            detail = "this worker listens beyond loopback and has no SWITCHBOARD_METRICS_TOKEN: set one to scrape"
         return web.json_response(
-            {"error": "unauthorized", "detail": "Authorization: Bearer <SWITCHBOARD_METRICS_TOKEN> is required"},
+            {"error": "unauthorized", "detail": detail},
             status=401,
             headers={"WWW-Authenticate": 'Bearer realm="switchboard metrics"'},
         )

@@ -144,11 +144,14 @@ def test_every_switchboard_variable_is_a_setting(compose: dict[str, Any]) -> Non
 
 
 def test_worker_settings_validate() -> None:
-    """The workers' environment (defaults interpolated) and bots file make valid Settings."""
+    """The workers' environment (defaults interpolated, the required secrets given as in .env) and
+    bots file make valid Settings. (Which surfaces they serve: test_surfaces.py.)"""
     from pipeline.settings import Settings
 
     worker = next(iter(workers(load_yaml(COMPOSE_FILE)).values()))
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):\?", COMPOSE_FILE.read_text()))
     env = {k: interpolated(v) for k, v in env_of(worker).items()}
+    env.update({k: "from-dotenv" for k in required if k in env})
     config = env.pop("SWITCHBOARD_CONFIG")
     source, target = next((s, t) for s, t in bind_mounts(worker) if config.startswith(t))
     bots_file = ROOT / source / Path(config).relative_to(target) if Path(source).is_dir() else ROOT / source
@@ -162,7 +165,8 @@ def test_worker_settings_validate() -> None:
         settings = Settings()
     finally:
         mp.undo()
-    assert settings.kafka_bootstrap and settings.redis_url and settings.bots
+    assert settings.kafka_bootstrap and settings.redis_url
+    assert settings.metrics_token is not None and settings.metrics_token.get_secret_value() == "from-dotenv"
 
 
 def test_worker_ports_map_to_the_web_port(compose: dict[str, Any]) -> None:

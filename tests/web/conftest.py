@@ -72,7 +72,7 @@ async def start_worker(redis_url: str, redis_prefix: str) -> AsyncIterator[Start
         runtime = Runtime(Settings(**values), send=produced)
         started.append(runtime)
         await runtime.start()
-        port = await runtime.start_web("127.0.0.1", 0)
+        port = await runtime.start_web(runtime.settings.web_host, 0)
         return Worker(runtime, produced, f"http://127.0.0.1:{port}", port)
 
     yield start

@@ -278,7 +278,13 @@ async def test_is_admin_in_the_body_is_ignored_and_configured_admins_may_answer(
 
 async def test_metrics_need_their_token_when_one_is_set(start_worker: StartWorker) -> None:
     worker = await start_worker(metrics_token="scrape-me")
+    # Beyond loopback without a token: refused to everyone (0.0.0.0 also accepts us on 127.0.0.1).
+    exposed = await start_worker(web_host="0.0.0.0")
     async with aiohttp.ClientSession() as http:
+        async with http.get(f"{exposed.url}/metrics") as r:
+            assert r.status == 401 and "SWITCHBOARD_METRICS_TOKEN" in (await r.json())["detail"]
+        async with http.get(f"{exposed.url}/healthz") as r:
+            assert r.status == 200
         for headers in ({}, {"Authorization": "Bearer nope"}):
             async with http.get(f"{worker.url}/metrics", headers=headers) as r:
                 assert r.status == 401

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.settings import Settings
-from pipeline.web import check_worker_settings, exposure_warnings, is_loopback
+from pipeline.web import check_worker_settings, exposure_warnings, is_loopback, open_webhooks
 
 from .conftest import console_bot
 
@@ -93,9 +93,16 @@ def test_the_demo_bot_exists_only_with_the_console_and_carries_its_token() -> No
     assert [b.bot_id for b in own.bots] == ["mine"]  # a configured console bot: no demo
 
 
-def test_open_metrics_beyond_loopback_are_warned_about() -> None:
-    assert exposure_warnings(Settings(web_host="0.0.0.0"))
-    assert not exposure_warnings(Settings(web_host="0.0.0.0", metrics_token="m"))
-    assert not exposure_warnings(Settings())
+def test_open_surfaces_beyond_loopback_are_warned_about() -> None:
+    tg_open = console_bot("tg", platform="telegram", token=None)
+    tg_signed = console_bot("tg2", platform="telegram", token=None, credentials={"webhook_secret": "s"})
+    warnings = exposure_warnings(Settings(web_host="0.0.0.0", bots=[tg_open, tg_signed]))
+    assert len(warnings) == 2
+    assert "SWITCHBOARD_METRICS_TOKEN" in warnings[0]
+    assert "telegram/tg " in warnings[1] and "tg2" not in warnings[1]
+    assert exposure_warnings(Settings(web_host="0.0.0.0", metrics_token="m", bots=[tg_signed])) == []
+    assert exposure_warnings(Settings(bots=[tg_open])) == []  # loopback
+    assert open_webhooks(Settings(console_enabled=True)) == ["console/demo"]
+    assert open_webhooks(Settings(console_enabled=True, console_token="t")) == []
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("[::1]")
     assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("10.0.0.1")
