@@ -28,7 +28,6 @@ from pipeline.state import message_seq
 from ._deps import DEPS, STATIC_DIR, ConsoleDeps
 from ._hub import Viewer, ViewerLimit, sse_frame
 
-KEEPALIVE_SECONDS = 15.0
 # How long a new stream waits for the worker's subscription (after a Redis outage) before 503.
 SUBSCRIBE_WAIT_SECONDS = 5.0
 # The longest value of the chat_id parameter (the webhook's own limit).
@@ -182,25 +181,29 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
 
 async def _stream(response: web.StreamResponse, viewer: Viewer, backlog: list[str], after: int) -> None:
     last = after
+    frames = []
     for message in backlog:
         seq = message_seq(message)
         if seq > last:
-            await response.write(sse_frame(seq, message))
+            frames.append(sse_frame(seq, message))
             last = seq
+    if frames:
+        await response.write(b"".join(frames))
     while not viewer.ended:
+        frames = []
         while viewer.pending:
             seq, frame = viewer.pending.popleft()
             if seq > last:  # a delivery the backlog already had
-                await response.write(frame)
+                frames.append(frame)
                 last = seq
+        if viewer.keepalive and not frames:
+            frames.append(b": keep-alive\n\n")
+        viewer.keepalive = False
+        if frames:
+            await response.write(b"".join(frames))
         viewer.wake.clear()
-        if viewer.pending or viewer.ended:
-            continue
-        try:
-            async with asyncio.timeout(KEEPALIVE_SECONDS):
-                await viewer.wake.wait()
-        except TimeoutError:
-            await response.write(b": keep-alive\n\n")
+        if not (viewer.pending or viewer.ended or viewer.keepalive):
+            await viewer.wake.wait()
 
 
 async def redirect_to_console(_: web.Request) -> web.StreamResponse:

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 VIEWER_QUEUE = 256
 # The subscription's read returns this often when nothing arrives (to notice a shutdown).
 POLL_SECONDS = 1.0
+# A stream with nothing to send gets a `: keep-alive` comment about this often.
+KEEPALIVE_SECONDS = 15.0
 
 
 class ViewerLimit(Exception):
@@ -35,7 +37,7 @@ class ViewerLimit(Exception):
 class Viewer:
     """One open console stream: the deliveries of its chat waiting to be written."""
 
-    __slots__ = ("chat", "ended", "pending", "reason", "wake")
+    __slots__ = ("chat", "ended", "idle", "keepalive", "pending", "reason", "wake")
 
     def __init__(self, chat: tuple[str, str]) -> None:
         self.chat = chat
@@ -43,6 +45,15 @@ class Viewer:
         self.wake = asyncio.Event()
         self.ended = False
         self.reason = "client_left"
+        self.idle = True  # nothing was offered since the last keep-alive tick
+        self.keepalive = False  # a keep-alive comment is due
+
+    def tick(self) -> None:
+        """The hub's keep-alive clock (one timer for every viewer, not one per wait)."""
+        if self.idle:
+            self.keepalive = True
+            self.wake.set()
+        self.idle = True
 
     def offer(self, seq: int, frame: bytes) -> None:
         if self.ended:
@@ -51,6 +62,7 @@ class Viewer:
             self.end("slow")
             return
         self.pending.append((seq, frame))
+        self.idle = False
         self.wake.set()
 
     def end(self, reason: str) -> None:
@@ -71,6 +83,7 @@ class ConsoleHub:
         self._chats: dict[tuple[str, str], set[Viewer]] = {}
         self._count = 0
         self._task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._closed = False
         # Set while the subscription is live: a viewer reads its chat's backlog only then, so no
         # delivery falls between the backlog and the live messages.
@@ -82,11 +95,22 @@ class ConsoleHub:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="console-hub")
+        self._ticker = asyncio.create_task(self._tick(), name="console-keepalive")
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE_SECONDS)
+            for viewers in self._chats.values():
+                for viewer in viewers:
+                    viewer.tick()
 
     async def close(self) -> None:
         """End every stream (their handlers return at once) and drop the subscription."""
         self._closed = True
         self._end_all("shutdown")
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

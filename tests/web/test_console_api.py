@@ -322,3 +322,15 @@ async def test_a_slow_viewer_is_ended_not_waited_for(start_worker: StartWorker) 
     assert stalled.ended and stalled.reason == "slow"
     hub.leave(stalled)
     assert sample("switchboard_console_streams_ended_total", reason="slow") - before == 1
+
+
+async def test_an_idle_stream_gets_keep_alive_comments(start_worker: StartWorker, monkeypatch: Any) -> None:
+    from pipeline.web import _hub
+
+    monkeypatch.setattr(_hub, "KEEPALIVE_SECONDS", 0.2)
+    worker = await start_worker()
+    async with aiohttp.ClientSession() as http, stream(http, worker, "quiet") as r:
+        async with asyncio.timeout(5):
+            assert await r.content.readline() == b": keep-alive\n"
+        await pipeline_console(worker).append("locked", "quiet", {"id": "out-1"}, message_id="out-1")
+        assert (await next_event(r))["data"]["id"] == "out-1"  # keep-alives did not get in the way
