@@ -2,15 +2,15 @@
 delivery cost in Redis traffic as viewers are added?
 
     .venv/bin/python bench/console_bench.py [--viewers 1000] [--chats 100] [--duration 20]
-                                            [--deliveries 50] [--history 50]
+                                            [--deliveries 50] [--history 50] [--rounds 2]
 
 Starts a local stack (Tansu, Redis, the simulator with think 0, one worker), a console bot with a
 token, and prints:
 
 * the pipeline's messages/s with 0 and with `--viewers` console streams open (10 per chat on the
   loaded chats, held by a separate process): `--chats` private chats, each sending its next message
-  as soon as its reply is delivered (closed loop) for `--duration` seconds; worker CPU per message;
-  Redis connections while the viewers are open;
+  as soon as its reply is delivered (closed loop) for `--duration` seconds, the two phases
+  alternated `--rounds` times; worker CPU per message; Redis connections while the viewers are open;
 * Redis bytes per delivery (INFO stats total_net_input_bytes + total_net_output_bytes, before and
   after `--deliveries` sequential turns into one chat that already holds `--history` messages) with
   0, 1 and 100 viewers of that chat. The bench's own pattern subscription (how it sees replies) is
@@ -108,6 +108,10 @@ class Viewers:
             target=_viewers_main, args=(url, chats, count, child), daemon=True
         )
         self.status: tuple[int, int, int] = (0, 0, 0)
+
+    def cpu_seconds(self) -> float:
+        assert self._process.pid is not None
+        return _process_cpu(self._process.pid)
 
     def _drain(self) -> None:
         with contextlib.suppress(EOFError):  # the process ended
@@ -228,6 +232,7 @@ async def throughput(url: str, replies: Replies, chats: list[str], seconds: floa
     cpu = _process_cpu(pid) - cpu0
     return {
         "messages_per_s": done / wall,
+        "wall_s": wall,
         "failed": failed,
         "worker_cpu_ms_per_message": cpu * 1000 / done if done else float("nan"),
     }
@@ -265,6 +270,18 @@ async def redis_clients(redis: aioredis.Redis) -> int:
     return int((await redis.info("clients"))["connected_clients"])
 
 
+async def settle_clients(redis: aioredis.Redis, baseline: int, within: float = 60.0) -> float:
+    """Seconds until the worker's Redis connections are back near `baseline` after viewers left
+    (a server that holds a connection per viewer keeps them until it notices): the next phase
+    must not pay for the last one's viewers."""
+    started = time.monotonic()
+    for _ in range(int(within / 0.5)):
+        if await redis_clients(redis) <= baseline + 50:  # the pipeline's own pool grows a little under load
+            break
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
+
+
 @contextlib.contextmanager
 def clean_environment() -> Iterator[None]:
     saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
@@ -274,6 +291,46 @@ def clean_environment() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+async def with_viewers(
+    args: argparse.Namespace, url: str, redis: aioredis.Redis, replies: Replies, chats: list[str], pid: int
+) -> dict[str, Any]:
+    """The closed-loop load with `args.viewers` console streams open on the loaded chats."""
+    clients_before = await redis_clients(redis)
+    viewers = Viewers(url, chats, args.viewers)
+    await viewers.start()
+    connected, refused, _ = viewers.status
+    clients = await redis_clients(redis)
+    gauge = await worker_viewers_gauge(url)
+    print(
+        f"{args.viewers} viewers: {connected} connected, {refused} refused; worker gauge {gauge}; "
+        f"Redis connected_clients {clients}",
+        flush=True,
+    )
+    viewer_cpu = viewers.cpu_seconds()
+    loaded = await throughput(url, replies, chats, args.duration, pid)
+    viewer_cpu = viewers.cpu_seconds() - viewer_cpu
+    clients_during = await redis_clients(redis)
+    connected, refused, events = await viewers.stop()
+    settled = await settle_clients(redis, clients_before)
+    print(
+        f"{args.viewers} viewers:  {loaded['messages_per_s']:7.1f} messages/s  "
+        f"({loaded['worker_cpu_ms_per_message']:.2f} ms worker CPU/message, {loaded['failed']} failed); "
+        f"viewers received {events} events; Redis connected_clients after the load {clients_during}, "
+        f"{settled:.1f} s after the viewers left back to {clients_before}; the viewers' own process used "
+        f"{viewer_cpu / loaded['wall_s']:.0%} of a core (the same 2 cores as the pipeline)",
+        flush=True,
+    )
+    return {
+        **loaded,
+        "connected": connected,
+        "refused": refused,
+        "events": events,
+        "redis_clients": clients,
+        "worker_gauge": gauge,
+        "viewer_process_cpu_s": viewer_cpu,
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -303,41 +360,25 @@ async def main(args: argparse.Namespace) -> None:
             warm = await asyncio.gather(*(turn(http, url, replies, c, "warm-up") for c in chats))
         print(f"warm-up: {sum(warm)}/{len(chats)} chats answered", flush=True)
 
-        base = await throughput(url, replies, chats, args.duration, worker.pid)
-        print(
-            f"0 viewers:     {base['messages_per_s']:7.1f} messages/s  "
-            f"({base['worker_cpu_ms_per_message']:.2f} ms worker CPU/message, {base['failed']} failed)",
-            flush=True,
-        )
-        results["no_viewers"] = base
-
-        viewers = Viewers(url, chats, args.viewers)
-        await viewers.start()
-        connected, refused, _ = viewers.status
-        clients = await redis_clients(redis)
-        gauge = await worker_viewers_gauge(url)
-        print(
-            f"{args.viewers} viewers: {connected} connected, {refused} refused; worker gauge {gauge}; "
-            f"Redis connected_clients {clients}",
-            flush=True,
-        )
-        loaded = await throughput(url, replies, chats, args.duration, worker.pid)
-        clients_during = await redis_clients(redis)
-        connected, refused, events = await viewers.stop()
-        print(
-            f"{args.viewers} viewers:  {loaded['messages_per_s']:7.1f} messages/s  "
-            f"({loaded['worker_cpu_ms_per_message']:.2f} ms worker CPU/message, {loaded['failed']} failed); "
-            f"viewers received {events} events; Redis connected_clients after the load {clients_during}",
-            flush=True,
-        )
-        results["with_viewers"] = {
-            **loaded,
-            "connected": connected,
-            "refused": refused,
-            "events": events,
-            "redis_clients": clients,
-            "worker_gauge": gauge,
-        }
+        results["no_viewers"], results["with_viewers"] = [], []
+        for _ in range(args.rounds):  # alternated: the machine's other load drifts between phases
+            base = await throughput(url, replies, chats, args.duration, worker.pid)
+            print(
+                f"0 viewers:     {base['messages_per_s']:7.1f} messages/s  "
+                f"({base['worker_cpu_ms_per_message']:.2f} ms worker CPU/message, {base['failed']} failed)",
+                flush=True,
+            )
+            results["no_viewers"].append(base)
+            results["with_viewers"].append(await with_viewers(args, url, redis, replies, chats, worker.pid))
+        for key in ("no_viewers", "with_viewers"):
+            rates = [r["messages_per_s"] for r in results[key]]
+            cpu = [r["worker_cpu_ms_per_message"] for r in results[key]]
+            print(
+                f"mean, {key.replace('_', ' ')}: {sum(rates) / len(rates):.1f} messages/s, "
+                f"{sum(cpu) / len(cpu):.2f} ms worker CPU/message",
+                flush=True,
+            )
+        clients_before = await redis_clients(redis)
 
         chat = "bytes-chat"
         async with aiohttp.ClientSession() as http:
@@ -351,6 +392,7 @@ async def main(args: argparse.Namespace) -> None:
             per, ok = await bytes_per_delivery(url, redis, replies, chat, args.deliveries)
             if holder is not None:
                 await holder.stop()
+                await settle_clients(redis, clients_before)
             results["bytes_per_delivery"][count] = per
             print(
                 f"Redis bytes per delivery, {count:3d} viewer(s) of the chat: {per:10,.0f}  ({ok} deliveries, "
@@ -371,4 +413,5 @@ if __name__ == "__main__":
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--deliveries", type=int, default=50)
     parser.add_argument("--history", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2, help="alternated 0-viewer / N-viewer load phases")
     asyncio.run(main(parser.parse_args()))
