@@ -120,12 +120,17 @@ class Viewers:
                 self.status = (connected, refused, events)
 
     async def start(self, within: float = 60.0) -> None:
+        """Until every stream answered and the backlogs they were sent on connecting are read
+        (the load phase measures viewers that are open, not viewers that are connecting)."""
         self._process.start()
         deadline = time.monotonic() + within
+        last_events, quiet_since = -1, time.monotonic()
         while time.monotonic() < deadline:
             self._drain()
-            connected, refused, _ = self.status
-            if connected + refused >= self.count:
+            connected, refused, events = self.status
+            if events != last_events:
+                last_events, quiet_since = events, time.monotonic()
+            if connected + refused >= self.count and time.monotonic() - quiet_since >= 1.0:
                 return
             await asyncio.sleep(0.2)
 
@@ -304,7 +309,7 @@ async def with_viewers(
     clients = await redis_clients(redis)
     gauge = await worker_viewers_gauge(url)
     print(
-        f"{args.viewers} viewers: {connected} connected, {refused} refused; worker gauge {gauge}; "
+        f"{args.viewers} viewers: {connected} connected, {refused} refused or broken; worker gauge {gauge}; "
         f"Redis connected_clients {clients}",
         flush=True,
     )
