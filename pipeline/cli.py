@@ -67,8 +67,8 @@ def _settings() -> Settings:
 
 def _worker(args: argparse.Namespace) -> int:
 
-    from pipeline.app import DrainingWorker, create_app
     from pipeline.logs import configure_logging
+    from pipeline.worker import DrainingWorker, create_app
 
     settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
@@ -78,6 +78,7 @@ def _worker(args: argparse.Namespace) -> int:
     platforms = [p.strip() for p in args.platforms.split(",")] if args.platforms else None
     app = create_app(settings, stages=stages, platforms=platforms)
     worker = DrainingWorker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False)
+    worker.drain = app.drain
     profile_path = os.environ.get("SWITCHBOARD_CPROFILE")  # development aid: a cProfile dump at exit
     if not profile_path:
         worker.execute_from_commandline()

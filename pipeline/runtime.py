@@ -2,7 +2,7 @@
 
 `Runtime` opens Redis, the session client and provisioner, the platform HTTP client, the media
 checker and the correction client once, and builds the stage handlers over them. Tests build it
-directly against real Redis and the simulator; the Faust app (`pipeline.app`) drives it.
+directly against real Redis and the simulator; the Faust app (`pipeline.worker`) drives it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ stage handled the turn, so end-to-end and per-stage latency can be measured from
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,14 @@ def conversation_key(platform: str, bot_id: str, chat_id: str, user_id: str | No
     """`platform:bot:chat`, or `platform:bot:chat:user` for one session per user in a group."""
     base = f"{platform}:{bot_id}:{chat_id}"
     return f"{base}:{user_id}" if user_id is not None else base
+
+
+class Position(NamedTuple):
+    """Where a consumed record came from (its topic, partition and offset)."""
+
+    topic: str
+    partition: int
+    offset: int
 
 
 class _Record(BaseModel):

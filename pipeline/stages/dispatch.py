@@ -8,12 +8,13 @@ that may or may not have happened (a crash mid-call) is looked up in the session
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pipeline import metrics
-from pipeline.records import SessionCommand, now_ms
+from pipeline.records import Position, SessionCommand, now_ms
 from pipeline.session import Provisioner, SessionClient
 from pipeline.session.exceptions import NotFoundError, SessionAPIError
 from pipeline.settings import BotConfig, Settings
@@ -25,6 +26,8 @@ from .outputs import Outputs
 from .streams import StreamRegistry
 
 log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
 
 
 def merge_turns(commands: Sequence[SessionCommand]) -> SessionCommand:
@@ -83,6 +86,10 @@ class DispatchStage:
         self.streams = streams
         self.outputs = outputs
         self.notices = notices
+
+    async def admit(self, commands: list[SessionCommand], positions: list[Position]) -> list[Work | None]:
+        """The batch step: each command is sent in its conversation's turn."""
+        return [functools.partial(self.handle, c, p.partition) for c, p in zip(commands, positions, strict=True)]
 
     async def handle(self, command: SessionCommand, partition: int) -> None:
         bot = self.settings.bot(command.platform, command.bot_id)

@@ -9,6 +9,7 @@ outbound id (and each delivered call of it) is recorded, so a replay never sends
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -21,13 +22,15 @@ from limits.aio.strategies import MovingWindowRateLimiter
 
 from pipeline import metrics
 from pipeline.platforms import MediaLoader, Platform, SendOutcome, get_platform
-from pipeline.records import OutboundMessage, now_ms
+from pipeline.records import OutboundMessage, Position, now_ms
 from pipeline.settings import BotConfig, RateLimit, Settings
 from pipeline.state import StateStore
 
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
 
 
 def backoff_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
@@ -75,6 +78,13 @@ class EgressStage:
         self.limits = limits
         self.sleep = sleep
         self.platform_for = platform_for
+
+    async def admit(self, messages: list[OutboundMessage], positions: list[Position]) -> list[Work | None]:
+        """The batch step: each message is sent in its conversation's turn."""
+        return [
+            functools.partial(self.handle, m, topic=p.topic, partition=p.partition, offset=p.offset)
+            for m, p in zip(messages, positions, strict=True)
+        ]
 
     async def handle(self, message: OutboundMessage, *, topic: str, partition: int, offset: int) -> None:
         platform_name = message.platform

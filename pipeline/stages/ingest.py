@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from pipeline import metrics
-from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, now_ms
+from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import ContextEntry, InboundAdmission, StateStore, TurnContext
@@ -138,7 +138,9 @@ class IngestStage:
         if work is not None:
             await work()
 
-    async def admit(self, messages: list[InboundMessage]) -> list[IngestWork | None]:
+    async def admit(
+        self, messages: list[InboundMessage], positions: Sequence[Position] = ()
+    ) -> list[IngestWork | None]:
         """Admit a batch of messages in offset order, with one Redis round trip for all of them:
         drop duplicates, keep the group-context window, and settle every message that produces
         nothing (most group messages). Returns, per message, the work that remains (a user turn or

@@ -12,12 +12,14 @@ egress and dispatch drop what they already did.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
-from pipeline.records import OutboundKind, OutboundMessage, SessionCommand, SessionEventRecord, now_ms
+from pipeline.records import OutboundKind, OutboundMessage, Position, SessionCommand, SessionEventRecord, now_ms
 from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy
 from pipeline.segments.context import TurnContext as ReplyContext
@@ -32,6 +34,8 @@ from .outputs import Outputs
 from .tools import ImTools
 
 log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
 
 _TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
 _TURN_EVENTS = frozenset({"session.status_idle", "session.status_terminated", "session.deleted"})
@@ -109,6 +113,11 @@ class RenderStage:
             metrics.SESSION_ERRORS.labels(str(error.get("type", "unknown"))[:40], retry).inc()
             return True
         return event_type not in _STATEFUL
+
+    async def admit(self, records: list[SessionEventRecord], positions: list[Position]) -> list[Work | None]:
+        """The batch step: events that touch no state are counted here; the rest is handled in
+        the conversation's turn."""
+        return [None if self.handle_inline(r) else functools.partial(self.handle, r) for r in records]
 
     async def handle(self, record: SessionEventRecord) -> None:
         event = record.event
