@@ -16,9 +16,12 @@ from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms._richtext import utf16_len
 from pipeline.platforms.telegram import TelegramPlatform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks, trigger_reason
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
 
@@ -138,6 +141,71 @@ def test_reply_to_bot_and_bot_command() -> None:
     )
     [o] = parse(Update(9006, message=other)).messages
     assert not o.mentions_bot
+
+
+def test_a_command_addressed_to_this_bot_loses_the_suffix() -> None:
+    cmd = Message(
+        60,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="/status@switch_bot deploy-42",
+        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 18),),
+    )
+    [m] = parse(Update(9020, message=cmd)).messages
+    assert m.text == "/status deploy-42" and m.mentions_bot
+    assert [s.data.text for s in m.segments] == ["/status deploy-42"]
+    # The command-prefix trigger still sees the command, and the agent gets the question.
+    prefixed = bot_config(trigger={"mention": False, "command_prefix": "/status"})
+    assert trigger_reason(m, prefixed) == "command"
+    assert content_blocks(m, prefixed, label_sender=False)[0]["text"] == "deploy-42"
+    ask = Message(
+        61,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="/ask@Switch_Bot 👋 what now?",
+        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 15),),
+    )
+    [a] = parse(Update(9021, message=ask)).messages
+    assert a.text == "/ask 👋 what now?"
+    assert content_blocks(a, bot_config(), label_sender=False)[0]["text"] == "👋 what now?"
+    # Addressed to another bot: left as it is, and not a trigger.
+    other = Message(
+        62,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text="/ask@other_bot x",
+        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 14),),
+    )
+    [o] = parse(Update(9022, message=other)).messages
+    assert o.text == "/ask@other_bot x" and not o.mentions_bot
+
+
+def test_mentions_of_other_users_reach_the_agent_with_their_names() -> None:
+    bob = User(2002, "Bob", False, last_name="Builder")  # no username: Telegram sends a text_mention
+    text = "@switch_bot ask Bob and @carol_c"
+    msg = Message(
+        63,
+        WHEN,
+        GROUP,
+        from_user=ALICE,
+        text=text,
+        entities=(
+            MessageEntity(MessageEntity.MENTION, 0, 11),
+            MessageEntity(MessageEntity.TEXT_MENTION, 16, 3, user=bob),
+            MessageEntity(MessageEntity.MENTION, 24, 8),
+        ),
+    )
+    [m] = parse(Update(9023, message=msg)).messages
+    assert m.mentions == ["777", "2002", "@carol_c"] and m.mention_names == {"2002": "Bob Builder"}
+    bot = bot_config()
+    # Not `@@carol_c`; an @username is written as is, and Telegram links it when the agent writes it back.
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @Bob Builder and @carol_c"
+    ctx = reply_context(bot, m, [])
+    assert ctx.context_members == (Member("2002", "Bob Builder"), Member("@carol_c", ""))
+    assert {"2002", "@carol_c"} <= ctx.mentionable_ids()
 
 
 def test_private_photo_with_caption_and_forum_topic() -> None:
