@@ -68,6 +68,11 @@ def _names(kind: type | tuple[type, ...]) -> str:
     return "/".join(k.__name__ for k in _as_tuple(kind))
 
 
+def missing_credential(bot: BotConfig, credential: str, consequence: str) -> list[str]:
+    """A start-up warning when `credential` is not set: its name and what its absence leaves open."""
+    return [] if bot.secret(credential) else [f"no {credential} credential: {consequence}"]
+
+
 def require_fresh(bot: BotConfig, request: WebhookRequest, timestamp: str | None) -> None:
     """A signed request's timestamp (Unix seconds) within `bot.replay_window_seconds` of its receipt,
     else 401: the signature proves who sent it, the timestamp that it is not a recording."""

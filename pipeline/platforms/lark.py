@@ -33,6 +33,7 @@ from pipeline.platforms._common import (
     http_outcome,
     load_json,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
@@ -175,12 +176,12 @@ class LarkPlatform(Platform):
                 raise WebhookRejected(401, "bad_token")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
-        if bot.secret("encrypt_key"):
-            return []
-        return [
-            "no encrypt_key credential: Lark does not sign its requests, so a captured request can be "
-            "replayed once its event id has left the de-duplication window. Set encrypt_key"
-        ]
+        return missing_credential(
+            bot,
+            "encrypt_key",
+            "Lark does not sign its requests, so a captured request can be replayed once its event id "
+            "has left the de-duplication window. Set encrypt_key",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:

@@ -28,6 +28,7 @@ from pipeline.platforms._common import (
     load_json,
     media_dict,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
@@ -118,12 +119,12 @@ class OneBotPlatform(Platform):
             raise WebhookRejected(401, "bad_signature")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
-        if bot.secret("secret"):
-            return []
-        return [
-            "no secret credential: its webhook accepts any request, from anyone who knows the URL. "
-            "Set secret here and the same secret in the OneBot implementation's HTTP POST settings"
-        ]
+        return missing_credential(
+            bot,
+            "secret",
+            "its webhook accepts any request, from anyone who knows the URL. "
+            "Set secret here and the same secret in the OneBot implementation's HTTP POST settings",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:

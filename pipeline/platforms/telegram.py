@@ -24,6 +24,7 @@ from pipeline.platforms._common import (
     http_outcome,
     load_json,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
@@ -110,12 +111,12 @@ class TelegramPlatform(Platform):
             raise WebhookRejected(401, "bad_signature")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
-        if bot.secret("webhook_secret"):
-            return []
-        return [
-            "no webhook_secret credential: its webhook accepts any request, from anyone who knows the URL. "
-            "Set webhook_secret and pass the same value as secret_token to setWebhook"
-        ]
+        return missing_credential(
+            bot,
+            "webhook_secret",
+            "its webhook accepts any request, from anyone who knows the URL. "
+            "Set webhook_secret and pass the same value as secret_token to setWebhook",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
