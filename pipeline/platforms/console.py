@@ -61,6 +61,7 @@ class ConsolePlatform(Platform):
         max_text_chars=100_000,
         max_attachment_bytes=20 * 1024 * 1024,
         markdown=True,
+        delivers_once=True,
     )
     store: ConsoleStore | None = None  # bound by the worker at start-up
 

@@ -21,7 +21,7 @@ from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest,
 from pipeline.records import now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import StateStore
+from pipeline.state import State
 from pipeline.topics import IM_INBOUND
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ ProduceAcked = Callable[[str, str | None, bytes], Awaitable[None]]
 @dataclass
 class WebDeps:
     settings: Settings
-    state: StateStore
+    state: State
     produce: ProduceAcked
     outputs: Outputs
     ready: Callable[[], Awaitable[dict[str, bool]]]
@@ -154,7 +154,7 @@ async def console_messages(request: web.Request) -> web.Response:
     chat_id = request.query.get("chat_id")
     if not chat_id:
         return web.json_response({"error": "chat_id is required"}, status=400)
-    raw = await deps.state.console_messages(_console_bot(request), chat_id)
+    raw = await deps.state.console.console_messages(_console_bot(request), chat_id)
     return web.json_response({"chat_id": chat_id, "messages": [json.loads(r) for r in raw]})
 
 
@@ -168,11 +168,11 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     sent = int(request.query.get("after", "0"))
-    pubsub = deps.state.redis.pubsub()
-    await pubsub.subscribe(deps.state.key("console-live", bot_id))
+    pubsub = deps.state.console.redis.pubsub()
+    await pubsub.subscribe(deps.state.console.live_channel(bot_id))
     try:
         while True:
-            raw = await deps.state.console_messages(bot_id, chat_id)
+            raw = await deps.state.console.console_messages(bot_id, chat_id)
             for index in range(sent, len(raw)):
                 await response.write(f"id: {index + 1}\nevent: message\ndata: {raw[index]}\n\n".encode())
             sent = max(sent, len(raw))

@@ -14,18 +14,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import BusyLoadingError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from pipeline import metrics
+from pipeline.state.exceptions import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 # Failures of shared infrastructure that a retry outlives.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
+TRANSIENT_ERRORS = UNAVAILABLE
 
 # (stage, reason, error text) → a dead letter of the record being handled.
 DeadLetter = Callable[[str, str], Awaitable[None]]
