@@ -4,8 +4,10 @@ from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from pipeline.errors import SwitchboardError
 
-class StateError(Exception):
+
+class StateError(SwitchboardError):
     """Redis answered something the stores did not expect."""
 
 

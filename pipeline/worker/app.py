@@ -16,6 +16,7 @@ import mode
 from faust.types import TP
 
 from pipeline import metrics
+from pipeline.errors import ConfigurationError
 from pipeline.executor import KeyedExecutor
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.runtime import Runtime
@@ -62,17 +63,14 @@ class SwitchboardApp(faust.App):
 def create_app(
     settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None
 ) -> SwitchboardApp:
-    missing = [
-        name
-        for name, value in (("KAFKA_BOOTSTRAP", settings.kafka_bootstrap), ("REDIS_URL", settings.redis_url))
-        if not value
-    ]
+    required = {"SWITCHBOARD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "SWITCHBOARD_REDIS_URL": settings.redis_url}
+    missing = [name for name, value in required.items() if not value]
     if missing:
-        raise ValueError(" and ".join(f"SWITCHBOARD_{m}" for m in missing) + " required for a worker")
+        raise ConfigurationError(f"{' and '.join(missing)} required for a worker")
     stage_set = set(stages)
     unknown = stage_set - set(ALL_STAGES)
     if unknown:
-        raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
+        raise ConfigurationError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
     assert settings.kafka_bootstrap is not None
     app = SwitchboardApp(
