@@ -8,7 +8,6 @@ import functools
 import hashlib
 import json
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,7 +15,7 @@ import httpx
 
 from pipeline.platforms.base import SendOutcome, WebhookRequest
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, new_trace_id, now_ms
 from pipeline.records.models import ChatType
 from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
@@ -134,7 +133,7 @@ def build_inbound(
         reply_to=reply_to,
         route=route or {},
         conversation_key=conversation_key(platform, bot.bot_id, chat_id, sender.user_id if per_user else None),
-        trace_id=uuid.uuid4().hex,
+        trace_id=new_trace_id(),
         sent_at_ms=sent_at_ms,
         hops={"ingress": now_ms()},
     )

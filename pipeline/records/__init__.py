@@ -25,6 +25,7 @@ from pipeline.records.models import (
     Sender,
     SessionCommand,
     SessionEventRecord,
+    new_trace_id,
     now_ms,
 )
 
@@ -45,6 +46,7 @@ __all__ = [
     "SessionEventRecord",
     "conversation_key",
     "join_ids",
+    "new_trace_id",
     "now_ms",
     "parse_conversation_key",
     "split_ids",

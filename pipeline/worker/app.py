@@ -24,7 +24,7 @@ from pipeline.settings import Settings
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
 from .drain import Drain
-from .driver import BatchConsumer, BatchSink, ConsumerTuning, broker_url
+from .driver import BatchConsumer, BatchSink, ConsumerTuning, KeyPartitioner, broker_url
 from .stage import Stage, StageRunner
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def create_app(
         broker_commit_every=1000,
         stream_wait_empty=False,  # no Faust streams: stages track their own work
         producer_linger_ms=settings.kafka_linger_ms,
+        producer_partitioner=KeyPartitioner(),
         producer_acks=-1,
         broker_session_timeout=settings.kafka_session_timeout_seconds,
         broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_seconds / 3),
