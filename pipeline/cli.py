@@ -371,8 +371,8 @@ _TEXT_LINE = re.compile(
     r"^\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<msg>.*)$"
 )
 _SHOWN_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
-# Terminal control sequences (Faust's start-up spinner writes some into the log).
-_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Terminal control: escape sequences and control characters (Faust's start-up spinner writes some).
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 class LogFollower:

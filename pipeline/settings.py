@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     # Infrastructure. `None` means "embedded" for `switchboard up`; `worker` requires them.
     kafka_bootstrap: str | None = None
     # Tansu never answers a fetch early, so the consumer's wait is pure latency there (see
-    # ARCHITECTURE.md, measured facts). Small by default; raise it on a busy Apache Kafka.
+    # docs/architecture.md, "Measured facts"). Small by default; raise it on a busy Apache Kafka.
     kafka_fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
     # Tansu answers a group join only after about half the session timeout: keep it short so a
     # worker joins (and a dead one is noticed) in seconds. Apache Kafka is fine with it too.

@@ -1,4 +1,4 @@
-"""Record models for every topic (see ARCHITECTURE.md, "Topics").
+"""Record models for every topic (see docs/architecture.md, "Topics").
 
 Records are keyed by the conversation key `platform:bot:chat` (or `platform:bot:chat:user` for
 per-user sessions in a group). Each record carries `hops`: wall-clock milliseconds at which each

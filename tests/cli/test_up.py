@@ -141,7 +141,7 @@ def test_log_follower_picks_turn_lines_and_warnings(tmp_path: Path) -> None:
     log.write_text(
         "\n--- 12:00:00 start: python -m pipeline.cli worker\n"
         "2026-01-31 12:00:01,100 INFO faust.worker: [^DrainingWorker]: Starting...\n"
-        "\x1b[?25h2026-01-31 12:00:02,200 INFO pipeline.turns: console:demo:c1: reply delivered, 150 ms after"
+        "\x08\x1b[?25h2026-01-31 12:00:02,200 INFO pipeline.turns: console:demo:c1: reply delivered, 150 ms after"
         " the webhook\n"
         "2026-01-31 12:00:03,300 WARNING pipeline.stages.egress: outbound out-1 dead-lettered: forbidden\n"
         "2026-01-31 12:00:04,400 INFO pipeline.turns: console:demo:c2: notice deliv"
