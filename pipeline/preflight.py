@@ -1,7 +1,9 @@
 """Checks a command makes before it starts anything slow: each returns one plain line or None.
 
 A worker that cannot bind its port, reach Kafka or reach Redis otherwise fails seconds later with
-a library's traceback; these say what is wrong and which setting to change.
+a library's traceback; these say what is wrong and which setting to change. A refused connection
+is tried again until the timeout, so a server restarting at that moment (a Redis restart while a
+replacement worker starts) does not stop the worker.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import time
 import urllib.request
 from urllib.parse import urlsplit
 
 DEFAULT_TIMEOUT = 3.0
+_RETRY_PAUSE = 0.25
 
 
 def port_problem(host: str, port: int, how_to_change: str) -> str | None:
@@ -66,19 +70,24 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     where = redis_address(url)
+    deadline = time.monotonic() + timeout
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     except ValueError as exc:  # not a Redis URL
         return f"{variable} is not a Redis URL ({exc})"
     try:
-        client.ping()
-    except (AuthenticationError, ResponseError) as exc:
-        return f"Redis at {where} ({variable}) refused the connection: {exc}"
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        return f"cannot reach Redis at {where} ({variable}): {_short(exc)}"
+        while True:
+            try:
+                client.ping()
+                return None
+            except (AuthenticationError, ResponseError) as exc:
+                return f"Redis at {where} ({variable}) refused the connection: {exc}"
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                if time.monotonic() >= deadline:
+                    return f"cannot reach Redis at {where} ({variable}): {_short(exc)}"
+            time.sleep(_RETRY_PAUSE)
     finally:
         client.close()
-    return None
 
 
 def redis_address(url: str) -> str:
@@ -100,15 +109,19 @@ def _host_port(server: str, default_port: int) -> tuple[str, int]:
 
 
 def _connect_problem(host: str, port: int, timeout: float) -> str | None:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except socket.gaierror:
-        return f"cannot resolve {host}"
-    except TimeoutError:
-        return f"no answer from {host}:{port} within {timeout:g} s"
-    except OSError as exc:
-        return f"{host}:{port}: {_short(exc)}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+                return None
+        except socket.gaierror:
+            return f"cannot resolve {host}"
+        except TimeoutError:
+            return f"no answer from {host}:{port} within {timeout:g} s"
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                return f"{host}:{port}: {_short(exc)}"
+        time.sleep(_RETRY_PAUSE)
 
 
 def _short(exc: BaseException) -> str:
