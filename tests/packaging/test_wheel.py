@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,11 +43,29 @@ def _pip(python: Path, *args: str, cwd: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _source_copy(target: Path) -> Path:
+    """The files a fresh clone has (tracked, or new and not ignored): the wheel is built from them,
+    and setuptools' build directory lands in the copy, not in the checkout."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin directory of a new virtualenv holding the wheel and its runtime dependencies only."""
     work = tmp_path_factory.mktemp("wheel")
-    _pip(Path(sys.executable), "wheel", "--no-deps", "-w", str(work / "dist"), str(ROOT), cwd=work)
+    source = _source_copy(work / "src")
+    _pip(Path(sys.executable), "wheel", "--no-deps", "-w", str(work / "dist"), str(source), cwd=work)
     wheels = list((work / "dist").glob("switchboard-*.whl"))
     assert len(wheels) == 1, wheels
     subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, env=_clean_env(), timeout=120)
