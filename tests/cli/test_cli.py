@@ -152,20 +152,20 @@ def test_bad_bots_file_lists_every_problem_before_anything_starts(command: str, 
     assert not (tmp_path / "run").exists(), "nothing may start"
 
 
-def test_duplicate_bots_are_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('[[bots]]\nplatform = "console"\nbot_id = "a"\n' * 2, ": bot console/a is configured twice"),
+        ("[[bots]\n", ": Expected ']]' at the end of an array declaration"),  # not TOML
+    ],
+    ids=["duplicate-bot", "not-toml"],
+)
+def test_whole_file_problems_name_the_file(content: str, expected: str, tmp_path: Path) -> None:
     config = tmp_path / "bots.toml"
-    config.write_text('[[bots]]\nplatform = "console"\nbot_id = "a"\n[[bots]]\nplatform = "console"\nbot_id = "a"\n')
+    config.write_text(content)
     result = run("up", env={"SWITCHBOARD_CONFIG": str(config)})
     assert result.returncode == 2
-    assert f"SWITCHBOARD_CONFIG={config}: bot console/a is configured twice" in result.stderr
-
-
-def test_unreadable_bots_file_is_one_line(tmp_path: Path) -> None:
-    config = tmp_path / "bots.toml"
-    config.write_text("[[bots]\n")
-    result = run("up", env={"SWITCHBOARD_CONFIG": str(config)})
-    assert result.returncode == 2
-    assert f"SWITCHBOARD_CONFIG={config}:" in result.stderr
+    assert f"SWITCHBOARD_CONFIG={config}{expected}" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
