@@ -193,6 +193,7 @@ def _worker(args: argparse.Namespace) -> int:
     worker = DrainingWorker(
         app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False, override_logging=False
     )
+    worker.spinner = None  # Faust's start-up spinner writes control characters into the log
     profile_path = os.environ.get("SWITCHBOARD_CPROFILE")  # development aid: a cProfile dump at exit
     if not profile_path:
         worker.execute_from_commandline()
@@ -265,7 +266,11 @@ def _up(args: argparse.Namespace) -> int:
 
     settings = load_settings("up")
     web_port = args.web_port if args.web_port is not None else settings.web_port
-    how = f"pick another with `switchboard up --web-port {_suggest(web_port)}` or {env_name('web_port')}"
+    other = _suggest(web_port)
+    how = (
+        f'pick another with `switchboard up --web-port {other}` (`make run RUN_ARGS="--web-port {other}"`)'
+        f" or {env_name('web_port')}={other}"
+    )
     _check(
         preflight.port_problem(settings.web_host, web_port, how),
         settings.kafka_bootstrap and preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
@@ -371,7 +376,7 @@ _TEXT_LINE = re.compile(
     r"^\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<msg>.*)$"
 )
 _SHOWN_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
-# Terminal control: escape sequences and control characters (Faust's start-up spinner writes some).
+# Terminal control: escape sequences and control characters (a program's output may carry some).
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 

@@ -55,7 +55,8 @@ def test_port_from_the_environment_held_by_another_program(tmp_path: Path) -> No
 
 @pytest.fixture
 def other_worker(tansu_broker: TansuBroker, redis_server: RedisServer, tmp_path: Path) -> Iterator[int]:
-    """A real `switchboard worker` (another Switchboard) listening on a port; yields the port."""
+    """A real `switchboard worker` (another Switchboard, logging JSON lines to
+    `tmp_path/other-worker.log`) listening on a port; yields the port."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
     env |= worker_env(
@@ -64,6 +65,7 @@ def other_worker(tansu_broker: TansuBroker, redis_server: RedisServer, tmp_path:
         port,
         SWITCHBOARD_APP_ID=f"cli-other-{port}",
         SWITCHBOARD_REDIS_PREFIX=f"cli-other-{port}:",
+        SWITCHBOARD_LOG_FORMAT="json",
     )
     with open(tmp_path / "other-worker.log", "wb") as log:
         proc = subprocess.Popen(
@@ -95,6 +97,16 @@ def test_port_held_by_another_switchboard(other_worker: int, tmp_path: Path) -> 
     result = run("up", "--web-port", str(other_worker), "--run-dir", str(tmp_path / "run"))
     assert "(another Switchboard holds it)" in _refusal(result, other_worker)
     assert not (tmp_path / "run").exists()
+
+
+def test_worker_log_keeps_the_configured_format(other_worker: int, tmp_path: Path) -> None:
+    """SWITCHBOARD_LOG_FORMAT=json: every line the worker writes is a JSON object, Faust's own
+    included (Faust would otherwise replace the handler with its text format and its spinner)."""
+    lines = [line for line in (tmp_path / "other-worker.log").read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in lines]
+    assert all({"ts", "level", "logger", "msg"} <= set(entry) for entry in entries)
+    loggers = {entry["logger"] for entry in entries}
+    assert "pipeline.runtime" in loggers and any(name.startswith("faust.") for name in loggers), loggers
 
 
 async def test_the_stack_recognises_only_its_own_worker(unused_tcp_port: int) -> None:
