@@ -108,6 +108,7 @@ _PERMANENT = {
 
 class LarkPlatform(Platform):
     name: ClassVar[str] = "lark"
+    required_credentials = ("app_id", "app_secret", ("verification_token", "encrypt_key"))
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "file", "reply", "share"}),
         max_text_chars=MAX_TEXT,

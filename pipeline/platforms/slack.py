@@ -112,6 +112,7 @@ _SLACK_TOKEN = re.compile(r"<([^<>]*)>")
 
 class SlackPlatform(Platform):
     name: ClassVar[str] = "slack"
+    required_credentials = ("signing_secret", "bot_token")
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,
