@@ -7,6 +7,7 @@ runtime's resources after Faust starts and closes them after the stages stop.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -60,6 +61,13 @@ class SwitchboardApp(faust.App):
         return consumer
 
 
+# The cyclic collector took a quarter of a busy worker's CPU with Python's defaults (a young
+# collection every 700 allocations, each also scanning the long-lived objects of Faust, pydantic and
+# the clients). Nearly all of the pipeline's garbage is freed by reference counting; cycles are rare
+# (failed futures, tracebacks), so collect young objects far less often.
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
 def create_app(
     settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None
 ) -> SwitchboardApp:
@@ -72,6 +80,7 @@ def create_app(
     if unknown:
         raise ConfigurationError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
+    gc.set_threshold(*GC_THRESHOLDS)
     assert settings.kafka_bootstrap is not None
     app = SwitchboardApp(
         settings.app_id,
@@ -153,6 +162,8 @@ def create_app(
             if "dispatch" in stage_set:
                 await runtime.streams.on_partitions_assigned(owned["session_input"])
             await runtime.start_web(settings.web_host, settings.web_port)
+            # What lives now lives as long as the worker: the collector need not scan it again.
+            gc.freeze()
 
         async def on_stop(self) -> None:
             for executor in executors.values():
