@@ -133,6 +133,10 @@ def write_chart(result: dict[str, Any], series: list[tuple[float, float, float]]
     lim = result.get("limit", {})
     if lim.get("limit_turns_per_s"):
         bars.append(("bare chain\nturns/s", lim["limit_turns_per_s"]))
+    bare = result.get("bare_turn", {})
+    for key, label in (("bare_turn_turns_per_s", "bare turn"), ("bare_turn_max_turns_per_s", "bare turn max")):
+        if bare.get(key):
+            bars.append((f"{label}\nturns/s", bare[key]))
     for key, label in (("max_1_worker", "max 1w"), ("max_2_workers", "max 2w")):
         s = result.get("scale", {}).get(key)
         if s and s.get("max_turns_per_s"):
