@@ -15,6 +15,7 @@ pipeline turns/s ÷ bare-turn turns/s and bare-turn CPU per turn ÷ pipeline CPU
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import secrets
 import sys
@@ -23,12 +24,14 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 from aiohttp import web
 
 from pipeline.bench.load import Delivery, TrafficMix
+from pipeline.bench.measure import profile_worker
 from pipeline.bench.runner import BenchStack, log, ramp, run_phase, warm_up
 from pipeline.embedded import ManagedProcess, free_port
 from pipeline.kafka import TopicSpec, apply_topics
@@ -185,10 +188,17 @@ class BareTurnTarget:
 
 
 async def bare_turn_for(
-    bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, pipeline: dict[str, Any]
+    bs: BenchStack,
+    mix: TrafficMix,
+    args: argparse.Namespace,
+    pipeline: dict[str, Any],
+    *,
+    out_dir: Path | None = None,
+    name: str = "bench",
 ) -> dict[str, Any]:
     """The bare turn at the pipeline's offered rate (`args.rate`) and at its max (the ramp of
-    `--mode max`), and its ratios to the pipeline's figures (`pipeline`: the run's result so far)."""
+    `--mode max`), and its ratios to the pipeline's figures (`pipeline`: the run's result so far).
+    With `--profile S`, py-spy records the bare worker during the first phase (`<name>-bare-pyspy.txt`)."""
     assert bs.stack is not None and bs.stack.sim is not None, "the bare turn needs the bench's own stack"
     settings = bs.stack.settings()
     api_key = settings.session_api_key.get_secret_value() if settings.session_api_key else ""
@@ -232,8 +242,14 @@ async def bare_turn_for(
         await worker.start()
         log(f"bare turn: worker pid {worker.pid}, topics bare-{run_id}-*; warm-up")
         await warm_up(target, mix)
+        profile = None
+        if args.profile and out_dir is not None:
+            seconds = min(args.profile, max(2.0, args.duration - 2))
+            profile = asyncio.create_task(profile_worker(worker.pid or 0, seconds, out_dir / f"{name}-bare-pyspy.txt"))
         same = await run_phase(target, mix, args.rate, args.duration, label="bare turn")
         out["same_rate"] = {**same.data, "timeline": same.timeline, "worker_stats": dict(target.last_stats)}
+        if profile is not None:
+            out["profile"] = await profile
         out["max"] = await ramp(target, mix, args, label="bare turn ramp")
         out["worker_stats"] = dict(target.last_stats)
     finally:
@@ -258,10 +274,18 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
     pipeline_tps = (load.get("throughput") or {}).get("turns_per_s")
     pipeline_max = (pipeline.get("max") or {}).get("max_turns_per_s")
     bare_tps = (same.get("throughput") or {}).get("turns_per_s")
-    bare_max = (bare.get("max") or {}).get("max_turns_per_s")
+    bare_ramp = bare.get("max") or {}
+    bare_max = bare_ramp.get("max_turns_per_s")
     pipeline_cpu = (load.get("cpu") or {}).get("worker_ms_per_turn")
     bare_cpu = (same.get("cpu") or {}).get("worker_ms_per_turn")
     pipeline_best = pipeline_max if pipeline_max is not None else pipeline_tps
+    basis = (
+        "pipeline max (ramp) ÷ bare-turn max (ramp)"
+        if pipeline_max is not None
+        else "pipeline turns/s at the offered rate (not its max: run --mode max) ÷ bare-turn max (ramp)"
+    )
+    if bare_ramp and not bare_ramp.get("ceiling_found"):
+        basis += "; the bare turn passed every ramp step, so its max is a lower bound (more --ramp-steps)"
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a is not None and b else None
@@ -270,13 +294,12 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         "bare_turn_turns_per_s": bare_tps,
         "bare_turn_max_turns_per_s": bare_max,
         "bare_turn_cpu_ms_per_turn": bare_cpu,
+        "bare_turn_cpu_ms_per_turn_at_max": bare_ramp.get("max_worker_cpu_ms_per_turn"),
         "pipeline_turns_per_s": pipeline_tps,
         "pipeline_max_turns_per_s": pipeline_max,
         "pipeline_cpu_ms_per_turn": pipeline_cpu,
         "ratio_turns_at_same_rate": ratio(pipeline_tps, bare_tps),
         "ratio_turns_to_bare_turn_max": ratio(pipeline_best, bare_max),
-        "ratio_turns_basis": "pipeline max (ramp) ÷ bare-turn max (ramp)"
-        if pipeline_max is not None
-        else "pipeline turns/s at the offered rate (not its max: run --mode max) ÷ bare-turn max (ramp)",
+        "ratio_turns_basis": basis,
         "ratio_cpu_per_turn": ratio(bare_cpu, pipeline_cpu),
     }

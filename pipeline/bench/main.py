@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
-import sys
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.bench import default_name
 from pipeline.bench.limit import bare_chain, bare_one_hop
 from pipeline.bench.load import TrafficMix
-from pipeline.bench.measure import proc_cpu_seconds
+from pipeline.bench.measure import proc_cpu_seconds, profile_worker
 from pipeline.bench.report import RESULTS, machine, markdown_summary, write_chart, write_json
 from pipeline.bench.runner import (
     BenchStack,
@@ -54,55 +51,6 @@ def mix_from(args: argparse.Namespace, **over: Any) -> TrafficMix:
 
 def phase_dict(phase: PhaseResult) -> dict[str, Any]:
     return {**phase.data, "timeline": phase.timeline}
-
-
-async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
-    """py-spy record -f raw: top frames by own samples and by inclusive samples."""
-    await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            exe,
-            "record",
-            "-p",
-            str(pid),
-            "-f",
-            "raw",
-            "-o",
-            str(out),
-            "-d",
-            str(int(seconds)),
-            "-r",
-            "100",
-            "--nonblocking",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        return {"error": f"py-spy: {exc}"}
-    _, err = await proc.communicate()
-    text = await asyncio.to_thread(lambda: out.read_text() if out.exists() else "")
-    if proc.returncode != 0 or not text:
-        return {"error": (err or b"").decode()[-500:]}
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    total = 0
-    for line in text.splitlines():
-        stack, _, count = line.rpartition(" ")
-        try:
-            n = int(count)
-        except ValueError:
-            continue
-        frames = stack.split(";")
-        total += n
-        own[frames[-1]] += n
-        for frame in set(frames):
-            inclusive[frame] += n
-
-    def top(counter: Counter[str], k: int) -> list[dict[str, Any]]:
-        return [{"frame": f, "pct": round(c * 100 / max(total, 1), 1)} for f, c in counter.most_common(k)]
-
-    return {"samples": total, "file": str(out), "top_self": top(own, 25), "top_inclusive": top(inclusive, 40)}
 
 
 async def limit_for(bs: BenchStack, load: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -332,7 +280,7 @@ async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any
     if not args.no_bare_turn and bs.broker_kind != "attached":
         from pipeline.bench.bare_turn import bare_turn_for
 
-        result["bare_turn"] = await bare_turn_for(bs, mix_from(args), args, result)
+        result["bare_turn"] = await bare_turn_for(bs, mix_from(args), args, result, out_dir=out_dir, name=name)
     if args.filtered:
         one_hop = (result.get("limit") or {}).get("bare_one_hop")
         result["filtered"] = await filtered_phase(bs, args, one_hop)

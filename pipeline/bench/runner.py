@@ -598,6 +598,9 @@ async def ramp(bs: LoadTarget, mix: TrafficMix, args: argparse.Namespace, label:
         "max_turns_per_s": best["turns_per_s"] if best else None,
         "max_inbound_msgs_per_s": best["inbound_msgs_per_s"] if best else None,
         "max_offered_msgs_per_s": best["offered_msgs_per_s"] if best else None,
+        "max_worker_cpu_ms_per_turn": best["worker_cpu_ms_per_turn"] if best else None,
+        # False: every step passed, the max is only a lower bound (more --ramp-steps would go higher).
+        "ceiling_found": bool(steps) and not steps[-1]["ok"],
         "criteria": {
             "e2e_p99_ms_max": args.max_p99_ms,
             "backlog": "ingested ≥ 99% of accepted after the drain",

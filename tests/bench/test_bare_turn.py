@@ -143,14 +143,17 @@ async def test_the_platform_stand_in_checks_each_request_and_records_deliveries(
 def test_ratios_use_the_pipeline_max_when_the_ramp_ran_and_say_so_otherwise() -> None:
     bare = {
         "same_rate": {"throughput": {"turns_per_s": 40.0}, "cpu": {"worker_ms_per_turn": 2.5}},
-        "max": {"max_turns_per_s": 200.0},
+        "max": {"max_turns_per_s": 200.0, "max_worker_cpu_ms_per_turn": 1.5, "ceiling_found": True},
     }
     fixed = {"load": {"throughput": {"turns_per_s": 40.0}, "cpu": {"worker_ms_per_turn": 10.0}}}
     r = bare_turn_ratios(fixed, bare)
     assert r["ratio_turns_at_same_rate"] == 1.0
     assert r["ratio_turns_to_bare_turn_max"] == 0.2 and "not its max" in r["ratio_turns_basis"]
-    assert r["ratio_cpu_per_turn"] == 0.25
+    assert r["ratio_cpu_per_turn"] == 0.25 and r["bare_turn_cpu_ms_per_turn_at_max"] == 1.5
+    assert "lower bound" not in r["ratio_turns_basis"]
     ramped = {**fixed, "max": {"max_turns_per_s": 90.0}}
     r = bare_turn_ratios(ramped, bare)
     assert r["ratio_turns_to_bare_turn_max"] == 0.45 and r["ratio_turns_basis"].startswith("pipeline max")
+    unfinished = {**bare, "max": {"max_turns_per_s": 200.0, "ceiling_found": False}}
+    assert "lower bound" in bare_turn_ratios(ramped, unfinished)["ratio_turns_basis"]
     assert bare_turn_ratios({}, {})["ratio_cpu_per_turn"] is None

@@ -97,7 +97,7 @@ def test_bare_turn_figures_are_present_and_sane(quick_run: dict[str, Any]) -> No
     assert bare["platform"] == {"rejected": {}, "duplicates": 0}
 
     ramp = bare["max"]
-    assert ramp["steps"] and ramp["steps"][0]["turns_per_s"] > 0
+    assert ramp["steps"] and ramp["steps"][0]["turns_per_s"] > 0 and isinstance(ramp["ceiling_found"], bool)
     assert bare["bare_turn_max_turns_per_s"] is None or bare["bare_turn_max_turns_per_s"] > 0
     assert bare["bare_turn_turns_per_s"] == same["throughput"]["turns_per_s"]
     assert bare["ratio_turns_at_same_rate"] > 0
