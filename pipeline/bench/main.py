@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from pathlib import Path
@@ -386,6 +387,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     series = result.pop("_series", [])
     result["headline"] = headline(result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["ok"] = ok
     json_path = write_json(result, out_dir, name)
     png_path = None

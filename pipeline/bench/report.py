@@ -45,6 +45,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "kernel": platform.release(),
         "commit": commit,
+        # Other work on the machine competes for the same cores: the load before the run.
+        "loadavg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -172,7 +174,8 @@ def markdown_summary(result: dict[str, Any]) -> str:
         (
             "machine",
             f"{m.get('cpu')} x{m.get('cores')}, {m.get('mem_gib')} GiB, Python {m.get('python')}, "
-            f"commit {m.get('commit')}",
+            f"commit {m.get('commit')}, load average {m.get('loadavg_1_5_15_at_start')} → "
+            f"{m.get('loadavg_1_5_15_at_end')}",
         ),
         (
             "settings",

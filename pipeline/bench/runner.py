@@ -584,6 +584,13 @@ async def ramp(bs: LoadTarget, mix: TrafficMix, args: argparse.Namespace, label:
             "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
             "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
             "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
+            # What else was busy: a step can fail on the broker, the simulator or the generator.
+            "cpu_pct_by_process": {
+                name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)
+                for name, seconds in {**d["cpu"]["seconds"], "generator": d["cpu"]["generator_thread_seconds"]}.items()
+                if seconds is not None and not math.isnan(seconds)
+            },
+            "stages_p50_ms": {k: v.get("p50") for k, v in d["latency_ms"]["stages"].items()},
             "ok": backlog_ok and errors_ok and latency_ok,
             "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
         }
