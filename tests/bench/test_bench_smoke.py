@@ -29,15 +29,21 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return result
 
 
+def assert_every_message_accounted(phase: dict[str, Any]) -> dict[str, Any]:
+    """Every planned message sent, accepted and ingested; some turns, no more than triggered."""
+    msgs: dict[str, Any] = phase["messages"]
+    assert msgs["sent"] == msgs["planned"] > 0
+    assert msgs["accepted"] == msgs["sent"] and msgs["failed"] == 0
+    assert msgs["ingested"] == msgs["accepted"]
+    assert 0 < phase["turns"] <= msgs["triggering"]
+    return msgs
+
+
 def test_bench_quick_writes_a_sane_result(quick_run: dict[str, Any]) -> None:
     result = quick_run
 
     load = result["load"]
-    msgs = load["messages"]
-    assert msgs["sent"] == msgs["planned"] > 0
-    assert msgs["accepted"] == msgs["sent"] and msgs["failed"] == 0
-    assert msgs["ingested"] == msgs["accepted"]
-    assert 0 < load["turns"] <= msgs["triggering"]
+    msgs = assert_every_message_accounted(load)
     tp = load["throughput"]
     assert tp["inbound_msgs_per_s"] > 0 and tp["turns_per_s"] > 0
     lat = load["latency_ms"]
@@ -75,11 +81,7 @@ def test_bare_turn_figures_are_present_and_sane(quick_run: dict[str, Any]) -> No
     and ratios are in the result and the headline."""
     bare = quick_run["bare_turn"]
     same = bare["same_rate"]
-    msgs = same["messages"]
-    assert msgs["sent"] == msgs["planned"] > 0
-    assert msgs["accepted"] == msgs["sent"] and msgs["failed"] == 0
-    assert msgs["ingested"] == msgs["accepted"]
-    assert 0 < same["turns"] <= msgs["triggering"]
+    assert_every_message_accounted(same)
     assert same["notices"] == 0  # every simulated reply was a valid segments reply
     assert same["throughput"]["turns_per_s"] > 0
     lat = same["latency_ms"]
