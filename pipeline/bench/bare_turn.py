@@ -44,7 +44,7 @@ class BareWorkerProcess(ManagedProcess):
     start_timeout = 60.0
     _port_in_use_markers = ("address already in use", "Address already in use")
 
-    def __init__(self, port: int, args: Sequence[str], env: dict[str, str], *, run_dir: Any = None) -> None:
+    def __init__(self, port: int, args: Sequence[str], env: dict[str, str], *, run_dir: Path | None = None) -> None:
         super().__init__(run_dir=run_dir)
         self.port = port
         self.args = list(args)
