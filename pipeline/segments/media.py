@@ -26,6 +26,7 @@ from pipeline.segments.fetch import SafeFetcher
 from pipeline.segments.models import (
     MEDIA_SEGMENT_TYPES,
     MarkdownSegment,
+    Media,
     MediaSegment,
     Segment,
     TextData,
@@ -187,6 +188,14 @@ class MediaChecker:
     async def aclose(self) -> None:
         if self._fetcher is not None:
             await self._fetcher.aclose()
+
+    async def load(self, media: Media) -> tuple[bytes, str]:
+        """A media reference's bytes and the type sniffed from them, read through the same guards as
+        the check (the loader egress gives the platforms). A platform file id is not ours to read."""
+        if media.kind == "file":
+            raise MediaUnavailable("unsupported_by_platform")
+        data = await self._read(media.kind, media.value, self.settings.max_bytes)
+        return data, sniff_mime(data[:SNIFF_BYTES]) or _GENERIC_BINARY
 
     async def _read(self, kind: str, value: str, max_bytes: int) -> bytes:
         if kind == "base64":
