@@ -21,6 +21,7 @@ from pipeline.records import OutboundKind, OutboundMessage, SessionCommand, Sess
 from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy
 from pipeline.segments.context import TurnContext as ReplyContext
+from pipeline.segments.leaks import REDACTION_MARKER
 from pipeline.segments.media import rejection_label
 from pipeline.segments.models import Segment, TextData, TextSegment
 from pipeline.settings import BotConfig, Settings
@@ -246,8 +247,12 @@ class RenderStage:
             names = ", ".join(sorted({p.name or "?" for p in confirmations}))
             # The input is checked whole before it is shortened: a secret cut in two by the limit
             # would otherwise leave a part no check can recognise. (Egress checks the prompt again.)
-            scanner = self.policies[(bot.platform, bot.bot_id)].leak_scanner
-            tool_input = scanner.scan(json.dumps(confirmations[0].input, ensure_ascii=False)).text[:200]
+            scanned = self.policies[(bot.platform, bot.bot_id)].leak_scanner.scan(
+                json.dumps(confirmations[0].input, ensure_ascii=False)
+            )
+            if scanned.hits:
+                metrics.LEAK_HITS.labels(bot.platform, "confirmation").inc(scanned.hits)
+            tool_input = _shortened(scanned.text, _TOOL_INPUT_CHARS)
             await self._notice(
                 bot,
                 record,
@@ -440,6 +445,17 @@ class RenderStage:
             return self.settings.bot(state.turn.platform, state.turn.bot_id)
         platform, bot_id = conversation.split(":", 2)[:2]
         return self.settings.bot(platform, bot_id)
+
+
+_TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
+
+
+def _shortened(text: str, limit: int) -> str:
+    """`text` cut at `limit` characters, but never inside a redaction marker (it is kept whole)."""
+    if len(text) <= limit:
+        return text
+    at = text.find(REDACTION_MARKER, max(0, limit - len(REDACTION_MARKER) + 1), limit + len(REDACTION_MARKER))
+    return text[: at + len(REDACTION_MARKER)] if 0 <= at < limit else text[:limit]
 
 
 def _text(text: str) -> TextSegment:
