@@ -152,13 +152,13 @@ def main() -> None:
     policy = ReplyPolicy(leak_scanner=LeakScanner(["corpus-configured-secret-0001"]))
     capabilities = Capabilities()
 
-    async def finalize_all(batch: list[str], rounds: int) -> list[int]:
+    async def finalize_all(batch: list[str], rounds: int, with_policy: ReplyPolicy = policy) -> list[int]:
         timings: list[int] = []
         clock = time.perf_counter_ns
         for _ in range(rounds):
             for text in batch:
                 start = clock()
-                await finalize_reply(text, turn, policy, corrector=None, media=None, capabilities=capabilities)
+                await finalize_reply(text, turn, with_policy, corrector=None, media=None, capabilities=capabilities)
                 timings.append(clock() - start)
         return timings
 
@@ -171,18 +171,6 @@ def main() -> None:
         except ValueError:
             continue
     typical_segments = [s for s in valid_segments if len(json.dumps([x.model_dump() for x in s])) <= TYPICAL_MAX_CHARS]
-
-    async def finalize_deployment(batch: list[str], rounds: int) -> list[int]:
-        timings: list[int] = []
-        clock = time.perf_counter_ns
-        for _ in range(rounds):
-            for text in batch:
-                start = clock()
-                await finalize_reply(
-                    text, turn, deployment_policy, corrector=None, media=None, capabilities=capabilities
-                )
-                timings.append(clock() - start)
-        return timings
 
     def scan_each(batch: list[list[Any]], scanner: LeakScanner, rounds: int) -> list[int]:
         timings: list[int] = []
@@ -210,7 +198,11 @@ def main() -> None:
     print(summary("json.loads + jsonschema (typical)", time_each(typical, jsonschema_validate, js_rounds)))
     print(summary("finalize_reply, no media (all)", asyncio.run(finalize_all(texts, args.rounds))))
     print(summary("finalize_reply, no media (typical)", asyncio.run(finalize_all(typical, args.rounds))))
-    print(summary("finalize_reply, 25 secrets (typical)", asyncio.run(finalize_deployment(typical, args.rounds))))
+    print(
+        summary(
+            "finalize_reply, 25 secrets (typical)", asyncio.run(finalize_all(typical, args.rounds, deployment_policy))
+        )
+    )
     scan_each(valid_segments, deployment_scanner, 1)
     print(f"leak check on valid replies: {len(valid_segments)} ({len(typical_segments)} typical)")
     print(summary("leak check, 1 secret (typical)", scan_each(typical_segments, policy.leak_scanner, args.rounds)))
