@@ -56,7 +56,7 @@ from pipeline.session import (
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.dispatch import DispatchStage
 from pipeline.stages.egress import EgressStage, RateLimits
-from pipeline.stages.ingest import IngestStage
+from pipeline.stages.ingest import IngestStage, member_names
 from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs, Send
@@ -123,12 +123,22 @@ def reply_policy(bot: BotConfig, settings: Settings, scanner: LeakScanner | None
 
 
 def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> ReplyContext:
+    """The turn context of the prompt. Its members: everyone the message mentions (first, so the
+    prompt's member cap never drops them, even when they never spoke in the window), then the
+    window's speakers; each with the name the platform or the window gave, to mention them back."""
+    names = member_names(message, window)
     replied = None
     if message.reply_to is not None and message.reply_to.user_id:
+        author = message.reply_to.user_id
         replied = RepliedMessage(
-            message_id=message.reply_to.message_id, author_id=message.reply_to.user_id, text=message.reply_to.text or ""
+            message_id=message.reply_to.message_id,
+            author_id=author,
+            author_name=names.get(author, ""),
+            text=message.reply_to.text or "",
         )
-    members = {e.user_id: Member(user_id=e.user_id, name=e.name) for e in window if e.user_id != message.sender.user_id}
+    not_members = {message.sender.user_id, bot.self_id}
+    ids = [i for i in (*message.mentions, *(e.user_id for e in window)) if i and i not in not_members]
+    members = tuple(Member(user_id=i, name=names.get(i, "")) for i in dict.fromkeys(ids))
     return ReplyContext(
         bot_id=bot.bot_id,
         platform=bot.platform,
@@ -137,7 +147,7 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
         sender_name=message.sender.name,
         chat_id=message.chat_id,
         replied_to=replied,
-        context_members=tuple(members.values()),
+        context_members=members,
         bot_self_ids=frozenset({bot.self_id} if bot.self_id else ()),
     )
 
@@ -208,6 +218,9 @@ class Runtime:
         self.leak_scanner = leak_scanner(s)
         self.policies = {(b.platform, b.bot_id): reply_policy(b, s, self.leak_scanner) for b in s.bots}
         self.platforms: dict[str, Platform] = {name: get_platform(name) for name in s.platforms}
+        for bot in s.bots:
+            for warning in self.platforms[bot.platform].startup_warnings(bot):
+                log.warning("%s bot %r: %s", bot.platform, bot.bot_id, warning)
         console = self.platforms.get("console")
         if isinstance(console, ConsolePlatform):
             console.bind(self.state)

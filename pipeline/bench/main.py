@@ -32,8 +32,7 @@ from pipeline.bench.runner import (
     warm_up,
     worker_counters,
 )
-from pipeline.records import InboundMessage, Sender, now_ms
-from pipeline.records.models import conversation_key
+from pipeline.records import InboundMessage, Sender, conversation_key, now_ms
 from pipeline.topics import IM_INBOUND
 
 

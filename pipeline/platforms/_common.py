@@ -17,9 +17,9 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 
 from pipeline import metrics
-from pipeline.platforms.base import SendOutcome
+from pipeline.platforms.base import SendOutcome, WebhookRequest
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import InboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, now_ms
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.media import rejection_label, with_placeholders
@@ -75,6 +75,27 @@ def _names(kind: type | tuple[type, ...]) -> str:
     return "/".join(k.__name__ for k in _as_tuple(kind))
 
 
+def missing_credential(bot: BotConfig, credential: str, consequence: str) -> list[str]:
+    """A start-up warning when `credential` is not set: its name and what its absence leaves open."""
+    return [] if bot.secret(credential) else [f"no {credential} credential: {consequence}"]
+
+
+def require_fresh(bot: BotConfig, request: WebhookRequest, timestamp: str | None) -> None:
+    """A signed request's timestamp (Unix seconds) within `bot.replay_window_seconds` of its receipt,
+    else 401: the signature proves who sent it, the timestamp that it is not a recording."""
+    try:
+        sent = int(timestamp or "")
+    except ValueError:
+        raise WebhookRejected(401, "bad_signature", "no request timestamp") from None
+    now = request.received_at_ms / 1000 if request.received_at_ms else time.time()
+    if abs(now - sent) > bot.replay_window_seconds:
+        raise WebhookRejected(
+            401,
+            "stale_timestamp",
+            f"request timestamp {sent} is {now - sent:.0f} s from now; at most {bot.replay_window_seconds} s allowed",
+        )
+
+
 def build_inbound(
     platform: str,
     bot: BotConfig,
@@ -87,11 +108,22 @@ def build_inbound(
     segments: list[Any],
     mentions: list[str],
     mentions_bot: bool,
+    mention_names: dict[str, str] | None = None,
     reply_to: ReplyRef | None = None,
     route: dict[str, str] | None = None,
     event_id: str | None = None,
     sent_at_ms: float | None = None,
 ) -> InboundMessage:
+    for field, value in (
+        ("chat_id", chat_id),
+        ("user_id", sender.user_id),
+        ("message_id", message_id),
+        ("event_id", event_id or ""),
+    ):
+        if len(value) > MAX_ID_CHARS:
+            raise WebhookRejected(
+                400, "id_too_long", f"{field} is {len(value)} characters long; ids may have {MAX_ID_CHARS} at most"
+            )
     per_user = bot.session_scope == "user" and chat_type == "group"
     return InboundMessage(
         platform=platform,
@@ -104,6 +136,7 @@ def build_inbound(
         text=text,
         segments=segments,
         mentions=mentions,
+        mention_names={k: v for k, v in (mention_names or {}).items() if v and k in mentions},
         mentions_bot=mentions_bot,
         reply_to=reply_to,
         route=route or {},

@@ -122,3 +122,7 @@ class Platform(abc.ABC):
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
         """Show that the bot is working, where the platform can. Default: nothing."""
+
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        """What leaves this bot's webhook open, said once when a worker starts. Default: nothing."""
+        return []

@@ -38,10 +38,12 @@ from pipeline.platforms._common import (
     load_failure,
     load_json,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
     payload_guard,
+    require_fresh,
     response_json,
     retry_after_header,
     rps_text,
@@ -168,6 +170,9 @@ class LarkPlatform(Platform):
         # Checked before decrypting, so a forged body costs no AES work and always gets a 401.
         if encrypt_key and signature is not None:
             timestamp = request.header("x-lark-request-timestamp") or ""
+            # Without it, a captured request would be taken again once its event id has left the
+            # de-duplication window.
+            require_fresh(bot, request, timestamp)
             nonce = request.header("x-lark-request-nonce") or ""
             digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + request.body).hexdigest()
             if not hmac.compare_digest(signature.encode(), digest.encode()):
@@ -182,6 +187,14 @@ class LarkPlatform(Platform):
         if token and (is_challenge or not encrypt_key or given is not None):
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
                 raise WebhookRejected(401, "bad_token")
+
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        return missing_credential(
+            bot,
+            "encrypt_key",
+            "Lark does not sign its requests, so a captured request can be replayed once its event id "
+            "has left the de-duplication window. Set encrypt_key",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -262,6 +275,7 @@ class LarkPlatform(Platform):
             text="".join(parts.plain).strip(),
             segments=parts.segments,
             mentions=mentions,
+            mention_names=parts.names,
             mentions_bot=bot.self_id is not None and bot.self_id in mentions,
             reply_to=reply_to,
             route=route,
@@ -526,6 +540,7 @@ class _Parts:
         self.segments: list[Any] = []
         self.plain: list[str] = []
         self.mentions: list[str] = []
+        self.names: dict[str, str] = {}  # open_id → the name Lark sent with the mention
 
     def text(self, value: str) -> None:
         if not value:
@@ -543,6 +558,8 @@ class _Parts:
             return
         self.segments.append(MentionSegment(type="mention", data=MentionData(target=open_id)))
         self.mentions.append(open_id)
+        if name:
+            self.names[open_id] = name
         self.plain.append(f"@{name or open_id}")
 
     def text_with_mentions(self, value: str) -> None:

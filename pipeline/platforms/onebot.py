@@ -34,6 +34,7 @@ from pipeline.platforms._common import (
     load_json,
     media_dict,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
@@ -133,6 +134,14 @@ class OneBotPlatform(Platform):
         if not hmac.compare_digest(given.lower(), expected):
             raise WebhookRejected(401, "bad_signature")
 
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        return missing_credential(
+            bot,
+            "secret",
+            "its webhook accepts any request, from anyone who knows the URL. "
+            "Set secret here and the same secret in the OneBot implementation's HTTP POST settings",
+        )
+
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         event = load_json(request.body)
@@ -177,6 +186,7 @@ class OneBotPlatform(Platform):
         segments: list[Any] = []
         text: list[str] = []
         mentions: list[str] = []
+        names: dict[str, str] = {}  # some implementations send the name with an `at`
         reply_to: ReplyRef | None = None
         for item in items:
             kind = item.get("type")
@@ -195,6 +205,8 @@ class OneBotPlatform(Platform):
                     continue
                 segments.append(MentionSegment(type="mention", data=MentionData(target=qq)))
                 mentions.append(qq)
+                if isinstance(data.get("name"), str) and data["name"]:
+                    names[qq] = data["name"]
                 text.append(f"@{data.get('name') or qq}")
             elif kind == "reply":
                 rid = _id(data.get("id"))
@@ -228,6 +240,7 @@ class OneBotPlatform(Platform):
             text="".join(text).strip(),
             segments=segments,
             mentions=mentions,
+            mention_names=names,
             mentions_bot=mentions_bot,
             reply_to=reply_to,
             sent_at_ms=float(time_s) * 1000 if isinstance(time_s, int | float) else None,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import time
 from typing import Any, ClassVar
 
 import httpx
@@ -38,6 +37,7 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    require_fresh,
     response_json,
     retry_after_header,
     rps_text,
@@ -79,7 +79,6 @@ from pipeline.settings import BotConfig, RateLimit
 
 DEFAULT_API_BASE = "https://slack.com/api"
 MAX_TEXT = 4000  # Slack's recommended maximum (longer text is truncated at 40,000)
-REPLAY_WINDOW_S = 300
 
 # Message subtypes that are still a person talking; every other subtype (edits, joins, bots) is not.
 _USER_SUBTYPES = {None, "file_share", "thread_broadcast"}
@@ -141,13 +140,7 @@ class SlackPlatform(Platform):
             raise WebhookRejected(401, "bad_signature", "no signing_secret configured")
         timestamp = request.header("x-slack-request-timestamp") or ""
         signature = request.header("x-slack-signature") or ""
-        try:
-            sent = int(timestamp)
-        except ValueError:
-            raise WebhookRejected(401, "bad_signature", "no request timestamp") from None
-        now = request.received_at_ms / 1000 if request.received_at_ms else time.time()
-        if abs(now - sent) > REPLAY_WINDOW_S:
-            raise WebhookRejected(401, "stale_timestamp")
+        require_fresh(bot, request, timestamp)
         base = b"v0:" + timestamp.encode() + b":" + request.body
         expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(signature.encode(), expected.encode()):
@@ -184,7 +177,7 @@ class SlackPlatform(Platform):
         private = channel_type == "im" or (channel_type is None and channel.startswith("D"))
 
         text = event.get("text")
-        segments, plain, mentions = _parse_slack_text(text if isinstance(text, str) else "")
+        segments, plain, mentions, names = _parse_slack_text(text if isinstance(text, str) else "")
         for f in arr(event.get("files")):
             if not isinstance(f, dict) or not isinstance(f.get("id"), str):
                 continue
@@ -225,6 +218,7 @@ class SlackPlatform(Platform):
             text="".join(plain).strip(),
             segments=segments,
             mentions=mentions,
+            mention_names=names,
             mentions_bot=mentions_bot,
             reply_to=reply_to,
             route=route,
@@ -403,11 +397,13 @@ def _classify(response: httpx.Response) -> tuple[SendOutcome | None, dict[str, A
     return SendOutcome("permanent", reason=reason, detail=error), {}
 
 
-def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str]]:
-    """Slack message text into segments: `<@U…>` mentions, `<url|label>` links, entities."""
+def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
+    """Slack message text into segments: `<@U…>` mentions (with the name of `<@U…|name>`, where
+    Slack gives one), `<url|label>` links, entities."""
     segments: list[Any] = []
     plain: list[str] = []
     mentions: list[str] = []
+    names: dict[str, str] = {}
 
     def add(value: str) -> None:
         value = value.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
@@ -427,6 +423,8 @@ def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str]]:
             user = inner[1:]
             segments.append(MentionSegment(type="mention", data=MentionData(target=user)))
             mentions.append(user)
+            if label:
+                names[user] = label
             plain.append(f"@{label or user}")
         elif inner.startswith("#"):
             add(f"#{label or inner[1:]}")
@@ -435,4 +433,4 @@ def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str]]:
         else:
             add(f"{label} ({inner})" if label and label != inner else inner)
     add(text[pos:])
-    return segments, plain, mentions
+    return segments, plain, mentions, names

@@ -30,6 +30,7 @@ from pipeline.platforms._common import (
     load_failure,
     load_json,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
@@ -120,6 +121,14 @@ class TelegramPlatform(Platform):
         if not hmac.compare_digest(given.encode(), secret.encode()):
             raise WebhookRejected(401, "bad_signature")
 
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        return missing_credential(
+            bot,
+            "webhook_secret",
+            "its webhook accepts any request, from anyone who knows the URL. "
+            "Set webhook_secret and pass the same value as secret_token to setWebhook",
+        )
+
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         update = load_json(request.body)
@@ -153,7 +162,7 @@ class TelegramPlatform(Platform):
             text, entities = msg.get("caption"), msg.get("caption_entities")
         text = text if isinstance(text, str) else ""
         entities = [e for e in entities if isinstance(e, dict)] if isinstance(entities, list) else []
-        segments, mentions, mentions_bot = self._text_segments(bot, text, entities)
+        text, segments, mentions, names, mentions_bot = self._text_segments(bot, text, entities)
 
         plain = [text] if text else []
         for media_key, kind in (
@@ -208,6 +217,7 @@ class TelegramPlatform(Platform):
             text=" ".join(plain).strip(),
             segments=segments,
             mentions=mentions,
+            mention_names=names,
             mentions_bot=mentions_bot,
             reply_to=reply_to,
             route=route,
@@ -216,17 +226,25 @@ class TelegramPlatform(Platform):
         return WebhookResult(messages=[message])
 
     @staticmethod
-    def _text_segments(bot: BotConfig, text: str, entities: list[dict[str, Any]]) -> tuple[list[Any], list[str], bool]:
+    def _text_segments(
+        bot: BotConfig, text: str, entities: list[dict[str, Any]]
+    ) -> tuple[str, list[Any], list[str], dict[str, str], bool]:
+        """The text (a command addressed to this bot without its `@bot` suffix), its segments, the
+        mentioned ids with the names Telegram gives, and whether the bot is addressed."""
         username = (bot.username or "").lstrip("@").lower()
         segments: list[Any] = []
         mentions: list[str] = []
+        names: dict[str, str] = {}
         mentions_bot = False
         pos = 0  # UTF-16 units
         total = utf16_len(text)
+        command, command_end = "", 0  # `/ask` of `/ask@this_bot …`, and where its entity ends
 
         def add_text(end: int) -> None:
             if end > pos:
                 chunk = utf16_slice(text, pos, end - pos)
+                if segments and isinstance(segments[-1], TextSegment):  # after a shortened command
+                    chunk = segments.pop().data.text + chunk
                 segments.append(TextSegment(type="text", data=TextData(text=chunk)))
 
         for entity in sorted(entities, key=lambda e: e.get("offset", 0)):
@@ -235,17 +253,25 @@ class TelegramPlatform(Platform):
                 continue
             label = utf16_slice(text, offset, length)
             if kind == "bot_command" and offset == 0:
-                _, _, addressed = label.partition("@")
+                name, at, addressed = label.partition("@")
                 if not addressed or addressed.lower() == username:
                     mentions_bot = True
+                    if at:  # `/ask@this_bot`: the agent and the command-prefix trigger see `/ask`
+                        command, command_end = name, length
+                        segments.append(TextSegment(type="text", data=TextData(text=name)))
+                        pos = length
+                continue
             if kind == "mention":
-                target = label
+                target = label  # `@username`: Telegram links it when the agent writes it back
                 if username and label[1:].lower() == username:
                     mentions_bot = True
                     target = bot.self_id or label
             elif kind == "text_mention" and isinstance(entity.get("user"), dict):
-                target = str(entity["user"].get("id"))
+                user = entity["user"]
+                target = str(user.get("id"))
                 mentions_bot = mentions_bot or (bot.self_id is not None and target == bot.self_id)
+                full_name = " ".join(str(user[k]) for k in ("first_name", "last_name") if user.get(k))
+                names[target] = full_name or label
             else:
                 continue
             add_text(offset)
@@ -253,7 +279,9 @@ class TelegramPlatform(Platform):
             mentions.append(target)
             pos = offset + length
         add_text(total)
-        return segments, mentions, mentions_bot
+        if command:
+            text = command + utf16_slice(text, command_end, total - command_end)
+        return text, segments, mentions, names, mentions_bot
 
     # --- out -------------------------------------------------------------------------------------
 

@@ -4,6 +4,14 @@ Each topic's value is one of these pydantic models; `topics/` holds their JSON S
 by `switchboard topics schemas` (a test fails when they drift).
 """
 
+from pipeline.records._keys import (
+    MAX_ID_CHARS,
+    ConversationRef,
+    conversation_key,
+    join_ids,
+    parse_conversation_key,
+    split_ids,
+)
 from pipeline.records.models import (
     ChatType,
     CommandKind,
@@ -16,14 +24,15 @@ from pipeline.records.models import (
     Sender,
     SessionCommand,
     SessionEventRecord,
-    conversation_key,
     now_ms,
 )
 
 __all__ = [
+    "MAX_ID_CHARS",
     "ChatType",
     "CommandKind",
     "ConversationKey",
+    "ConversationRef",
     "DeadLetter",
     "InboundMessage",
     "OutboundKind",
@@ -33,5 +42,8 @@ __all__ = [
     "SessionCommand",
     "SessionEventRecord",
     "conversation_key",
+    "join_ids",
     "now_ms",
+    "parse_conversation_key",
+    "split_ids",
 ]

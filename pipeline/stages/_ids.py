@@ -6,7 +6,10 @@ import hashlib
 
 
 def stable_id(prefix: str, *parts: str) -> str:
-    digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+    # Parts are escaped so the separator inside one (a chat id may hold anything) cannot make two
+    # lists of parts hash alike; parts without `%` or the separator, nearly all, hash as they did.
+    joined = "\x1f".join(p.replace("%", "%25").replace("\x1f", "%1F") for p in parts)
+    digest = hashlib.blake2b(joined.encode(), digest_size=12).hexdigest()
     return f"{prefix}{digest}"
 
 

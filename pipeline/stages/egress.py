@@ -22,7 +22,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 
 from pipeline import metrics
 from pipeline.platforms import MediaLoader, Platform, SendOutcome, get_platform
-from pipeline.records import OutboundMessage, now_ms
+from pipeline.records import OutboundMessage, conversation_key, join_ids, now_ms
 from pipeline.segments import LeakScanner
 from pipeline.settings import BotConfig, RateLimit, Settings
 from pipeline.state import StateStore
@@ -147,8 +147,8 @@ class EgressStage:
         chat_limit = bot.rate_limit_chat or platform.profile.default_chat_limit
         bot_limit = bot.rate_limit_bot or platform.profile.default_bot_limit
         for limit, ident in (
-            (chat_limit, f"{bot.platform}:{bot.bot_id}:{message.chat_id}"),
-            (bot_limit, f"{bot.platform}:{bot.bot_id}"),
+            (chat_limit, conversation_key(bot.platform, bot.bot_id, message.chat_id)),
+            (bot_limit, join_ids(bot.platform, bot.bot_id)),
         ):
             while True:
                 wait = await self.limits.acquire(limit, ident)

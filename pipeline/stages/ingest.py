@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline import metrics
-from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, now_ms
+from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, join_ids, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import ContextEntry, InboundAdmission, StateStore, TurnContext
@@ -73,17 +73,34 @@ def strip_trigger(text: str, bot: BotConfig) -> str:
     return text
 
 
-def content_blocks(message: InboundMessage, bot: BotConfig, *, label_sender: bool) -> list[dict[str, object]]:
-    """Session content blocks (text, image) from the message's neutral segments."""
+def member_names(message: InboundMessage, window: list[ContextEntry]) -> dict[str, str]:
+    """Display names by user id of the people a turn involves: as they last spoke in the window
+    (OneBot's `at` carries no name), overridden by what the platform sent with this message."""
+    names = {entry.user_id: entry.name for entry in window if entry.name}
+    if message.sender.name:
+        names[message.sender.user_id] = message.sender.name
+    names.update((ident, name) for ident, name in message.mention_names.items() if name)
+    return names
+
+
+def content_blocks(
+    message: InboundMessage, bot: BotConfig, *, label_sender: bool, names: dict[str, str] | None = None
+) -> list[dict[str, object]]:
+    """Session content blocks (text, image) from the message's neutral segments. A mention reads
+    `@name` when the name is known (the turn context lists the id to mention back), else `@id`."""
     head = f"[{message.sender.name or message.sender.user_id} ({message.sender.user_id})] " if label_sender else ""
+    names = names if names is not None else member_names(message, [])
     blocks: list[dict[str, object]] = []
     texts: list[str] = []
     for segment in message.segments:
         if isinstance(segment, TextSegment):
             texts.append(segment.data.text)
         elif isinstance(segment, MentionSegment):
-            if segment.data.target != bot.self_id:
-                texts.append(f"@{segment.data.target}")
+            target = segment.data.target
+            if target != bot.self_id:
+                name = names.get(target)
+                # A Telegram `@username` target is written as it is: Telegram links it.
+                texts.append(f"@{name}" if name else target if target.startswith("@") else f"@{target}")
         elif isinstance(segment, ImageSegment) and segment.data.media.kind == "url":
             blocks.append({"type": "image", "source": {"type": "url", "url": segment.data.media.value}})
     text = "".join(texts).strip() if texts else message.text
@@ -155,7 +172,7 @@ class IngestStage:
                 continue
             # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one
             # message can arrive as two events (Slack app_mention + message): chat + message.
-            dedup_id = f"{message.platform}:{message.bot_id}:{message.chat_id}:{message.message_id}"
+            dedup_id = join_ids(message.platform, message.bot_id, message.chat_id, message.message_id)
             if dedup_id in seen:  # twice in one batch: the second is a duplicate
                 plans.append(None)
                 continue
@@ -229,7 +246,9 @@ class IngestStage:
         event = {
             "type": "user.message",
             "id": user_message_id(message.conversation_key, inbound_ids),
-            "content": content_blocks(message, bot, label_sender=message.chat_type == "group"),
+            "content": content_blocks(
+                message, bot, label_sender=message.chat_type == "group", names=member_names(message, window)
+            ),
         }
         return SessionCommand(
             kind="user_turn",

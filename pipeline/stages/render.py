@@ -17,7 +17,14 @@ import logging
 from typing import Any, Literal
 
 from pipeline import metrics
-from pipeline.records import OutboundKind, OutboundMessage, SessionCommand, SessionEventRecord, now_ms
+from pipeline.records import (
+    OutboundKind,
+    OutboundMessage,
+    SessionCommand,
+    SessionEventRecord,
+    now_ms,
+    parse_conversation_key,
+)
 from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy
 from pipeline.segments.context import TurnContext as ReplyContext
@@ -443,8 +450,11 @@ class RenderStage:
     def _bot(self, conversation: str, state: ConversationState) -> BotConfig | None:
         if state.turn is not None:
             return self.settings.bot(state.turn.platform, state.turn.bot_id)
-        platform, bot_id = conversation.split(":", 2)[:2]
-        return self.settings.bot(platform, bot_id)
+        try:
+            ref = parse_conversation_key(conversation)
+        except ValueError:
+            return None
+        return self.settings.bot(ref.platform, ref.bot_id)
 
 
 _TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
@@ -466,8 +476,11 @@ def _chat_of(conversation: str, turn: Any) -> tuple[str, Any]:
     if turn is not None:
         return turn.chat_id, turn.chat_type
     # platform:bot:chat[:user] — without turn state (Redis lost) the chat id is still in the key.
-    parts = conversation.split(":")
-    return parts[2] if len(parts) > 2 else "", "group" if len(parts) > 3 else "private"
+    try:
+        ref = parse_conversation_key(conversation)
+    except ValueError:
+        return "", "private"
+    return ref.chat_id, "group" if ref.user_id is not None else "private"
 
 
 def _segments_outcome(outcome: contract.ReplyOutcome) -> str:

@@ -1,9 +1,11 @@
 """Typed access to Switchboard's Redis state.
 
-Every key is `<prefix><kind>:<id>`. Conversation keys (`platform:bot:chat[:user]`) contain colons;
-Redis does not care. TTLs: the conversation ↔ session mapping and the conversation's state expire
-after `mapping_ttl` of inactivity (the next message starts a fresh session); de-duplication markers
-after `dedup_ttl`.
+Every key is `<prefix><kind>:<ident>`. The kind is a fixed word of this module; the ident is one id
+or, when several ids make it, a key built by `pipeline.records.join_ids` (a conversation key
+`platform:bot:chat[:user]` is one), in which `:` only separates ids. So no id, whatever it
+contains, can make one thing's key equal another's. TTLs: the conversation ↔ session mapping and
+the conversation's state expire after `mapping_ttl` of inactivity (the next message starts a fresh
+session); de-duplication markers after `dedup_ttl`.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class StateStore:
         self.dedup_ttl = dedup_ttl
 
     def key(self, kind: str, ident: str) -> str:
+        """`ident` runs to the end of the key: one id as it is, or several joined by `join_ids`."""
         return f"{self.prefix}{kind}:{ident}"
 
     # -- conversation ↔ session -------------------------------------------------------------

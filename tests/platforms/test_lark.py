@@ -23,8 +23,12 @@ from lark_oapi.core.utils.decryptor import AESCipher
 from pipeline.platforms import WebhookRejected, WebhookRequest
 from pipeline.platforms.lark import LarkPlatform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
+from pipeline.segments.prompt import turn_context_object
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks
 
 from .conftest import PNG, FakeApi, Seen, broken_loader, load_media, rejected_count
 
@@ -114,12 +118,17 @@ def encrypt(plaintext: str, key: str = ENCRYPT_KEY) -> str:
 
 
 def encrypted_request(
-    event: dict[str, Any], *, key: str = ENCRYPT_KEY, sign_key: str = ENCRYPT_KEY, signed: bool = True
+    event: dict[str, Any],
+    *,
+    key: str = ENCRYPT_KEY,
+    sign_key: str = ENCRYPT_KEY,
+    signed: bool = True,
+    sent_at: int | None = None,
 ) -> WebhookRequest:
     body = json.dumps({"encrypt": encrypt(json.dumps(event), key)}).encode()
     headers = {"content-type": "application/json"}
     if signed:
-        timestamp, nonce = str(int(time.time())), "a8bd7e2b"
+        timestamp, nonce = str(int(time.time()) if sent_at is None else sent_at), "a8bd7e2b"
         signature = hashlib.sha256((timestamp + nonce + sign_key).encode() + body).hexdigest()
         headers.update(
             {"x-lark-request-timestamp": timestamp, "x-lark-request-nonce": nonce, "x-lark-signature": signature}
@@ -244,6 +253,45 @@ def test_bad_signature_bad_encryption_and_ignored() -> None:
     with pytest.raises(WebhookRejected) as exc:
         LarkPlatform().parse(bot_config(), WebhookRequest(headers={}, body=b"{]"))
     assert exc.value.status == 400
+
+
+def test_a_signed_request_outside_the_replay_window_is_refused() -> None:
+    event = receive_event("text", {"text": "hi"})
+    now = int(time.time())
+    recorded = encrypted_request(event, sent_at=now - 3600)
+    assert sdk_accepts(recorded)  # the SDK checks only the signature: a recording passes it
+    for request in (recorded, encrypted_request(event, sent_at=now + 3600)):
+        with pytest.raises(WebhookRejected) as exc:
+            parse(request)
+        assert (exc.value.status, exc.value.reason) == (401, "stale_timestamp")
+    # Inside the default 300 s, and inside a bot's own longer window.
+    assert parse(encrypted_request(event, sent_at=now - 240)).messages
+    assert parse(encrypted_request(event, sent_at=now - 1800), replay_window_seconds=3600).messages
+    with pytest.raises(WebhookRejected) as exc:
+        parse(encrypted_request(event, sent_at=now - 1800))
+    assert exc.value.reason == "stale_timestamp"
+    # Signed, but without a timestamp to check.
+    unstamped = encrypted_request(event)
+    headers = {k: v for k, v in unstamped.headers.items() if k != "x-lark-request-timestamp"}
+    with pytest.raises(WebhookRejected) as exc:
+        parse(WebhookRequest(headers=headers, body=unstamped.body))
+    assert exc.value.status == 401
+
+
+def test_mention_names_reach_the_text_and_the_member_list() -> None:
+    bob = "ou_bob00000000000000000000000000003"
+    event = receive_event(
+        "text",
+        {"text": "@_user_1 please ask @_user_2 about it"},
+        mentions=[mention("@_user_1", BOT_OPEN_ID, "Switch"), mention("@_user_2", bob, "Bob Lee")],
+    )
+    [m] = parse(encrypted_request(event)).messages
+    assert m.mentions == [BOT_OPEN_ID, bob] and m.mention_names == {BOT_OPEN_ID: "Switch", bob: "Bob Lee"}
+    bot = bot_config()
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "please ask @Bob Lee about it"
+    ctx = reply_context(bot, m, [])  # Bob never spoke in the window, and is listed all the same
+    assert ctx.context_members == (Member(bob, "Bob Lee"),) and bob in ctx.mentionable_ids()
+    assert turn_context_object(ctx)["members"] == [{"user_id": bob, "name": "Bob Lee"}]
 
 
 # --- out -----------------------------------------------------------------------------------------

@@ -18,8 +18,12 @@ import pytest
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.onebot import cq_escape, parse_cq
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import MediaChecker, segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks, member_names
+from pipeline.state import ContextEntry
 
 from .conftest import PDF, PNG, FakeApi, MediaServer, Seen, broken_loader, load_media, rejected_count
 
@@ -139,6 +143,27 @@ def test_group_array_format_other_mention_and_per_user_scope() -> None:
     assert [s.type for s in m.segments] == ["text", "mention", "audio"]
     assert m.segments[2].data.media.kind == "file"
     assert m.conversation_key == "onebot:qq1:group_123456:12345678"
+
+
+def test_an_at_without_a_name_is_named_from_the_window() -> None:
+    message = [
+        {"type": "at", "data": {"qq": "10001000"}},
+        {"type": "text", "data": {"text": " ask "}},
+        {"type": "at", "data": {"qq": "222"}},
+        {"type": "text", "data": {"text": " and "}},
+        {"type": "at", "data": {"qq": "333", "name": "老王"}},  # some implementations send the name
+    ]
+    [m] = parse(group_event(message)).messages
+    assert m.mentions == ["10001000", "222", "333"] and m.mention_names == {"333": "老王"}
+    bot = bot_config()
+    window = [ContextEntry(message_id="1990", user_id="222", name="小明", text="hi")]
+    names = member_names(m, window)
+    assert content_blocks(m, bot, label_sender=False, names=names)[0]["text"] == "ask @小明 and @老王"
+    ctx = reply_context(bot, m, window)
+    assert ctx.context_members == (Member("222", "小明"), Member("333", "老王"))
+    # Nobody in the window has that number: the agent sees the id, and may still mention it back.
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @222 and @老王"
+    assert "222" in reply_context(bot, m, []).mentionable_ids()
 
 
 def test_signature_and_ignored_and_malformed() -> None:

@@ -15,8 +15,11 @@ from slack_sdk.signature import SignatureVerifier
 
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, load_media, rejected_count
 
@@ -112,6 +115,17 @@ def test_app_mention() -> None:
     assert [s.type for s in m.segments] == ["text", "mention", "text"]
     assert m.text == "What is the hour of the pearl, @U0LAN0Z89?"
     assert m.route == {} and m.sent_at_ms == pytest.approx(1515449522000.016)
+
+
+def test_mention_names_where_the_payload_has_them() -> None:
+    # `<@U…|name>` carries the name; a bare `<@U…>` (what the Events API usually sends) only the id.
+    event = dict(APP_MENTION, text="<@U0LAN0Z89> ask <@U0BOB1234|bob> and <@U0CAROL12>")
+    [m] = parse(callback(event)).messages
+    assert m.mentions == [BOT_USER, "U0BOB1234", "U0CAROL12"] and m.mention_names == {"U0BOB1234": "bob"}
+    bot = bot_config()
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @bob and @U0CAROL12"
+    ctx = reply_context(bot, m, [])
+    assert ctx.context_members == (Member("U0BOB1234", "bob"), Member("U0CAROL12", ""))
 
 
 def test_dm_and_redelivery_keeps_event_id() -> None:

@@ -17,9 +17,12 @@ from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms._richtext import utf16_len
 from pipeline.platforms.telegram import TelegramPlatform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks, trigger_reason
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media, rejected_count
 
@@ -48,6 +51,12 @@ def request(update: Update, secret: str | None = "s3cret-token") -> WebhookReque
     if secret is not None:
         headers["x-telegram-bot-api-secret-token"] = secret
     return WebhookRequest(headers=headers, body=update.to_json().encode())
+
+
+def group_text(update_id: int, text: str, *entities: MessageEntity) -> Update:
+    """Alice's text message in the group, with its entities."""
+    message = Message(update_id, WHEN, GROUP, from_user=ALICE, text=text, entities=entities)
+    return Update(update_id, message=message)
 
 
 def parse(update: Update, **bot_extra: Any):
@@ -119,26 +128,49 @@ def test_reply_to_bot_and_bot_command() -> None:
     assert m.reply_to.text == "earlier answer" and m.segments[0].type == "reply"
     assert not m.mentions_bot  # ingest decides the reply trigger
 
-    cmd = Message(
-        46,
-        WHEN,
-        GROUP,
-        from_user=ALICE,
-        text="/ask@switch_bot hello",
-        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 15),),
-    )
-    [c] = parse(Update(9005, message=cmd)).messages
+    [c] = parse(group_text(9005, "/ask@switch_bot hello", MessageEntity(MessageEntity.BOT_COMMAND, 0, 15))).messages
     assert c.mentions_bot
-    other = Message(
-        47,
-        WHEN,
-        GROUP,
-        from_user=ALICE,
-        text="/ask@other_bot hello",
-        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 14),),
-    )
-    [o] = parse(Update(9006, message=other)).messages
+    [o] = parse(group_text(9006, "/ask@other_bot hello", MessageEntity(MessageEntity.BOT_COMMAND, 0, 14))).messages
     assert not o.mentions_bot
+
+
+def test_a_command_addressed_to_this_bot_loses_the_suffix() -> None:
+    command = MessageEntity(MessageEntity.BOT_COMMAND, 0, 18)
+    [m] = parse(group_text(9020, "/status@switch_bot deploy-42", command)).messages
+    assert m.text == "/status deploy-42" and m.mentions_bot
+    assert [s.data.text for s in m.segments] == ["/status deploy-42"]
+    # The command-prefix trigger still sees the command, and the agent gets the question.
+    prefixed = bot_config(trigger={"mention": False, "command_prefix": "/status"})
+    assert trigger_reason(m, prefixed) == "command"
+    assert content_blocks(m, prefixed, label_sender=False)[0]["text"] == "deploy-42"
+    # Case-insensitive, and the rest of the text sliced in UTF-16 units.
+    ask = MessageEntity(MessageEntity.BOT_COMMAND, 0, 15)
+    [a] = parse(group_text(9021, "/ask@Switch_Bot 👋 what now?", ask)).messages
+    assert a.text == "/ask 👋 what now?"
+    assert content_blocks(a, bot_config(), label_sender=False)[0]["text"] == "👋 what now?"
+    # Addressed to another bot: left as it is, and not a trigger.
+    other = MessageEntity(MessageEntity.BOT_COMMAND, 0, 14)
+    [o] = parse(group_text(9022, "/ask@other_bot x", other)).messages
+    assert o.text == "/ask@other_bot x" and not o.mentions_bot
+
+
+def test_mentions_of_other_users_reach_the_agent_with_their_names() -> None:
+    bob = User(2002, "Bob", False, last_name="Builder")  # no username: Telegram sends a text_mention
+    update = group_text(
+        9023,
+        "@switch_bot ask Bob and @carol_c",
+        MessageEntity(MessageEntity.MENTION, 0, 11),
+        MessageEntity(MessageEntity.TEXT_MENTION, 16, 3, user=bob),
+        MessageEntity(MessageEntity.MENTION, 24, 8),
+    )
+    [m] = parse(update).messages
+    assert m.mentions == ["777", "2002", "@carol_c"] and m.mention_names == {"2002": "Bob Builder"}
+    bot = bot_config()
+    # Not `@@carol_c`; an @username is written as is, and Telegram links it when the agent writes it back.
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @Bob Builder and @carol_c"
+    ctx = reply_context(bot, m, [])
+    assert ctx.context_members == (Member("2002", "Bob Builder"), Member("@carol_c", ""))
+    assert {"2002", "@carol_c"} <= ctx.mentionable_ids()
 
 
 def test_private_photo_with_caption_and_forum_topic() -> None:

@@ -6,12 +6,15 @@ broker (the broker path is covered by the integration suites).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from pipeline.records import InboundMessage, Sender, SessionCommand
-from pipeline.settings import Settings
+from pipeline.platforms import WebhookRequest
+from pipeline.platforms.console import ConsolePlatform
+from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
+from pipeline.settings import BotConfig, Settings
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs
@@ -100,3 +103,57 @@ async def test_chat_commands_leave_the_window_alone(redis_url: str, redis_prefix
     assert await run(ingest, [msg(10, "/stop")]) == [True]
     assert [t.kind for t in recorder.turns()] == ["interrupt"]
     assert await ingest.state.context("console:demo:g", 10) == []
+
+
+def console_message(bot: BotConfig, chat: str, user: str, message_id: str, text: str, **extra: Any) -> InboundMessage:
+    """Parsed by the console platform, as ingress does: the record carries its conversation key."""
+    body = {"chat_id": chat, "chat_type": "group", "user_id": user, "message_id": message_id, "text": text, **extra}
+    [message] = ConsolePlatform().parse(bot, WebhookRequest(headers={}, body=json.dumps(body).encode())).messages
+    return message
+
+
+async def test_ids_with_a_colon_keep_their_conversations_apart(redis_url: str, redis_prefix: str) -> None:
+    # Per-user sessions: chat "a:b" + user "c" and chat "a" + user "b:c" were both "console:demo:a:b:c",
+    # one session, one context window, one de-duplication id for the same message id.
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", session_scope="user")
+    ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
+    first = [console_message(bot, "a:b", "c", "m1", "chatting"), console_message(bot, "a", "b:c", "m1", "chatting")]
+    assert await run(ingest, first) == [False, False]  # two messages, not one and its duplicate
+    asks = [
+        console_message(bot, "a:b", "c", "m2", "@bot hi", mentions=["bot"]),
+        console_message(bot, "a", "b:c", "m2", "@bot hi", mentions=["bot"]),
+    ]
+    assert await run(ingest, asks) == [True, True]
+
+    one, other = recorder.turns()
+    assert one.conversation_key != other.conversation_key
+    assert parse_conversation_key(one.conversation_key) == ConversationRef("console", "demo", "a:b", "c")
+    assert parse_conversation_key(other.conversation_key) == ConversationRef("console", "demo", "a", "b:c")
+    # Each turn saw its own window only.
+    assert one.known_ids == ["c"] and other.known_ids == ["b:c"]
+    redis = ingest.state.redis
+    windows = sorted(await redis.keys(f"{redis_prefix}ctx:*"))
+    assert windows == sorted(ingest.state.key("ctx", t.conversation_key) for t in (one, other))
+    for turn in (one, other):
+        [entry_m1, entry_m2] = await ingest.state.context(turn.conversation_key, 10)
+        assert (entry_m1.message_id, entry_m2.message_id) == ("m1", "m2")
+        assert entry_m1.user_id == turn.sender.user_id  # type: ignore[union-attr]
+    assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 4
+
+
+async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # Chat "g:1" + message "m" and chat "g" + message "1:m" shared the de-duplication id "console:demo:g:1:m".
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot")
+    ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
+    assert await run(ingest, [console_message(bot, "g:1", "u1", "m", "@bot one", mentions=["bot"])]) == [True]
+    assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [True]
+    assert [(t.chat_id, t.inbound_ids) for t in recorder.turns()] == [("g:1", ["m"]), ("g", ["1:m"])]
+    markers = await ingest.state.redis.keys(f"{redis_prefix}dedup:in:*")
+    assert sorted(markers) == [
+        f"{redis_prefix}dedup:in:console:demo:g%3A1:m",
+        f"{redis_prefix}dedup:in:console:demo:g:1%3Am",
+    ]
+    # The same message again is still a duplicate.
+    assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [False]
