@@ -4,7 +4,7 @@ Two kinds of match:
 
 - Configured secrets (every credential of every bot and every service credential of the deployment)
   are looked for in *normalised* text: NFKC, zero-width and other format characters removed, Unicode
-  case folding, markdown emphasis and escape markers (`* _ ~ \\` | \\\\`) removed, percent-escapes
+  lower-cased, markdown emphasis and escape markers (`* _ ~ \\` | \\\\`) removed, percent-escapes
   decoded. The secret is normalised the same way, so a fullwidth, lowercase, `%`-encoded, emphasised
   or zero-width-split copy is still the secret. The strings of one outbound message are read as ONE
   text (joined without separators, in segment order), so a secret split across segments is found too.
@@ -123,12 +123,15 @@ _PERCENT_RUN = re.compile(r"(?:%[0-9a-f]{2})+")
 
 
 def _fold(text: str) -> str:
-    """NFKC, case folding, format/invisible characters and markers dropped (ASCII: the same, faster)."""
+    """NFKC, lower case, format/invisible characters and markers dropped (ASCII: the same, faster).
+
+    `lower()`, not `casefold()`: both sides of the comparison go through it, so it only has to
+    make a case-changed copy equal (`casefold` would also equate `ß` and `ss`, at twice the cost)."""
     if text.isascii():
         return text.lower().translate(_ASCII_DELETE) if any(m in text for m in _MARKERS) else text.lower()
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
-    text = text.casefold()
+    text = text.lower()
     return _DROP.sub("", text) if _MAYBE_DROP.search(text) else text
 
 
@@ -330,10 +333,11 @@ class LeakScanner:
     def scan_texts(self, texts: Sequence[str]) -> TextsScan:
         """Scan strings that are shown together (one message): configured secrets across them,
         credential shapes within each. Strings without a hit are returned unchanged (same object)."""
-        spans, hits = self._configured_spans("".join(texts))
+        joined = "".join(texts)
+        spans, hits = self._configured_spans(joined)
         unmappable = hits > 0 and not spans
         out, changed = _cut(texts, spans) if spans else (list(texts), set())
-        lowered = "".join(out).lower()
+        lowered = ("".join(out) if spans else joined).lower()
         if any(trigger in lowered for trigger in _ALL_TRIGGERS):
             for index, text in enumerate(out):
                 text_lowered = text.lower()
@@ -379,10 +383,15 @@ class SegmentLeakScan:
 _Place = tuple[int, tuple[str, ...]]
 
 
+@functools.cache
+def _field_names(model_class: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(model_class.model_fields)  # pydantic's accessor is slow on the hot path; cached
+
+
 def _strings(model: BaseModel, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], str]]:
     # Every field, so nested strings (media.value, share.url/title, …) are covered, including fields
     # added to the models later.
-    for name in type(model).model_fields:
+    for name in _field_names(type(model)):
         if name == "type" and not path:
             continue  # the segment's discriminator: ours, not the agent's text
         value = getattr(model, name)
