@@ -4,10 +4,11 @@ Two kinds of match:
 
 - Configured secrets (every credential of every bot and every service credential of the deployment)
   are looked for in *normalised* text: NFKC, zero-width and other format characters removed, Unicode
-  lower-cased, markdown emphasis and escape markers (`* _ ~ \\` | \\\\`) removed, percent-escapes
-  decoded. The secret is normalised the same way, so a fullwidth, lowercase, `%`-encoded, emphasised
-  or zero-width-split copy is still the secret. The strings of one outbound message are read as ONE
-  text (joined without separators, in segment order), so a secret split across segments is found too.
+  lower-cased, the characters markdown uses for emphasis, code, escapes and spoilers (`_MARKERS`)
+  removed, percent-escapes decoded. The secret is normalised the same way, so a fullwidth, lowercase,
+  `%`-encoded, emphasised or zero-width-split copy is still the secret. The strings of one outbound
+  message are read as ONE text (joined without separators, in segment order), so a secret split
+  across segments is found too.
   Secrets of fewer than `MIN_CONFIGURED_SECRET_LENGTH` normalised characters are matched only as whole
   tokens (not preceded or followed by a letter or digit), so a short one does not redact parts of
   ordinary words; `LeakScanner.short_secrets` names them for the start-up warning.
@@ -225,10 +226,11 @@ class TextsScan:
     unmappable: bool = False  # a secret was seen but could not be placed: block, do not send
 
 
-def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def _merge(spans: list[tuple[int, int]], *, touching: bool = True) -> list[tuple[int, int]]:
+    """Overlapping spans (and, with `touching`, adjacent ones) merged, in order."""
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
+        if merged and (start <= merged[-1][1] if touching else start < merged[-1][1]):
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
             merged.append((start, end))
@@ -320,12 +322,7 @@ class LeakScanner:
         if self._short_pattern is not None:
             found.extend(match.span() for match in self._short_pattern.finditer(normalised))
         # Overlapping matches (one secret inside another, or two overlapping) are one hit, cut whole.
-        clusters: list[tuple[int, int]] = []
-        for start, end in sorted(found):
-            if clusters and start < clusters[-1][1]:
-                clusters[-1] = (clusters[-1][0], max(clusters[-1][1], end))
-            else:
-                clusters.append((start, end))
+        clusters = _merge(found, touching=False)
         if not clusters:
             return [], 1
         return [(starts[start], ends[end - 1]) for start, end in clusters], len(clusters)

@@ -1,17 +1,24 @@
 """What the worker checks for on the way out, configured at start-up: the deployment's secrets, the
-warning for short ones, and the bounded labels of session errors."""
+warning for short ones, the bounded labels of session errors, and rejected media counted by reason."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
-from pipeline.records import SessionEventRecord
-from pipeline.runtime import Runtime, deployment_secrets
+from pipeline.records import OutboundMessage, SessionEventRecord
+from pipeline.runtime import Runtime, deployment_secrets, reply_policy
+from pipeline.segments import Capabilities, MediaChecker, MediaSettings, SafeFetcher
 from pipeline.settings import BotConfig, Settings
+from pipeline.stages.notices import Notices
+from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage, _shortened, session_error_labels
+from pipeline.stages.tools import ImTools
+from pipeline.state import InflightStream, StateStore, TurnContext
 
 
 def _settings(**extra: object) -> Settings:
@@ -108,3 +115,70 @@ def test_a_shortened_tool_input_never_ends_inside_a_marker() -> None:
     assert _shortened(text, 200) == "x" * 195 + "[redacted]"
     assert _shortened("y" * 300, 200) == "y" * 200
     assert _shortened("short", 200) == "short"
+
+
+async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reason(
+    redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(bots=[BotConfig(platform="onebot", bot_id="qq1", language="en")])
+    client = aioredis.from_url(redis_url, decode_responses=True)
+    state = StateStore(client, redis_prefix)
+    produced: list[bytes] = []
+
+    async def record(topic: str, key: str | None, value: bytes) -> None:
+        produced.append(value)
+
+    media = MediaChecker(MediaSettings(), SafeFetcher())
+    render = RenderStage(
+        settings,
+        state,
+        Outputs(record),
+        Notices(settings),
+        {("onebot", "qq1"): reply_policy(settings.bots[0], settings)},
+        {"onebot": Capabilities()},
+        ImTools(settings, state),
+        media=media,
+    )
+    conversation = "onebot:qq1:group_5"
+    turn = TurnContext(trace_id="t", platform="onebot", bot_id="qq1", chat_id="group_5", chat_type="group")
+    stream = InflightStream(session_id="s1", conversation_key=conversation)
+    await state.start_turn(conversation, 0, stream, turn_id="m1", status="running", turn=turn, session_id="s1")
+    hidden = "http://10.1.2.3/internal.png"
+    reply = {
+        "segments": [
+            {"type": "text", "data": {"text": "two pictures:"}},
+            {"type": "image", "data": {"media": {"kind": "url", "value": hidden}}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "/etc/passwd"}}},
+        ]
+    }
+    before = {r: _rejected(r) for r in ("address_private", "path_not_allowed")}
+    caplog.set_level(logging.INFO, logger="pipeline.stages.render")
+    try:
+        for event in (
+            {"type": "agent.message", "id": "e1", "content": [{"type": "text", "text": json.dumps(reply)}]},
+            {"type": "session.status_idle", "id": "e2", "stop_reason": {"type": "end_turn"}},
+        ):
+            await render.handle(
+                SessionEventRecord(
+                    conversation_key=conversation,
+                    session_id="s1",
+                    event=event,
+                    event_type=str(event["type"]),
+                    event_id=str(event["id"]),
+                )
+            )
+    finally:
+        await media.aclose()
+        await client.aclose()
+    [message] = [OutboundMessage.model_validate_json(v) for v in produced if b'"kind":"reply"' in v]
+    shown = "".join(s.data.text for s in message.segments)  # type: ignore[union-attr]
+    assert shown == "two pictures: [attachment unavailable] [attachment unavailable]"
+    assert {r: _rejected(r) - before[r] for r in before} == {"address_private": 1, "path_not_allowed": 1}
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("address_private" in line for line in lines) and any("path_not_allowed" in line for line in lines)
+    assert not any(hidden in line or "/etc/passwd" in line for line in lines)
+
+
+def _rejected(reason: str) -> float:
+    labels = {"platform": "onebot", "reason": reason}
+    return REGISTRY.get_sample_value("switchboard_media_rejected_total", labels) or 0.0
