@@ -89,6 +89,8 @@ def _capability_only(segments: list[Segment], capabilities: Capabilities, unavai
         else:
             checked.append(CheckedMedia(index, segment.type, kind, False, "unsupported_by_platform"))
     rejected = [c.index for c in checked if not c.accepted]
+    if not rejected:
+        return MediaCheck(segments, checked, 0)
     return MediaCheck(with_placeholders(segments, rejected, unavailable), checked, len(rejected))
 
 

@@ -89,6 +89,13 @@ _COMPILED_SHAPES: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = tuple(
 _ALL_TRIGGERS: tuple[str, ...] = tuple(sorted({t for _, triggers in _CREDENTIAL_SHAPES for t in triggers}))
 
 
+def _has_trigger(lowered: str) -> bool:
+    for trigger in _ALL_TRIGGERS:  # a plain loop: `any(<generator>)` costs more than the tests
+        if trigger in lowered:
+            return True
+    return False
+
+
 # --- normalisation --------------------------------------------------------------------------------
 
 # Markdown emphasis/code markers, escapes and spoiler bars: removed, so `xo**xb**-1` reads `xoxb-1`.
@@ -119,7 +126,7 @@ _DROP = re.compile(_char_class(_DROPPED, _MARKERS) + "+")
 # The same test in a form `re` runs fast (a bitmap for the BMP; one range for all astral characters):
 # most text has nothing to drop, and this finds that out at a fraction of `_DROP`'s cost.
 _MAYBE_DROP = re.compile(_char_class([r for r in _DROPPED if r[1] < 0x10000], _MARKERS) + "|[\U00010000-\U0010ffff]")
-_ASCII_DELETE = {ord(c): None for c in _MARKERS}
+_ASCII_MARKER = re.compile(f"[{re.escape(_MARKERS)}]+")
 _PERCENT_RUN = re.compile(r"(?:%[0-9a-f]{2})+")
 
 
@@ -129,7 +136,8 @@ def _fold(text: str) -> str:
     `lower()`, not `casefold()`: both sides of the comparison go through it, so it only has to
     make a case-changed copy equal (`casefold` would also equate `ß` and `ss`, at twice the cost)."""
     if text.isascii():
-        return text.lower().translate(_ASCII_DELETE) if any(m in text for m in _MARKERS) else text.lower()
+        lowered = text.lower()
+        return _ASCII_MARKER.sub("", lowered) if _ASCII_MARKER.search(lowered) else lowered
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
     text = text.lower()
@@ -299,8 +307,9 @@ class LeakScanner:
         return f"LeakScanner({len(self._long)} secrets, {len(self.short_secrets)} short)"
 
     def _found_in(self, normalised: str) -> bool:
-        if any(secret in normalised for secret in self._long):
-            return True
+        for secret in self._long:  # a plain loop: `any(<generator>)` costs more than the tests
+            if secret in normalised:
+                return True
         return self._short_pattern is not None and self._short_pattern.search(normalised) is not None
 
     def has_configured(self, text: str) -> bool:
@@ -331,11 +340,12 @@ class LeakScanner:
         """Scan strings that are shown together (one message): configured secrets across them,
         credential shapes within each. Strings without a hit are returned unchanged (same object)."""
         joined = "".join(texts)
+        if not joined:
+            return TextsScan(list(texts), 0, frozenset())
         spans, hits = self._configured_spans(joined)
         unmappable = hits > 0 and not spans
         out, changed = _cut(texts, spans) if spans else (list(texts), set())
-        lowered = ("".join(out) if spans else joined).lower()
-        if any(trigger in lowered for trigger in _ALL_TRIGGERS):
+        if _has_trigger(("".join(out) if spans else joined).lower()):
             for index, text in enumerate(out):
                 text_lowered = text.lower()
                 for pattern, triggers in _COMPILED_SHAPES:
