@@ -3,7 +3,7 @@
 Every agent runs with `concurrency=1` and hands each record to its stage's keyed executor; the
 record is acknowledged (and so its offset may be committed) only when it and every earlier record
 of its partition are done. Values are raw bytes parsed with pydantic (faster than Faust's codecs,
-and the records are the contract in `topics/`).
+and the records are the contract in `pipeline/topics/`).
 """
 
 from __future__ import annotations

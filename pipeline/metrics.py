@@ -1,11 +1,15 @@
-"""The Prometheus metric catalogue (ARCHITECTURE.md, "Observability").
+"""The Prometheus metric catalogue (docs/operations.md, "Metrics").
 
 Labels are bounded: platform, bot, stage, outcome, reason, type. Never chat or user ids.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
+# No `*_created` series: one more sample per label set of every counter and histogram (the time it
+# was first seen), which nothing here reads and Prometheus stores as a gauge (docs/operations.md).
+disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

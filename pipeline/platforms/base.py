@@ -101,6 +101,9 @@ MediaLoader = Callable[[Media], Awaitable[tuple[bytes, str]]]
 class Platform(abc.ABC):
     name: ClassVar[str]
     profile: ClassVar[PlatformProfile]
+    #: Credentials a bot of this platform must have, checked when the settings load (a worker with
+    #: one missing would fail every webhook or send). A tuple entry: at least one of those names.
+    required_credentials: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:

@@ -56,6 +56,7 @@ class ConsoleWebhook(BaseModel):
 
 class ConsolePlatform(Platform):
     name: ClassVar[str] = "console"
+    required_credentials = ()  # `token`: optional
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset(SEGMENT_TYPES),
         max_text_chars=100_000,

@@ -121,6 +121,7 @@ FILE_ID_SHAPES = {"image": _IMAGE_KEY, "audio": _FILE_KEY, "video": _FILE_KEY, "
 
 class LarkPlatform(Platform):
     name: ClassVar[str] = "lark"
+    required_credentials = ("app_id", "app_secret", ("verification_token", "encrypt_key"))
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "file", "reply", "share"}),
         max_text_chars=MAX_TEXT,

@@ -111,6 +111,7 @@ _RETCODES: dict[int, tuple[SendStatus, str]] = {
 
 class OneBotPlatform(Platform):
     name: ClassVar[str] = "onebot"
+    required_credentials = ()  # `secret`, `access_token`: optional
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset(
             {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps", "share"}

@@ -121,6 +121,7 @@ FILE_ID_SHAPES = {"image": re.compile(r"F[A-Z0-9]{6,24}")}
 
 class SlackPlatform(Platform):
     name: ClassVar[str] = "slack"
+    required_credentials = ("signing_secret", "bot_token")
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,

@@ -99,6 +99,7 @@ _MEDIA_METHOD = {
 
 class TelegramPlatform(Platform):
     name: ClassVar[str] = "telegram"
+    required_credentials = ("token",)
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file", "reply", "dice"}),
         max_text_chars=MAX_TEXT,

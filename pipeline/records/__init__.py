@@ -1,6 +1,6 @@
 """The records carried by Switchboard's topics: the contract of the streams.
 
-Each topic's value is one of these pydantic models; `topics/` holds their JSON Schemas, generated
+Each topic's value is one of these pydantic models; `pipeline/topics/` holds their JSON Schemas, generated
 by `switchboard topics schemas` (a test fails when they drift).
 """
 

@@ -1,4 +1,4 @@
-"""Record models for every topic (see ARCHITECTURE.md, "Topics").
+"""Record models for every topic (see docs/architecture.md, "Topics").
 
 Records are keyed by the conversation key `platform:bot:chat` (or `platform:bot:chat:user` for
 per-user sessions in a group), each id encoded so that `:` only separates (`_keys.py`). Each record

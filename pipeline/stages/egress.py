@@ -32,6 +32,9 @@ from .notices import Notices
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
+# One INFO line per delivered message (conversation key, kind, time since the webhook; never the
+# text): what `switchboard up` shows in its terminal.
+turns_log = logging.getLogger("pipeline.turns")
 
 
 def backoff_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
@@ -118,6 +121,10 @@ class EgressStage:
             await self.state.set_markers("out", [message.outbound_id])
         metrics.EGRESS.labels(platform_name, "sent").inc()
         self._observe(message)
+        if turns_log.isEnabledFor(logging.INFO):
+            ingress = message.hops.get("ingress")
+            since = f"{now_ms() - ingress:.0f} ms after the webhook" if ingress is not None else "no webhook time"
+            turns_log.info("%s: %s delivered, %s", message.conversation_key, message.kind, since)
 
     async def _send_with_retries(
         self, bot: BotConfig, platform: Platform, message: OutboundMessage, call: object

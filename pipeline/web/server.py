@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,9 @@ from pipeline.topics import IM_INBOUND
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
+# Which process answers /healthz: `switchboard up` gives each worker it starts an id and checks it,
+# so it never mistakes another program on the port for its own worker.
+INSTANCE_ID = os.environ.get("SWITCHBOARD_INSTANCE_ID") or uuid.uuid4().hex
 MAX_WEBHOOK_BYTES = 1024 * 1024
 
 # (topic, key, value) → awaited until the broker acknowledged the record.
@@ -128,7 +133,7 @@ async def metrics_view(_: web.Request) -> web.Response:
 
 
 async def healthz(_: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", "instance": INSTANCE_ID})
 
 
 async def readyz(request: web.Request) -> web.Response:

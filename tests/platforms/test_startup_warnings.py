@@ -9,6 +9,9 @@ import pytest
 from pipeline.runtime import Runtime
 from pipeline.settings import BotConfig, Settings
 
+# What a Lark bot needs to load at all (its `required_credentials`), besides the webhook's own.
+LARK_APP = {"app_id": "cli_app", "app_secret": "app-secret"}
+
 
 async def _nowhere(topic: str, key: str | None, value: bytes) -> None:
     raise AssertionError("nothing is produced at start-up")
@@ -22,9 +25,11 @@ async def test_secret_less_bots_are_named_at_start_up(redis_url: str, caplog: py
             BotConfig(platform="telegram", bot_id="tg-closed", credentials={"token": "1:t", "webhook_secret": "s"}),
             BotConfig(platform="onebot", bot_id="qq-open", credentials={"access_token": "ACCESS-VALUE"}),
             BotConfig(platform="onebot", bot_id="qq-closed", credentials={"secret": "s"}),
-            BotConfig(platform="lark", bot_id="lk-token-only", credentials={"verification_token": "VERIFY-VALUE"}),
-            BotConfig(platform="lark", bot_id="lk-signed", credentials={"encrypt_key": "e"}),
-            BotConfig(platform="slack", bot_id="sl1", credentials={"signing_secret": "s"}),
+            BotConfig(
+                platform="lark", bot_id="lk-token-only", credentials={**LARK_APP, "verification_token": "VERIFY-VALUE"}
+            ),
+            BotConfig(platform="lark", bot_id="lk-signed", credentials={**LARK_APP, "encrypt_key": "e"}),
+            BotConfig(platform="slack", bot_id="sl1", credentials={"signing_secret": "s", "bot_token": "xoxb-1"}),
         ],
     )
     runtime = Runtime(settings, _nowhere)

@@ -1,4 +1,7 @@
-"""Topic names and declarations, read from `topics/topics.toml` (the contract of the streams)."""
+"""Topic names and declarations, read from `topics.toml` beside this module (the contract of the streams).
+
+The catalogue and the generated JSON Schemas are package data, so an installed wheel has them.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ SESSION_EVENTS = "session.events"
 DEADLETTER = "im.deadletter"
 _OUTBOUND = "im.outbound.{platform}"
 
-TOPICS_DIR = Path(__file__).resolve().parent.parent / "topics"
+TOPICS_DIR = Path(__file__).resolve().parent
 
 
 def outbound_topic(platform: str) -> str:
