@@ -24,7 +24,11 @@ from pipeline.state import InflightStream, StateStore, TurnContext
 def _settings(**extra: object) -> Settings:
     bots = [
         BotConfig(platform="onebot", bot_id="qq1", credentials={"secret": "abc12", "access_token": "ob-token-123456"}),
-        BotConfig(platform="telegram", bot_id="tg1", credentials={"webhook_secret": "tg-secret-8812"}),
+        BotConfig(
+            platform="telegram",
+            bot_id="tg1",
+            credentials={"token": "123:tg-token-55", "webhook_secret": "tg-secret-8812"},
+        ),
     ]
     return Settings(bots=bots, **extra)  # type: ignore[arg-type]
 
