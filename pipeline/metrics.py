@@ -53,8 +53,12 @@ STREAM_EVENTS = Counter("switchboard_session_events_total", "Server events produ
 SEGMENTS = Counter(
     "switchboard_segments_total", "Final replies by validation outcome", ["platform", "outcome"]
 )  # valid | corrected | failed | empty
-LEAK_HITS = Counter("switchboard_leak_hits_total", "Secrets found in outbound strings", ["platform"])
-MEDIA_REJECTED = Counter("switchboard_media_rejected_total", "Media replaced by a notice", ["platform"])
+LEAK_HITS = Counter(
+    "switchboard_leak_hits_total", "Secrets found in outbound messages", ["platform", "kind"]
+)  # kind: reply | progress | notice | confirmation
+MEDIA_REJECTED = Counter(
+    "switchboard_media_rejected_total", "Media replaced by a notice", ["platform", "reason"]
+)  # reason: pipeline.segments.media.REJECTION_REASONS
 UNKNOWN_MENTIONS = Counter("switchboard_unknown_mentions_total", "Mentions of ids unknown to the turn", ["platform"])
 NOTICES = Counter("switchboard_notices_total", "Host-written notices sent", ["platform", "notice"])
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 from aiohttp import web
+from pydantic import BaseModel, SecretStr
 from redis.asyncio import Connection, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -42,8 +45,7 @@ from pipeline.segments import (
 )
 from pipeline.segments import TurnContext as ReplyContext
 from pipeline.segments.context import Member, RepliedMessage
-from pipeline.segments.exceptions import MediaUnavailable
-from pipeline.segments.sniff import SNIFF_BYTES, sniff_mime
+from pipeline.segments.leaks import MIN_CONFIGURED_SECRET_LENGTH, Secret
 from pipeline.session import (
     AnthropicProvisioner,
     ArkOpenAPIProvisioner,
@@ -55,6 +57,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.stages.dispatch import DispatchStage
 from pipeline.stages.egress import EgressStage
 from pipeline.stages.ingest import IngestStage, member_names
+from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
@@ -66,18 +69,55 @@ from pipeline.web import WebDeps, build_web_app
 log = logging.getLogger(__name__)
 
 
-def reply_policy(bot: BotConfig, settings: Settings) -> ReplyPolicy:
-    """The segments contract's per-bot policy; the bot's own credentials are secrets never to leak."""
-    secrets = [v.get_secret_value() for v in bot.credentials.values()]
-    for value in (settings.session_api_key, settings.correction_api_key, settings.ark_secret_key):
-        if value is not None:
-            secrets.append(value.get_secret_value())
+# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases).
+_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@")
+
+
+def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, SecretStr):
+            yield Secret(value.get_secret_value(), f"{where}{name}")
+        elif isinstance(value, str):
+            for match in _URL_PASSWORD.finditer(value):
+                yield Secret(unquote(match.group(1)), f"{where}{name} (password in the URL)")
+
+
+def deployment_secrets(settings: Settings) -> list[Secret]:
+    """Every secret of the deployment, named by where it is configured: each bot's credentials and
+    secret fields, every secret setting (session, correction and Ark keys, …) and the passwords in
+    URL settings (Redis, Kafka). Any bot's output is checked for all of them."""
+    secrets = list(_secrets_of(settings, "setting "))
+    for bot in settings.bots:
+        where = f"bot {bot.platform}/{bot.bot_id}"
+        for name, value in bot.credentials.items():
+            secrets.append(Secret(value.get_secret_value(), f"{where}, credential '{name}'"))
+        secrets.extend(_secrets_of(bot, f"{where}, field "))
+    return secrets
+
+
+def leak_scanner(settings: Settings) -> LeakScanner:
+    """The deployment's leak scanner; warns once for each secret too short to match everywhere."""
+    scanner = LeakScanner(deployment_secrets(settings))
+    for source in scanner.short_secrets:
+        log.warning(
+            "leak check: %s is shorter than %d characters (after normalisation); it is matched only as "
+            "a whole word, not inside other text. Use a longer secret",
+            source,
+            MIN_CONFIGURED_SECRET_LENGTH,
+        )
+    return scanner
+
+
+def reply_policy(bot: BotConfig, settings: Settings, scanner: LeakScanner | None = None) -> ReplyPolicy:
+    """The segments contract's per-bot policy. `scanner` holds every secret of the deployment
+    (`leak_scanner`); built from `settings` when not given."""
     return ReplyPolicy(
         language=bot.language,
         output_mode=OutputMode.SEGMENTS if bot.output_schema else OutputMode.PLAIN,
         mention_policy=MentionPolicy(bot.mention_policy),
         leak_action=LeakAction.BLOCK if bot.leak_policy == "block" else LeakAction.REDACT,
-        leak_scanner=LeakScanner(s for s in secrets if len(s) >= 8),
+        leak_scanner=scanner if scanner is not None else LeakScanner(deployment_secrets(settings)),
         notices=NoticeCatalog(bot_overrides={bot.bot_id: {bot.language: dict(bot.notices)}} if bot.notices else {}),
     )
 
@@ -185,7 +225,8 @@ class Runtime:
             if s.correction_base_url
             else None
         )
-        self.policies = {(b.platform, b.bot_id): reply_policy(b, s) for b in s.bots}
+        self.leak_scanner = leak_scanner(s)
+        self.policies = {(b.platform, b.bot_id): reply_policy(b, s, self.leak_scanner) for b in s.bots}
         self.platforms: dict[str, Platform] = {name: get_platform(name) for name in s.platforms}
         for bot in s.bots:
             for warning in self.platforms[bot.platform].startup_warnings(bot):
@@ -222,7 +263,14 @@ class Runtime:
             corrector=self.corrector,
             media=self.media,
         )
-        self.egress = EgressStage(s, self.state.deliveries, self.outputs, self.http, self.load_media)
+        self.egress = EgressStage(
+            s,
+            self.state.deliveries,
+            self.outputs,
+            self.http,
+            self.load_media,
+            leak_guard=LeakGuard(self.leak_scanner, self.notices),
+        )
         self.started = True
         self.started_event.set()
 
@@ -324,10 +372,7 @@ class Runtime:
 
     async def load_media(self, media: Media) -> tuple[bytes, str]:
         """Egress: a media reference's bytes and sniffed type, through the same guards as render."""
-        if media.kind == "file":
-            raise MediaUnavailable("platform_file")
-        data = await self.media._read(media.kind, media.value, self.settings.media_max_bytes)
-        return data, sniff_mime(data[:SNIFF_BYTES]) or "application/octet-stream"
+        return await self.media.load(media)
 
 
 SendFn = Callable[[str, str | None, bytes], Awaitable[None]]

@@ -7,18 +7,25 @@ import email.utils
 import functools
 import hashlib
 import json
+import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
+from pipeline import metrics
 from pipeline.platforms.base import SendOutcome, WebhookRequest
 from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, new_trace_id, now_ms
 from pipeline.records.models import ChatType
-from pipeline.segments.models import Media
+from pipeline.segments.exceptions import MediaUnavailable
+from pipeline.segments.media import rejection_label, with_placeholders
+from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, Segment
 from pipeline.settings import BotConfig
+
+log = logging.getLogger("pipeline.platforms")
 
 # --- inbound -------------------------------------------------------------------------------------
 
@@ -207,6 +214,49 @@ def dice_text(outbound_id: str, index: int) -> str:
 
 def rps_text(outbound_id: str, index: int) -> str:
     return _RPS[_roll(outbound_id, index, 3)]
+
+
+# --- outbound media ------------------------------------------------------------------------------
+
+
+def attachment_unavailable(bot: BotConfig, segment_type: str, kind: str, reason: str) -> str:
+    """Count and log (INFO: type, kind and reason only, never the value) one attachment replaced by
+    the notice; returns the notice text."""
+    label = rejection_label(reason)
+    metrics.MEDIA_REJECTED.labels(bot.platform, label).inc()
+    log.info("%s/%s: %s media (%s) sent as the notice: %s", bot.platform, bot.bot_id, segment_type, kind, label)
+    return notice(bot, "attachment_unavailable")
+
+
+def load_failure(exc: BaseException) -> str:
+    """Why a media loader failed, as a rejection reason."""
+    return exc.reason if isinstance(exc, MediaUnavailable) else "unreadable"
+
+
+def with_own_file_ids(
+    bot: BotConfig, segments: Sequence[Segment], shapes: Mapping[str, re.Pattern[str]]
+) -> list[Segment]:
+    """`segments` with every `kind: file` media that is not one of this platform's own file ids
+    (`shapes`: a pattern per segment type the platform can send by id) replaced by the notice.
+
+    An agent chooses these values. Passed on unchecked, a scheme or a path (`file:///etc/shadow`,
+    `/data/x`, `http://10.0.0.1/`) would be read or fetched by the platform's side, on the operator's
+    machine or network (NapCat and go-cqhttp do so)."""
+    refused: list[int] = []
+    for index, segment in enumerate(segments):
+        if segment.type not in MEDIA_SEGMENT_TYPES:
+            continue
+        media = segment.data.media  # type: ignore[union-attr]
+        if media.kind != "file":
+            continue
+        shape = shapes.get(segment.type)
+        if shape is None or shape.fullmatch(media.value) is None:
+            reason = "file_id_shape" if shape is not None else "unsupported_by_platform"
+            attachment_unavailable(bot, segment.type, "file", reason)
+            refused.append(index)
+    if not refused:
+        return list(segments)
+    return with_placeholders(list(segments), refused, notice(bot, "attachment_unavailable"))
 
 
 def media_dict(media: Media) -> dict[str, str]:

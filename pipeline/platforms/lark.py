@@ -7,8 +7,10 @@ verification token. URL verification answers the challenge. `im.message.receive_
 group chats; the header's `event_id` is the de-duplication id (Lark redelivers on timeouts).
 Out: a tenant access token (cached until shortly before it expires), then
 `POST /open-apis/im/v1/messages?receive_id_type=chat_id` or `…/messages/{id}/reply`, as `text` or
-`post` (with `at` and `md` elements); images and files are uploaded first for their keys. Each
-send carries a `uuid` derived from the outbound id, so Lark itself drops a duplicate send.
+`post` (with `at` and `md` elements); images and files are uploaded first for their keys (URLs are
+fetched here, through the SSRF guard). A `kind: file` value passes only as an existing key of Lark's
+shape: `img_…` for images, `file_…` for the rest. Each send carries a `uuid` derived from the
+outbound id, so Lark itself drops a duplicate send.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import time
 from typing import Any, ClassVar
 
@@ -25,12 +28,14 @@ import httpx
 
 from pipeline.platforms._common import (
     arr,
+    attachment_unavailable,
     base_url,
     build_inbound,
     dice_text,
     face_text,
     file_name,
     http_outcome,
+    load_failure,
     load_json,
     media_placeholder,
     missing_credential,
@@ -42,6 +47,7 @@ from pipeline.platforms._common import (
     response_json,
     retry_after_header,
     rps_text,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, split_rich
 from pipeline.platforms.base import (
@@ -104,6 +110,13 @@ _PERMANENT = {
     99991672: "missing_scope",
     99991679: "missing_scope",
 }
+
+
+# Keys Lark gives for uploaded resources: `img_v2_041b…` (images), `file_v3_00a1…` (files, audio,
+# video); older keys have no version part. Anything else is not Lark's and is not sent.
+_IMAGE_KEY = re.compile(r"img_(?:v\d+_)?[A-Za-z0-9_-]{6,200}")
+_FILE_KEY = re.compile(r"file_(?:v\d+_)?[A-Za-z0-9_-]{6,200}")
+FILE_ID_SHAPES = {"image": _IMAGE_KEY, "audio": _FILE_KEY, "video": _FILE_KEY, "file": _FILE_KEY}
 
 
 class LarkPlatform(Platform):
@@ -295,7 +308,7 @@ class LarkPlatform(Platform):
                     text = "\n".join("".join(e["text"] for e in para) for para in paragraphs)
                     bodies.append(("text", {"text": text}, None, None))
 
-        for index, segment in enumerate(message.segments):
+        for index, segment in enumerate(with_own_file_ids(bot, message.segments, FILE_ID_SHAPES)):
             if isinstance(segment, TextSegment):
                 builder.text(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -312,11 +325,11 @@ class LarkPlatform(Platform):
                     if item.kind == "file":
                         bodies.append(("image", {"image_key": item.value}, None, None))
                     else:
-                        bodies.append(("image", {}, item, "image"))
+                        bodies.append(("image", {}, item, f"image:{segment.type}"))
                 elif item.kind == "file":
                     bodies.append(("file", {"file_key": item.value}, None, None))
                 else:  # audio and video go as files: Lark's audio/media types need opus/mp4 and a cover
-                    bodies.append(("file", {}, item, "file"))
+                    bodies.append(("file", {}, item, f"file:{segment.type}"))
             elif isinstance(segment, DiceSegment):
                 builder.text(dice_text(message.outbound_id, index))
             elif isinstance(segment, RpsSegment):
@@ -341,7 +354,11 @@ class LarkPlatform(Platform):
             else:
                 path = f"{MESSAGES_PATH}?receive_id_type=chat_id"
                 body["receive_id"] = message.chat_id
-            meta: dict[str, Any] = {"upload": upload} if upload else {}
+            meta: dict[str, Any] = {}
+            if upload:
+                kind, _, segment_type = upload.partition(":")
+                meta = {"upload": kind, "segment": segment_type}
+                upload = kind
             calls.append(PlatformCall(method="POST", path=path, json=body, media=media, media_field=upload, meta=meta))
             if not in_thread:
                 reply_id = None  # only the first message quotes; the thread keeps them all together
@@ -361,10 +378,9 @@ class LarkPlatform(Platform):
                 uploaded = await self._upload(bot, call, http, load_media, root, headers)
                 if isinstance(uploaded, SendOutcome):
                     return uploaded
-                if uploaded is None:  # unreadable media: the notice goes in its place
+                if isinstance(uploaded, str):  # unreadable media: the notice goes in its place
                     body["msg_type"] = "text"
-                    unavailable = {"text": notice(bot, "attachment_unavailable")}
-                    body["content"] = json.dumps(unavailable, ensure_ascii=False)
+                    body["content"] = json.dumps({"text": uploaded}, ensure_ascii=False)
                 else:
                     body["content"] = json.dumps(uploaded, ensure_ascii=False)
             response = await http.request(call.method, root + call.path, json=body, headers=headers)
@@ -384,12 +400,14 @@ class LarkPlatform(Platform):
         load_media: MediaLoader,
         root: str,
         headers: dict[str, str],
-    ) -> dict[str, str] | SendOutcome | None:
+    ) -> dict[str, str] | SendOutcome | str:
+        """The uploaded resource's key, an outcome to return, or the notice text for unreadable media."""
         assert call.media is not None
         try:
             data, mime = await load_media(call.media)
-        except Exception:  # the loader is foreign code: any failure means "unreadable"
-            return None
+        except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+            segment_type = str(call.meta.get("segment", call.meta["upload"]))
+            return attachment_unavailable(bot, segment_type, call.media.kind, load_failure(exc))
         name = file_name(call.media, mime)
         if call.meta["upload"] == "image":
             response = await http.post(

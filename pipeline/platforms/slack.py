@@ -7,7 +7,9 @@ subscribed to them). Redeliveries (`X-Slack-Retry-Num`) carry the same `event_id
 them as duplicates.
 Out: `chat.postMessage` with mrkdwn converted from markdown and `<@U…>` mentions, in the thread of
 the conversation (`route["thread_ts"]`); files through `files.getUploadURLExternal` → upload →
-`files.completeUploadExternal`. Slack answers HTTP 200 with `{"ok": false, "error": …}`.
+`files.completeUploadExternal` (URLs fetched here, through the SSRF guard). A `kind: file` image
+passes only as a Slack file id (`F…`), shown through an image block; an existing file of another
+type cannot be posted again by id. Slack answers HTTP 200 with `{"ok": false, "error": …}`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import httpx
 
 from pipeline.platforms._common import (
     arr,
+    attachment_unavailable,
     base_url,
     build_inbound,
     dice_text,
     face_text,
     file_name,
     http_outcome,
+    load_failure,
     load_json,
     media_placeholder,
     network_outcome,
@@ -37,6 +41,7 @@ from pipeline.platforms._common import (
     response_json,
     retry_after_header,
     rps_text,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_mrkdwn
 from pipeline.platforms.base import (
@@ -108,6 +113,10 @@ _KNOWN_ERRORS = {
     "ekm_access_denied",
 }
 _SLACK_TOKEN = re.compile(r"<([^<>]*)>")
+
+
+# Slack file ids: `F` and upper-case letters and digits. Only images can be shown again by id.
+FILE_ID_SHAPES = {"image": re.compile(r"F[A-Z0-9]{6,24}")}
 
 
 class SlackPlatform(Platform):
@@ -240,7 +249,7 @@ class SlackPlatform(Platform):
                 calls.append(PlatformCall(method="POST", path="/chat.postMessage", json={**base, "text": text}))
             rich = RichText()
 
-        for index, segment in enumerate(message.segments):
+        for index, segment in enumerate(with_own_file_ids(bot, message.segments, FILE_ID_SHAPES)):
             if isinstance(segment, TextSegment):
                 rich.append(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -251,7 +260,12 @@ class SlackPlatform(Platform):
                 media = segment.data.media
                 if media.kind != "file":
                     flush()
-                    meta = {"flow": "upload", "channel": message.chat_id, "thread_ts": thread_ts}
+                    meta = {
+                        "flow": "upload",
+                        "channel": message.chat_id,
+                        "thread_ts": thread_ts,
+                        "segment": segment.type,
+                    }
                     calls.append(
                         PlatformCall(
                             method="POST",
@@ -261,13 +275,11 @@ class SlackPlatform(Platform):
                             meta=meta,
                         )
                     )
-                elif isinstance(segment, ImageSegment):  # a Slack file id: shown through an image block
+                else:  # a Slack image file id (other kinds were refused above): shown through an image block
                     flush()
                     block = {"type": "image", "slack_file": {"id": media.value}, "alt_text": "image"}
                     body = {**base, "text": "image", "blocks": [block]}
                     calls.append(PlatformCall(method="POST", path="/chat.postMessage", json=body))
-                else:  # an existing non-image Slack file cannot be re-posted by id
-                    rich.append(notice(bot, "attachment_unavailable"))
             elif isinstance(segment, DiceSegment):
                 rich.append(dice_text(message.outbound_id, index))
             elif isinstance(segment, RpsSegment):
@@ -311,8 +323,12 @@ class SlackPlatform(Platform):
         thread_ts = call.meta.get("thread_ts")
         try:
             data, mime = await load_media(call.media)
-        except Exception:  # the loader is foreign code: any failure means "unreadable"
-            text = {"channel": channel, "text": notice(bot, "attachment_unavailable")}
+        except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+            segment_type = str(call.meta.get("segment", "file"))
+            text = {
+                "channel": channel,
+                "text": attachment_unavailable(bot, segment_type, call.media.kind, load_failure(exc)),
+            }
             if thread_ts:
                 text["thread_ts"] = thread_ts
             fallback = PlatformCall(method="POST", path="/chat.postMessage", json=text)

@@ -5,6 +5,9 @@ to `setWebhook`, credential `webhook_secret`). `message` updates in private chat
 Out: `sendMessage` with `entities` (never `parse_mode`: entities need no escaping, and the agent's
 markdown cannot break a message), `sendPhoto`/`sendAudio`/`sendVideo`/`sendDocument` (a URL or a
 file_id as is, other media uploaded as multipart), `sendDice`; `reply_parameters` for replies.
+Telegram fetches a URL on its own servers, not on the operator's network; when it cannot, the bytes
+are fetched here through the SSRF guard and uploaded. A `kind: file` value must have the shape of a
+file_id (base64url characters only), never a URL or an `attach://` reference.
 Lengths and entity offsets are UTF-16 code units, as Telegram counts them.
 """
 
@@ -12,16 +15,19 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any, ClassVar
 
 import httpx
 
 from pipeline.platforms._common import (
+    attachment_unavailable,
     base_url,
     build_inbound,
     face_text,
     file_name,
     http_outcome,
+    load_failure,
     load_json,
     media_placeholder,
     missing_credential,
@@ -31,6 +37,7 @@ from pipeline.platforms._common import (
     payload_guard,
     response_json,
     rps_text,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import (
     RichText,
@@ -77,6 +84,10 @@ DEFAULT_API_BASE = "https://api.telegram.org"
 MAX_TEXT = 4096
 MAX_CAPTION = 1024
 MAX_PHOTO_UPLOAD = 10 * 1024 * 1024  # larger photos go as documents
+
+# A Bot API file_id: base64url characters (`AgACAgIAAxkBAAIB…`); a URL or `attach://…` never matches.
+_FILE_ID = re.compile(r"[A-Za-z0-9_-]{8,512}")
+FILE_ID_SHAPES = {"image": _FILE_ID, "audio": _FILE_ID, "video": _FILE_ID, "file": _FILE_ID}
 
 _MEDIA_METHOD = {
     "image": ("/sendPhoto", "photo"),
@@ -293,7 +304,7 @@ class TelegramPlatform(Platform):
                 blocks.append(("text", rich))
             rich = RichText()
 
-        for index, segment in enumerate(message.segments):
+        for index, segment in enumerate(with_own_file_ids(bot, message.segments, FILE_ID_SHAPES)):
             if isinstance(segment, TextSegment):
                 rich.append(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -351,7 +362,7 @@ class TelegramPlatform(Platform):
                     if len(pieces) == 1:
                         payload = _text_payload("caption", "caption_entities", pieces[0])
                         i += 1
-                add(path, payload, media=value.data.media, media_field=field)
+                add(path, payload, media=value.data.media, media_field=field, meta={"segment": value.type})
             i += 1
         return calls
 
@@ -372,10 +383,18 @@ class TelegramPlatform(Platform):
             # Telegram could not fetch the URL (size limit, its fetcher blocked): upload it ourselves.
         try:
             data, mime = await load_media(media)
-        except Exception:  # the loader is foreign code: any failure means "unreadable"
-            for key in ("caption", "caption_entities"):
-                payload.pop(key, None)
-            payload["text"] = notice(bot, "attachment_unavailable")
+        except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+            segment_type = str(call.meta.get("segment", "file"))
+            text = attachment_unavailable(bot, segment_type, media.kind, load_failure(exc))
+            # The caption stays, after the notice (its entities shifted past it).
+            caption, entities = payload.pop("caption", None), payload.pop("caption_entities", None)
+            if caption:
+                text += "\n"
+                if entities:
+                    shift = utf16_len(text)
+                    payload["entities"] = [{**e, "offset": e["offset"] + shift} for e in entities]
+                text += caption
+            payload["text"] = text
             return await _post(http, root + "/sendMessage", token, json_body=payload)
         path = call.path
         if field == "photo" and len(data) > MAX_PHOTO_UPLOAD:

@@ -1,6 +1,7 @@
 """Egress: `im.outbound.<platform>` → the platform's API.
 
-Renders neutral segments into the platform's calls, waits for the per-chat and per-bot rate limits
+Checks every message for secrets first (`LeakGuard`: the one check all outbound messages pass),
+renders neutral segments into the platform's calls, waits for the per-chat and per-bot rate limits
 (shared by all workers through Redis), sends, honours `retry_after`, retries transient failures
 with backoff and full jitter, and dead-letters what still fails or fails for good. A delivered
 outbound id (and each delivered call of it) is recorded, so a replay never sends it twice.
@@ -19,9 +20,12 @@ import httpx
 from pipeline import metrics
 from pipeline.platforms import MediaLoader, Platform, SendOutcome, get_platform
 from pipeline.records import OutboundMessage, Position, conversation_key, join_ids, now_ms
+from pipeline.segments import LeakScanner
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import DeliveryStore, RateWindow
 
+from .leakguard import LeakGuard
+from .notices import Notices
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,7 @@ class EgressStage:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         platform_for: Callable[[str], Platform] = get_platform,
+        leak_guard: LeakGuard | None = None,
     ) -> None:
         self.settings = settings
         self.deliveries = deliveries
@@ -56,6 +61,8 @@ class EgressStage:
         self.load_media = load_media
         self.sleep = sleep
         self.platform_for = platform_for
+        # Without a guard given, credential shapes are still caught (no configured secrets known).
+        self.leak_guard = leak_guard or LeakGuard(LeakScanner(), Notices(settings))
 
     async def admit(self, messages: list[OutboundMessage], positions: list[Position]) -> list[Work | None]:
         """The batch step: each message is sent in its conversation's turn."""
@@ -71,6 +78,7 @@ class EgressStage:
             await self._dead(message, "unknown_bot", "", topic, partition, offset, 0)
             return
         platform = self.platform_for(platform_name)
+        message = self.leak_guard.check(bot, message)
         try:
             calls = platform.render(bot, message)
         except Exception as exc:  # a renderer bug must not stop the partition

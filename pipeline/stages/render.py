@@ -31,6 +31,8 @@ from pipeline.records import (
 from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy
 from pipeline.segments.context import TurnContext as ReplyContext
+from pipeline.segments.leaks import REDACTION_MARKER
+from pipeline.segments.media import rejection_label
 from pipeline.segments.models import Segment, TextData, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import ConversationState, PendingAction, State
@@ -54,6 +56,36 @@ def message_text(event: dict[str, Any]) -> str:
     """The text of an agent.message: its text blocks joined (the reply contract is one string)."""
     blocks = event.get("content") or []
     return "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+
+
+# The session protocol's vocabulary for `session.error` (anything else is counted as "other", so a
+# server cannot grow the label set).
+SESSION_ERROR_TYPES = frozenset(
+    {
+        "unknown_error",
+        "model_overloaded_error",
+        "model_rate_limited_error",
+        "model_request_failed_error",
+        "mcp_connection_failed_error",
+        "mcp_authentication_failed_error",
+        "billing_error",
+        "credential_host_unreachable_error",
+    }
+)
+RETRY_STATUSES = frozenset({"retrying", "exhausted", "terminal"})
+
+
+def session_error_labels(event: dict[str, Any]) -> tuple[str, str]:
+    """(error_type, retry_status) of a `session.error` event, bounded to the protocol's vocabulary."""
+    error = event.get("error")
+    error = error if isinstance(error, dict) else {}
+    retry = error.get("retry_status")
+    retry_type = retry.get("type") if isinstance(retry, dict) else None
+    error_type = error.get("type")
+    return (
+        error_type if isinstance(error_type, str) and error_type in SESSION_ERROR_TYPES else "other",
+        retry_type if isinstance(retry_type, str) and retry_type in RETRY_STATUSES else "other",
+    )
 
 
 def pending_from_tool_event(event: dict[str, Any], event_type: str) -> PendingAction | None:
@@ -106,9 +138,8 @@ class RenderStage:
         """Events that touch no state (errors: counted here) need no keyed work. Returns True when
         the record is fully handled."""
         if record.event_type == "session.error":
-            error = record.event.get("error") or {}
-            retry = (error.get("retry_status") or {}).get("type", "unknown")
-            metrics.SESSION_ERRORS.labels(str(error.get("type", "unknown"))[:40], retry).inc()
+            error_type, retry_status = session_error_labels(record.event)
+            metrics.SESSION_ERRORS.labels(error_type, retry_status).inc()
             return True
         return record.event_type not in _STATEFUL
 
@@ -261,13 +292,21 @@ class RenderStage:
             if bot.confirm_policy == "anyone" or (turn is not None and turn.chat_type == "private"):
                 who = "anyone" if bot.confirm_policy == "anyone" else who
             names = ", ".join(sorted({p.name or "?" for p in confirmations}))
+            # The input is checked whole before it is shortened: a secret cut in two by the limit
+            # would otherwise leave a part no check can recognise. (Egress checks the prompt again.)
+            scanned = self.policies[(bot.platform, bot.bot_id)].leak_scanner.scan(
+                json.dumps(confirmations[0].input, ensure_ascii=False)
+            )
+            if scanned.hits:
+                metrics.LEAK_HITS.labels(bot.platform, "confirmation").inc(scanned.hits)
+            tool_input = _shortened(scanned.text, _TOOL_INPUT_CHARS)
             await self._notice(
                 bot,
                 record,
                 state,
                 "tool_confirmation_prompt",
                 kind="confirmation",
-                params={"tool_name": names, "who": who, "tool_input": json.dumps(confirmations[0].input)[:200]},
+                params={"tool_name": names, "who": who, "tool_input": tool_input},
             )
 
     async def _answer_custom_tools(
@@ -339,9 +378,18 @@ class RenderStage:
         platform = bot.platform
         metrics.SEGMENTS.labels(platform, _segments_outcome(outcome)).inc()
         if outcome.leak_hits:
-            metrics.LEAK_HITS.labels(platform).inc(outcome.leak_hits)
-        if outcome.media_rejected:
-            metrics.MEDIA_REJECTED.labels(platform).inc(outcome.media_rejected)
+            metrics.LEAK_HITS.labels(platform, "reply").inc(outcome.leak_hits)
+        for media in outcome.media:
+            if not media.accepted:
+                reason = rejection_label(media.reason)
+                metrics.MEDIA_REJECTED.labels(platform, reason).inc()
+                log.info(
+                    "reply of %s: %s media (%s) unavailable: %s",
+                    record.conversation_key,
+                    media.segment_type,
+                    media.kind,
+                    reason,
+                )
         if outcome.unknown_mentions:
             metrics.UNKNOWN_MENTIONS.labels(platform).inc(outcome.unknown_mentions)
         if outcome.reason not in (contract.OutcomeReason.OK, contract.OutcomeReason.NO_REPLY):
@@ -459,6 +507,17 @@ class RenderStage:
         except ValueError:
             return None
         return self.settings.bot(ref.platform, ref.bot_id)
+
+
+_TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
+
+
+def _shortened(text: str, limit: int) -> str:
+    """`text` cut at `limit` characters, but never inside a redaction marker (it is kept whole)."""
+    if len(text) <= limit:
+        return text
+    at = text.find(REDACTION_MARKER, max(0, limit - len(REDACTION_MARKER) + 1), limit + len(REDACTION_MARKER))
+    return text[: at + len(REDACTION_MARKER)] if 0 <= at < limit else text[:limit]
 
 
 def _text(text: str) -> TextSegment:

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ from pipeline.segments.prompt import turn_context_object
 from pipeline.settings import BotConfig
 from pipeline.stages.ingest import content_blocks
 
-from .conftest import PNG, FakeApi, Seen, broken_loader, load_media
+from .conftest import PNG, FakeApi, Seen, broken_loader, load_media, rejected_count
 
 APP_ID, APP_SECRET = "cli_a1b2c3d4e5", "app-secret-xyz"
 VERIFY_TOKEN, ENCRYPT_KEY = "v-token-123", "e-key-456"
@@ -326,6 +327,10 @@ class LarkStandIn:
         content = json.loads(body["content"])
         if body["msg_type"] == "text":
             assert content["text"]
+        elif body["msg_type"] == "image":
+            assert set(content) == {"image_key"} and re.fullmatch(r"img_(v\d+_)?[\w-]+", content["image_key"])
+        elif body["msg_type"] == "file":
+            assert set(content) == {"file_key"} and re.fullmatch(r"file_(v\d+_)?[\w-]+", content["file_key"])
         elif body["msg_type"] == "post":
             [(locale, post)] = content.items()
             assert locale in ("zh_cn", "en_us") and post["content"]
@@ -484,3 +489,39 @@ async def test_bad_app_secret_is_permanent(api: FakeApi, http: httpx.AsyncClient
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason) == ("permanent", "unauthorized")
+
+
+@pytest.mark.parametrize(
+    ("segment", "value"),
+    [
+        ("image", "file:///etc/shadow"),
+        ("image", "https://example.com/a.png"),
+        ("image", "file_v2_not_an_image_key"),
+        ("file", "img_v2_not_a_file_key"),
+        ("video", "/data/v.mp4"),
+    ],
+)
+async def test_a_key_not_of_lark_shape_is_not_sent(
+    api: FakeApi, http: httpx.AsyncClient, segment: str, value: str
+) -> None:
+    LarkStandIn(api)
+    platform = LarkPlatform()
+    bot = bot_config(api, language="en")
+    before = rejected_count("lark", "file_id_shape")
+    message = outbound([{"type": segment, "data": {"media": {"kind": "file", "value": value}}}])
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    [sent] = [s for s in api.seen if s.path == "/open-apis/im/v1/messages"]
+    assert json.loads(sent.json["content"]) == {"text": "[attachment unavailable]"}
+    assert value not in sent.body.decode()
+    assert rejected_count("lark", "file_id_shape") == before + 1
+
+
+async def test_an_unreadable_upload_is_counted_with_its_reason(api: FakeApi, http: httpx.AsyncClient) -> None:
+    LarkStandIn(api)
+    platform = LarkPlatform()
+    bot = bot_config(api, language="en")
+    before = rejected_count("lark", "unreadable")
+    [call] = platform.render(bot, outbound([{"type": "file", "data": {"media": {"kind": "path", "value": "/x"}}}]))
+    assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
+    assert rejected_count("lark", "unreadable") == before + 1

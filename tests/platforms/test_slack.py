@@ -21,7 +21,7 @@ from pipeline.segments.context import Member
 from pipeline.settings import BotConfig
 from pipeline.stages.ingest import content_blocks
 
-from .conftest import PNG, PNG_B64, FakeApi, Seen, load_media
+from .conftest import PNG, PNG_B64, FakeApi, Seen, load_media, rejected_count
 
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 BOT_TOKEN = "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy"
@@ -204,6 +204,9 @@ def check_slack(seen: Seen) -> tuple[int, Any]:
     assert seen.method == "POST"
     body = seen.json
     assert body["channel"].startswith(("C", "D"))
+    for block in body.get("blocks", []):
+        if "slack_file" in block:  # a Slack file id, never a URL of the agent's choosing
+            assert set(block["slack_file"]) == {"id"} and re.fullmatch(r"F[A-Z0-9]+", block["slack_file"]["id"])
     text = body["text"]
     assert 0 < len(text) <= 4000
     # Every `<` left after removing Slack's own tokens would be a broken message.
@@ -375,3 +378,33 @@ async def test_invalid_auth_is_permanent(api: FakeApi, http: httpx.AsyncClient) 
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason, outcome.detail) == ("permanent", "invalid_auth", "invalid_auth")
+
+
+@pytest.mark.parametrize(
+    ("segment", "value", "reason"),
+    [
+        ("image", "https://files.slack.com/files-pri/T0-F0/x.png", "file_id_shape"),
+        ("image", "file:///etc/shadow", "file_id_shape"),
+        ("image", "f0lowercase", "file_id_shape"),
+        ("file", "F0EXISTING", "unsupported_by_platform"),  # only images can be shown again by id
+    ],
+)
+async def test_a_file_reference_slack_cannot_take_becomes_the_notice(
+    api: FakeApi, http: httpx.AsyncClient, segment: str, value: str, reason: str
+) -> None:
+    api.on("/chat.postMessage", check_slack)
+    platform = get_platform("slack")
+    bot = bot_config(api, language="en")
+    before = rejected_count("slack", reason)
+    message = outbound(
+        [
+            {"type": "text", "data": {"text": "see"}},
+            {"type": segment, "data": {"media": {"kind": "file", "value": value}}},
+            {"type": "text", "data": {"text": "above"}},
+        ]
+    )
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    [sent] = api.calls("/chat.postMessage")
+    assert sent.json["text"] == "see [attachment unavailable] above" and "blocks" not in sent.json
+    assert rejected_count("slack", reason) == before + 1

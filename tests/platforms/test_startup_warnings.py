@@ -37,6 +37,8 @@ async def test_secret_less_bots_are_named_at_start_up(redis_url: str, caplog: py
         await runtime.start()
     try:
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        # The leak check's own warnings (these test credentials are short) are tested elsewhere.
+        warnings = [w for w in warnings if not w.startswith("leak check:")]
         assert len(warnings) == 3, warnings
         telegram, onebot, lark = warnings  # in the order of the bots
         assert telegram.startswith("telegram bot 'tg-open': no webhook_secret credential: its webhook accepts any")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import re
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
 from pipeline.stages.ingest import content_blocks, trigger_reason
 
-from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
+from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media, rejected_count
 
 TOKEN = "123456:ABC-test"
 BOT = User(id=777, first_name="Switch", is_bot=True, username="switch_bot")
@@ -244,6 +245,10 @@ def check_telegram_request(seen: Seen) -> tuple[int, dict[str, Any]]:
     assert seen.path.startswith(f"/bot{TOKEN}/"), seen.path
     body = seen.json if seen.json is not None else {k: _maybe_json(v) for k, v in seen.form.items()}
     assert "chat_id" in body
+    for field in ("photo", "audio", "video", "document"):
+        if isinstance(body.get(field), str):  # a file_id, or a URL for Telegram's servers to fetch
+            value = body[field]
+            assert re.fullmatch(r"[\w-]+", value) or value.startswith(("https://", "http://")), value
     for text_key, ent_key, limit in (("text", "entities", 4096), ("caption", "caption_entities", 1024)):
         if text_key in body:
             text = body[text_key]
@@ -486,3 +491,43 @@ async def test_url_telegram_cannot_fetch_is_uploaded(api: FakeApi, http: httpx.A
     by_url, uploaded = api.calls(f"/bot{TOKEN}/sendPhoto")
     assert by_url.json["photo"] == "https://intranet.example/cat.png"
     assert uploaded.files["photo"] == ("cat.png", PNG, "image/png") and uploaded.form["caption"] == "cap"
+
+
+@pytest.mark.parametrize("value", ["attach://photo", "file:///etc/shadow", "/tmp/x.png", "../x", "short"])
+async def test_a_reference_not_shaped_like_a_file_id_is_not_sent(
+    api: FakeApi, http: httpx.AsyncClient, value: str
+) -> None:
+    api.on(f"/bot{TOKEN}/sendMessage", check_telegram_request)
+    platform = get_platform("telegram")
+    bot = bot_config(api, language="en")
+    before = rejected_count("telegram", "file_id_shape")
+    message = outbound([{"type": "image", "data": {"media": {"kind": "file", "value": value}}}, _text("below")])
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    [sent] = api.calls(f"/bot{TOKEN}/sendMessage")
+    assert sent.json["text"] == "[attachment unavailable] below"
+    assert rejected_count("telegram", "file_id_shape") == before + 1
+
+
+async def test_an_unreadable_photo_keeps_its_caption(api: FakeApi, http: httpx.AsyncClient) -> None:
+    api.on(f"/bot{TOKEN}/sendMessage", check_telegram_request)
+    platform = get_platform("telegram")
+    bot = bot_config(api, language="en")
+    before = rejected_count("telegram", "unreadable")
+    message = outbound(
+        [
+            {"type": "image", "data": {"media": {"kind": "path", "value": "/nope.png"}}},
+            {"type": "markdown", "data": {"content": "**the** caption"}},
+        ]
+    )
+    [call] = platform.render(bot, message)
+    assert call.json is not None and call.json["caption"] == "the caption"
+    assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
+    [sent] = api.calls(f"/bot{TOKEN}/sendMessage")
+    assert sent.json["text"] == "[attachment unavailable]\nthe caption"
+    assert sent.json["entities"] == [{"type": "bold", "offset": 25, "length": 3}]
+    assert rejected_count("telegram", "unreadable") == before + 1
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "data": {"text": text}}
