@@ -156,9 +156,9 @@ def _check(*problems: str | None, code: int = EXIT_ENVIRONMENT) -> None:
 
 def _worker(args: argparse.Namespace) -> int:
     from pipeline import preflight
-    from pipeline.app import ALL_STAGES
     from pipeline.platforms import known_platforms
     from pipeline.settings import env_name, load_settings
+    from pipeline.worker import ALL_STAGES
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
@@ -181,8 +181,8 @@ def _worker(args: argparse.Namespace) -> int:
         preflight.redis_problem(settings.redis_url, env_name("redis_url")),
     )
 
-    from pipeline.app import DrainingWorker, create_app
     from pipeline.logs import configure_logging
+    from pipeline.worker import DrainingWorker, create_app
 
     configure_logging(settings.log_format, settings.log_level)
     if os.environ.get("SWITCHBOARD_EVENT_LOOP", "uvloop") == "uvloop":
@@ -194,6 +194,7 @@ def _worker(args: argparse.Namespace) -> int:
         app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False, override_logging=False
     )
     worker.spinner = None  # Faust's start-up spinner writes control characters into the log
+    worker.drain = app.drain
     profile_path = os.environ.get("SWITCHBOARD_CPROFILE")  # development aid: a cProfile dump at exit
     if not profile_path:
         worker.execute_from_commandline()

@@ -89,6 +89,11 @@ STAGE_LATENCY = Histogram(
 EXECUTOR_IN_FLIGHT = Gauge("switchboard_executor_in_flight", "Calls in flight", ["stage"])
 EXECUTOR_PENDING = Gauge("switchboard_executor_pending", "Accepted, not yet acknowledged messages", ["stage"])
 
+# Redis.
+REDIS_ROUND_TRIPS = Counter(
+    "switchboard_redis_round_trips", "Requests sent to Redis (a command, a pipeline or a script call each)"
+)
+
 # Consumer lag (exported by the worker; Faust does not derive it).
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
 

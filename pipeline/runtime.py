@@ -2,7 +2,7 @@
 
 `Runtime` opens Redis, the session client and provisioner, the platform HTTP client, the media
 checker and the correction client once, and builds the stage handlers over them. Tests build it
-directly against real Redis and the simulator; the Faust app (`pipeline.app`) drives it.
+directly against real Redis and the simulator; the Faust app (`pipeline.worker`) drives it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import httpx
 from aiohttp import web
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Connection, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -55,7 +55,7 @@ from pipeline.session import (
 )
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.dispatch import DispatchStage
-from pipeline.stages.egress import EgressStage, RateLimits
+from pipeline.stages.egress import EgressStage
 from pipeline.stages.ingest import IngestStage, member_names
 from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notices import Notices
@@ -63,7 +63,7 @@ from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
-from pipeline.state import ContextEntry, StateStore
+from pipeline.state import ContextEntry, State
 from pipeline.web import WebDeps, build_web_app
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,15 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
     )
 
 
+class CountedConnection(Connection):
+    """A Redis connection that counts its round trips (one packed send each: a command, a
+    pipeline or a script call), for `switchboard_redis_round_trips_total`."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        await super().send_packed_command(command, check_health)
+
+
 class Runtime:
     def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
         self.settings = settings
@@ -181,9 +190,10 @@ class Runtime:
             health_check_interval=15,
             socket_timeout=10,
             socket_connect_timeout=5,
+            connection_class=CountedConnection,
         )
         self.redis = Redis(connection_pool=pool)
-        self.state = StateStore(
+        self.state = State.open(
             self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
         )
         self.notices = Notices(s)
@@ -195,7 +205,7 @@ class Runtime:
             max_connections=s.session_max_connections,
         )
         self.provisioner = self._provisioner()
-        self.streams = StreamRegistry(self.state, self.session_client, self.outputs)
+        self.streams = StreamRegistry(self.state.streams, self.session_client, self.outputs)
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200)
         )
@@ -223,7 +233,7 @@ class Runtime:
                 log.warning("%s bot %r: %s", bot.platform, bot.bot_id, warning)
         console = self.platforms.get("console")
         if isinstance(console, ConsolePlatform):
-            console.bind(self.state)
+            console.bind(self.state.console)
         capabilities = {
             name: Capabilities(
                 supported_segment_types=p.profile.native_segments | {"text"},
@@ -249,17 +259,16 @@ class Runtime:
             self.notices,
             self.policies,
             capabilities,
-            ImTools(s, self.state),
+            ImTools(s, self.state.conversations),
             corrector=self.corrector,
             media=self.media,
         )
         self.egress = EgressStage(
             s,
-            self.state,
+            self.state.deliveries,
             self.outputs,
             self.http,
             self.load_media,
-            RateLimits(s.redis_url, s.redis_prefix),
             leak_guard=LeakGuard(self.leak_scanner, self.notices),
         )
         self.started = True

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pipeline.errors import SwitchboardError
 
-class EmbeddedServiceError(RuntimeError):
+
+class EmbeddedServiceError(SwitchboardError, RuntimeError):
     """Base class for embedded service failures."""
 
 

@@ -10,7 +10,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,7 +18,7 @@ import httpx
 from pipeline import metrics
 from pipeline.platforms.base import SendOutcome, WebhookRequest
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, new_trace_id, now_ms
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.media import rejection_label, with_placeholders
@@ -141,7 +140,7 @@ def build_inbound(
         reply_to=reply_to,
         route=route or {},
         conversation_key=conversation_key(platform, bot.bot_id, chat_id, sender.user_id if per_user else None),
-        trace_id=uuid.uuid4().hex,
+        trace_id=new_trace_id(),
         sent_at_ms=sent_at_ms,
         hops={"ingress": now_ms()},
     )

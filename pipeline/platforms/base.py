@@ -66,6 +66,8 @@ class PlatformProfile:
     markdown: bool = False
     default_chat_limit: RateLimit | None = None
     default_bot_limit: RateLimit | None = None
+    # The platform itself posts a message at most once per outbound id (egress keeps no markers).
+    delivers_once: bool = False
 
 
 @dataclass

@@ -10,17 +10,17 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from pipeline import metrics
-from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, join_ids, now_ms
+from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ContextEntry, InboundAdmission, StateStore, TurnContext
+from pipeline.state import ContextEntry, InboundAdmission, State, TurnRecord
 
-from ._ids import stable_id, user_message_id
+from ._ids import inbound_dedup_id, stable_id, user_message_id
 from .notices import Notices
 from .outputs import Outputs
 
@@ -138,7 +138,7 @@ class IngestStage:
     def __init__(
         self,
         settings: Settings,
-        state: StateStore,
+        state: State,
         outputs: Outputs,
         notices: Notices,
         prompt: PromptBuilder,
@@ -155,7 +155,9 @@ class IngestStage:
         if work is not None:
             await work()
 
-    async def admit(self, messages: list[InboundMessage]) -> list[IngestWork | None]:
+    async def admit(
+        self, messages: list[InboundMessage], positions: Sequence[Position] = ()
+    ) -> list[IngestWork | None]:
         """Admit a batch of messages in offset order, with one Redis round trip for all of them:
         drop duplicates, keep the group-context window, and settle every message that produces
         nothing (most group messages). Returns, per message, the work that remains (a user turn or
@@ -170,9 +172,7 @@ class IngestStage:
             if bot is None:
                 plans.append(_Plan(message, None, None, None, "unknown_bot"))
                 continue
-            # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one
-            # message can arrive as two events (Slack app_mention + message): chat + message.
-            dedup_id = join_ids(message.platform, message.bot_id, message.chat_id, message.message_id)
+            dedup_id = inbound_dedup_id(message.platform, message.bot_id, message.chat_id, message.message_id)
             if dedup_id in seen:  # twice in one batch: the second is a duplicate
                 plans.append(None)
                 continue
@@ -181,9 +181,10 @@ class IngestStage:
             reason = trigger_reason(message, bot) if command is None else None
             in_window = message.chat_type == "group" and command is None
             entry = _context_entry(message) if in_window else None
-            # A message that produces nothing is marked seen at once; one that produces only once
-            # the broker has its output (a crash in between replays it, and dispatch drops the
-            # repeated turn by its stable id).
+            # A message that produces nothing is marked seen at once. A user turn is marked by
+            # dispatch when it starts or is held (in the same step); a chat command once the broker
+            # has its output. A copy admitted before that produces again, and dispatch drops the
+            # repeated turn by its stable id.
             settles = command is None and reason is None
             items.append(
                 InboundAdmission(
@@ -195,7 +196,7 @@ class IngestStage:
                 )
             )
             plans.append(_Plan(message, bot, command, reason, dedup_id))
-        results = iter(await self.state.admit_inbound(items, size))
+        results = iter(await self.state.markers.admit_inbound(items, size))
         works: list[IngestWork | None] = []
         for message, plan in zip(messages, plans, strict=True):
             if plan is None:
@@ -226,20 +227,18 @@ class IngestStage:
     async def _produce(self, plan: _Plan, window: list[ContextEntry]) -> None:
         assert plan.bot is not None
         message = plan.message
-        # Checked again here, in the conversation's order: the same message may have been
-        # admitted twice while its first copy was still on its way to the broker.
-        if await self.state.marker("in", plan.dedup_id) is not None:
-            metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
-            return
+        # The record is acknowledged (its offset may be committed) only once the broker has what
+        # it produced.
         self.outputs.begin()
         if plan.command is not None:
             await self._command(plan.bot, message, plan.command)
-        else:
-            assert plan.reason is not None
-            metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
-            await self.outputs.session_command(self.user_turn(plan.bot, message, window))
+            await self.outputs.delivered()
+            await self.state.markers.set_marker("in", plan.dedup_id)
+            return
+        assert plan.reason is not None
+        metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
+        await self.outputs.session_command(self.user_turn(plan.bot, message, window))
         await self.outputs.delivered()
-        await self.state.set_marker("in", plan.dedup_id)
 
     def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
         inbound_ids = [message.message_id]
@@ -272,14 +271,14 @@ class IngestStage:
         metrics.CHAT_COMMANDS.labels(message.platform, command.name).inc()
         conversation = message.conversation_key
         if command.name == "reset":
-            await self.state.unmap_session(conversation)
+            await self.state.conversations.unmap_session(conversation)
             await self.outputs.outbound(self._notice(bot, message, "reset"))
             return
         if command.name == "stop":
             await self.outputs.session_command(self._control(message, "interrupt", []))
             return
         # /allow, /deny: answer the pending tool confirmations, if this sender may.
-        state = await self.state.conversation(conversation)
+        state = await self.state.conversations.conversation(conversation)
         confirmations = [p for p in state.pending if p.kind == "confirmation"]
         if command.argument and command.name == "allow":
             confirmations = [p for p in confirmations if p.event_id == command.argument] or confirmations
@@ -343,7 +342,7 @@ def may_answer(bot: BotConfig, starter_id: str | None, message: InboundMessage) 
     return bot.confirm_policy == "starter_and_admins" and starter_id == message.sender.user_id
 
 
-def _who_may_answer(bot: BotConfig, turn: TurnContext | None) -> str:
+def _who_may_answer(bot: BotConfig, turn: TurnRecord | None) -> str:
     if bot.confirm_policy == "anyone":
         return "anyone"
     starter = f"@{turn.starter_id}" if turn is not None and turn.starter_id else ""

@@ -12,14 +12,17 @@ egress and dispatch drop what they already did.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
 from pipeline.records import (
     OutboundKind,
     OutboundMessage,
+    Position,
     SessionCommand,
     SessionEventRecord,
     now_ms,
@@ -32,8 +35,7 @@ from pipeline.segments.leaks import REDACTION_MARKER
 from pipeline.segments.media import rejection_label
 from pipeline.segments.models import Segment, TextData, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ConversationState, StateStore
-from pipeline.state.store import PendingAction
+from pipeline.state import ConversationState, PendingAction, State
 
 from ._ids import stable_id
 from .notices import Notices
@@ -41,6 +43,8 @@ from .outputs import Outputs
 from .tools import ImTools
 
 log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
 
 _TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
 _TURN_EVENTS = frozenset({"session.status_idle", "session.status_terminated", "session.deleted"})
@@ -109,7 +113,7 @@ class RenderStage:
     def __init__(
         self,
         settings: Settings,
-        state: StateStore,
+        state: State,
         outputs: Outputs,
         notices: Notices,
         policies: dict[tuple[str, str], ReplyPolicy],
@@ -131,61 +135,90 @@ class RenderStage:
 
     @staticmethod
     def handle_inline(record: SessionEventRecord) -> bool:
-        """Events that touch no state (spans, usage, running/thread status, thinking, errors) are
-        counted here and need no keyed work. Returns True when the record is fully handled."""
-        event = record.event
-        event_type = record.event_type
-        if event_type == "span.model_request_end":
-            usage = event.get("model_usage") or {}
-            for kind in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                value = usage.get(kind)
-                if isinstance(value, int) and value > 0:
-                    metrics.TOKENS.labels(kind).inc(value)
-            return True
-        if event_type == "session.error":
-            error_type, retry_status = session_error_labels(event)
+        """Events that touch no state (errors: counted here) need no keyed work. Returns True when
+        the record is fully handled."""
+        if record.event_type == "session.error":
+            error_type, retry_status = session_error_labels(record.event)
             metrics.SESSION_ERRORS.labels(error_type, retry_status).inc()
             return True
-        return event_type not in _STATEFUL
+        return record.event_type not in _STATEFUL
 
-    async def handle(self, record: SessionEventRecord) -> None:
-        event = record.event
-        event_type = record.event_type
+    async def admit(self, records: list[SessionEventRecord], positions: list[Position]) -> list[Work | None]:
+        """The batch step: a conversation's events of this batch are handled together, in order, in
+        its turn (an agent.message followed by its idle needs no write of its own); events that touch
+        no state are counted here. The work sits on the conversation's first record: later records
+        of the partition are acknowledged only after it."""
+        works: list[Work | None] = [None] * len(records)
+        groups: dict[str, list[int]] = {}
+        for index, record in enumerate(records):
+            if not self.handle_inline(record):
+                groups.setdefault(record.conversation_key, []).append(index)
+        for indexes in groups.values():
+            group = [(records[i], positions[i].partition) for i in indexes]
+            works[indexes[0]] = functools.partial(self._handle_group, group)
+        return works
+
+    async def handle(self, record: SessionEventRecord, partition: int = 0) -> None:
+        """One record (the batch path with a batch of one)."""
+        if not self.handle_inline(record):
+            await self._handle_group([(record, partition)])
+
+    async def _handle_group(self, group: list[tuple[SessionEventRecord, int]]) -> None:
+        last: tuple[str, str | None] | None = None  # an agent.message not yet written
+        for position, (record, partition) in enumerate(group):
+            self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
+            if record.event_type == "agent.message":
+                last = (message_text(record.event), record.event_id)
+                if position == len(group) - 1:  # its turn's end is not in this batch: keep it
+                    await self.state.conversations.update_conversation(
+                        record.conversation_key, last_message=last[0], last_message_id=last[1]
+                    )
+                continue
+            if last is not None and record.event_type in _TOOL_CALLS:
+                await self.state.conversations.update_conversation(
+                    record.conversation_key, last_message=last[0], last_message_id=last[1]
+                )
+            if record.event_type in _TOOL_CALLS:
+                await self._tool_call(record)
+            else:
+                await self._turn_end_event(record, partition, last)
+            last = None
+
+    async def _turn_end_event(
+        self, record: SessionEventRecord, partition: int, last: tuple[str, str | None] | None
+    ) -> None:
         conversation = record.conversation_key
-        if self.handle_inline(record):
+        idle = record.event_type == "session.status_idle"
+        # The idle ends the oldest turn sent to the session and not yet ended (bound once, so a
+        # replay binds the same turn): its reply goes to that turn's chat message, even when a later
+        # turn has replaced "the current turn" in the state meanwhile.
+        ends_turn = idle and _stop_reason(record) != "requires_action"
+        end = await self.state.conversations.bind_turn_end(conversation, record.event_id, bind=ends_turn)
+        if record.event_id and end.handled is not None:
+            # Handled before. A flush may still be owed (a crash after the end was written): its
+            # repeat is harmless.
+            if end.handled == "flush" and end.state.turn is not None:
+                await self._flush(record, end.state.turn.platform, end.state.turn.bot_id, end.state.turn)
             return
-        self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
-        if event_type == "agent.message":
-            await self.state.update_conversation(
-                conversation, last_message=message_text(event), last_message_id=record.event_id
-            )
-            return
-        if event_type in _TOOL_CALLS:
-            await self._tool_call(record)
-            return
-        # A turn's end is handled once. Marked after handling, so a crash in between replays it
-        # (egress then drops the duplicate outbound by its id).
-        state, handled = await self.state.conversation_and_marker(conversation, "turnend", record.event_id or "-")
-        if record.event_id and handled is not None:
-            return
-        if event_type == "session.status_idle" and _stop_reason(record) != "requires_action":
-            # The idle ends the oldest turn sent to the session and not yet ended (bound once, so
-            # a replay binds the same turn): its reply goes to that turn's chat message, even when
-            # a later turn has replaced "the current turn" in the state meanwhile.
-            turn = await self.state.bind_turn_end(conversation, record.event_id)
-            if turn is not None:
-                state = state.model_copy(update={"turn": turn})
+        state = end.state
+        if last is not None:
+            state = state.model_copy(update={"last_message": last[0], "last_message_id": last[1]})
+        if ends_turn:
+            if end.turn is not None:
+                state = state.model_copy(update={"turn": end.turn})
             elif state.status == "idle":
                 # No turn of ours is running: a turn whose send failed (and was answered with a
                 # notice) ran after all. Its answer would be a second one; count it and move on.
                 metrics.UNATTRIBUTED_TURN_ENDS.inc()
                 log.info("render: idle for %s matches no turn in flight; ignored", conversation)
                 if record.event_id:
-                    await self.state.set_marker("turnend", record.event_id)
+                    await self.state.markers.set_marker("turnend", record.event_id)
                 return
-        await self._turn_end(record, state)
+        await self._turn_end(record, state, partition, end.turn_id)
 
-    async def _turn_end(self, record: SessionEventRecord, state: ConversationState) -> None:
+    async def _turn_end(
+        self, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
+    ) -> None:
         event_type = record.event_type
         conversation = record.conversation_key
         bot = self._bot(conversation, state)
@@ -198,28 +231,35 @@ class RenderStage:
             if stop == "requires_action":
                 await self._requires_action(bot, record, state)
                 await self.outputs.delivered()
-                if record.event_id:
-                    await self.state.set_marker("turnend", record.event_id)
+                await self.state.conversations.finish_turn(
+                    conversation,
+                    partition,
+                    session_id=record.session_id,
+                    event_id=record.event_id,
+                    turn_id=None,
+                    waiting=True,
+                )
             elif stop == "end_turn":
                 await self._final_reply(bot, record, state)
+                await self._turn_over(bot, record, state, partition, turn_id)
             else:  # retries_exhausted, budget_reached, …: the turn ends, the session stays usable
                 notice = "retries_exhausted" if stop == "retries_exhausted" else "session_error"
                 await self._notice(bot, record, state, notice)
-                await self._turn_over(bot, record, state)
+                await self._turn_over(bot, record, state, partition, turn_id)
             return
         # Terminal: say so once, forget the session; the next message starts a new one.
         metrics.TURNS_FINISHED.labels(bot.platform, event_type.rsplit(".", 1)[-1]).inc()
         kind = "session_terminated" if event_type == "session.status_terminated" else "session_deleted"
         await self._notice(bot, record, state, kind)
-        await self.state.unmap_session(conversation, record.session_id)
+        await self.state.conversations.unmap_session(conversation, record.session_id)
         await self.outputs.delivered()
         if record.event_id:
-            await self.state.set_marker("turnend", record.event_id)
+            await self.state.markers.set_marker("turnend", record.event_id)
 
     # -- steps ---------------------------------------------------------------------------------
     async def _tool_call(self, record: SessionEventRecord) -> None:
         conversation = record.conversation_key
-        state = await self.state.conversation(conversation)
+        state = await self.state.conversations.conversation(conversation)
         updates: dict[str, Any] = {}
         pending = pending_from_tool_event(record.event, record.event_type)
         if pending is not None:
@@ -233,7 +273,7 @@ class RenderStage:
         if state.last_message:
             updates["last_message"] = None
         if updates:
-            await self.state.update_conversation(conversation, **updates)
+            await self.state.conversations.update_conversation(conversation, **updates)
 
     async def _requires_action(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
         stop = record.event.get("stop_reason") or {}
@@ -241,7 +281,7 @@ class RenderStage:
         pending = [state.tools.get(i) or PendingAction(event_id=i, kind="confirmation") for i in ids]
         confirmations = [p for p in pending if p.kind == "confirmation"]
         custom = [p for p in pending if p.kind == "custom_tool"]
-        await self.state.update_conversation(
+        await self.state.conversations.update_conversation(
             record.conversation_key, status="requires_action", pending=confirmations, last_message=None
         )
         if custom:
@@ -315,7 +355,6 @@ class RenderStage:
         metrics.observe_hop("render", record.hops, "stream", now_ms())
         if state.interrupted:
             await self._notice(bot, record, state, "stopped")
-            await self._turn_over(bot, record, state)
             return
         turn = state.turn
         ctx = ReplyContext(
@@ -362,33 +401,46 @@ class RenderStage:
             await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply")
         elif outcome.segments:
             await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply")
-        await self._turn_over(bot, record, state)
 
-    async def _turn_over(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
-        """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
+    async def _turn_over(
+        self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
+    ) -> None:
+        """The turn is over: once its output is in the broker, write its end (one round trip) and
+        let dispatch send what it held meanwhile. A crash before the end is written replays this
+        idle (egress drops the repeated reply by its id); after it, the marker says whether the
+        flush is still owed."""
         await self.outputs.delivered()
-        held = await self.state.finish_turn(
-            record.conversation_key, None, last_message=None, pending=[], tools={}, interrupted=False
+        held = await self.state.conversations.finish_turn(
+            record.conversation_key,
+            partition,
+            session_id=record.session_id,
+            event_id=record.event_id,
+            turn_id=turn_id,
+            last_message=None,
+            last_message_id=None,
+            pending=[],
+            tools={},
+            interrupted=False,
         )
         if held > 0:
-            chat_id, chat_type = _chat_of(record.conversation_key, state.turn)
-            await self.outputs.session_command(
-                SessionCommand(
-                    kind="flush",
-                    conversation_key=record.conversation_key,
-                    platform=bot.platform,
-                    bot_id=bot.bot_id,
-                    chat_id=chat_id,
-                    chat_type=chat_type,
-                    session_id=record.session_id,
-                    trace_id=stable_id("flush-", record.event_id or record.conversation_key),
-                )
+            await self._flush(record, bot.platform, bot.bot_id, state.turn)
+            await self.outputs.delivered()
+
+    async def _flush(self, record: SessionEventRecord, platform: str, bot_id: str, turn: Any) -> None:
+        """Ask dispatch to send the messages held while the turn ran."""
+        chat_id, chat_type = _chat_of(record.conversation_key, turn)
+        await self.outputs.session_command(
+            SessionCommand(
+                kind="flush",
+                conversation_key=record.conversation_key,
+                platform=platform,
+                bot_id=bot_id,
+                chat_id=chat_id,
+                chat_type=chat_type,
+                session_id=record.session_id,
+                trace_id=stable_id("flush-", record.event_id or record.conversation_key),
             )
-        # Marked handled only once the flush is in the broker: a crash before that replays this
-        # turn end (its reply is dropped by egress as a duplicate) rather than strand held messages.
-        await self.outputs.delivered()
-        if record.event_id:
-            await self.state.set_marker("turnend", record.event_id)
+        )
 
     # -- output helpers ------------------------------------------------------------------------
     async def _notice(

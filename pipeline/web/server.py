@@ -23,7 +23,7 @@ from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest,
 from pipeline.records import now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import StateStore
+from pipeline.state import State
 from pipeline.topics import IM_INBOUND
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ ProduceAcked = Callable[[str, str | None, bytes], Awaitable[None]]
 @dataclass
 class WebDeps:
     settings: Settings
-    state: StateStore
+    state: State
     produce: ProduceAcked
     outputs: Outputs
     ready: Callable[[], Awaitable[dict[str, bool]]]
@@ -116,10 +116,14 @@ async def webhook(request: web.Request) -> web.StreamResponse:
             key=f"{platform_name}:{bot_id}",
         )
         return web.json_response({"error": "parser_error"}, status=400)
-    if result.messages:
+    if len(result.messages) == 1:  # nearly always: no gather (its tasks cost more than the send)
+        (message,) = result.messages
+        await deps.produce(IM_INBOUND, message.conversation_key, message.model_dump_json().encode())
+    elif result.messages:
         await asyncio.gather(
             *(deps.produce(IM_INBOUND, m.conversation_key, m.model_dump_json().encode()) for m in result.messages)
         )
+    if result.messages:
         metrics.INBOUND_ACCEPTED.labels(platform_name).inc(len(result.messages))
         metrics.WEBHOOKS.labels(platform_name, "accepted").inc()
     else:
@@ -159,7 +163,7 @@ async def console_messages(request: web.Request) -> web.Response:
     chat_id = request.query.get("chat_id")
     if not chat_id:
         return web.json_response({"error": "chat_id is required"}, status=400)
-    raw = await deps.state.console_messages(_console_bot(request), chat_id)
+    raw = await deps.state.console.console_messages(_console_bot(request), chat_id)
     return web.json_response({"chat_id": chat_id, "messages": [json.loads(r) for r in raw]})
 
 
@@ -173,11 +177,11 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     sent = int(request.query.get("after", "0"))
-    pubsub = deps.state.redis.pubsub()
-    await pubsub.subscribe(deps.state.key("console-live", bot_id))
+    pubsub = deps.state.console.redis.pubsub()
+    await pubsub.subscribe(deps.state.console.live_channel(bot_id))
     try:
         while True:
-            raw = await deps.state.console_messages(bot_id, chat_id)
+            raw = await deps.state.console.console_messages(bot_id, chat_id)
             for index in range(sent, len(raw)):
                 await response.write(f"id: {index + 1}\nevent: message\ndata: {raw[index]}\n\n".encode())
             sent = max(sent, len(raw))

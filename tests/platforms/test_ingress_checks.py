@@ -19,7 +19,7 @@ from pipeline.platforms import WebhookRequest
 from pipeline.records import MAX_ID_CHARS
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import StateStore
+from pipeline.state import State
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from pipeline.web import WebDeps, build_web_app
 
@@ -66,7 +66,7 @@ async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
 
     deps = WebDeps(
         settings=settings,
-        state=StateStore(redis, settings.redis_prefix),
+        state=State.open(redis, settings.redis_prefix),
         produce=produced,
         outputs=Outputs(produced),
         ready=ready,

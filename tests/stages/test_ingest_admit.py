@@ -15,10 +15,11 @@ from pipeline.platforms import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
 from pipeline.settings import BotConfig, Settings
+from pipeline.stages._ids import inbound_dedup_id
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs
-from pipeline.state import StateStore
+from pipeline.state import State
 from pipeline.topics import SESSION_INPUT
 
 
@@ -35,7 +36,7 @@ class Recorder:
 
 def stage(redis_url: str, prefix: str, **settings: Any) -> tuple[IngestStage, Recorder]:
     s = Settings(redis_prefix=prefix, **settings)
-    state = StateStore(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
+    state = State.open(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
     recorder = Recorder()
     return IngestStage(s, state, Outputs(recorder), Notices(s), lambda bot, m, w: None), recorder
 
@@ -77,7 +78,7 @@ async def test_a_batch_settles_chatter_and_keeps_order_for_the_turn(redis_url: s
     assert [t.inbound_ids for t in turns] == [["m3"], ["m5"]]
     # The mention saw the two messages before it, not the one after.
     assert turns[0].known_ids == ["u3", "u1", "u2"]
-    window = await ingest.state.context("console:demo:g", 3)
+    window = await ingest.state.conversations.context("console:demo:g", 3)
     assert [e.message_id for e in window] == ["m2", "m3", "m4"]
 
 
@@ -85,9 +86,15 @@ async def test_duplicates_within_and_across_batches_are_dropped(redis_url: str, 
     ingest, recorder = stage(redis_url, redis_prefix)
     mention = msg(7, "@bot hi", mentions_bot=True)
     assert await run(ingest, [msg(6), msg(6), mention, mention]) == [False, False, True, False]
+    # Before dispatch has taken the turn, a redelivered mention produces it again: dispatch drops
+    # the copy by its stable id (and marks the message seen in the step that starts or holds it).
+    assert await run(ingest, [msg(6), mention]) == [False, True]
+    turns = recorder.turns()
+    assert [t.inbound_ids for t in turns] == [["m7"], ["m7"]]
+    assert turns[0].events[0]["id"] == turns[1].events[0]["id"]
+    await mark_as_dispatch_does(ingest, turns[:1])
     assert await run(ingest, [msg(6), mention]) == [False, False]
-    assert [t.inbound_ids for t in recorder.turns()] == [["m7"]]
-    window = await ingest.state.context("console:demo:g", 10)
+    window = await ingest.state.conversations.context("console:demo:g", 10)
     assert [e.message_id for e in window] == ["m6", "m7"]
 
 
@@ -102,7 +109,7 @@ async def test_chat_commands_leave_the_window_alone(redis_url: str, redis_prefix
     ingest, recorder = stage(redis_url, redis_prefix)
     assert await run(ingest, [msg(10, "/stop")]) == [True]
     assert [t.kind for t in recorder.turns()] == ["interrupt"]
-    assert await ingest.state.context("console:demo:g", 10) == []
+    assert await ingest.state.conversations.context("console:demo:g", 10) == []
 
 
 def console_message(bot: BotConfig, chat: str, user: str, message_id: str, text: str, **extra: Any) -> InboundMessage:
@@ -131,14 +138,25 @@ async def test_ids_with_a_colon_keep_their_conversations_apart(redis_url: str, r
     assert parse_conversation_key(other.conversation_key) == ConversationRef("console", "demo", "a", "b:c")
     # Each turn saw its own window only.
     assert one.known_ids == ["c"] and other.known_ids == ["b:c"]
-    redis = ingest.state.redis
+    redis = ingest.state.markers.redis
     windows = sorted(await redis.keys(f"{redis_prefix}ctx:*"))
-    assert windows == sorted(ingest.state.key("ctx", t.conversation_key) for t in (one, other))
+    assert windows == sorted(ingest.state.keys.window(t.conversation_key) for t in (one, other))
     for turn in (one, other):
-        [entry_m1, entry_m2] = await ingest.state.context(turn.conversation_key, 10)
+        [entry_m1, entry_m2] = await ingest.state.conversations.context(turn.conversation_key, 10)
         assert (entry_m1.message_id, entry_m2.message_id) == ("m1", "m2")
         assert entry_m1.user_id == turn.sender.user_id  # type: ignore[union-attr]
+    assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 2  # the chatter; the asks: below
+    await mark_as_dispatch_does(ingest, recorder.turns())
     assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 4
+
+
+async def mark_as_dispatch_does(ingest: IngestStage, turns: list[SessionCommand]) -> None:
+    """Dispatch marks a turn's inbound messages seen when it starts or holds the turn."""
+    for turn in turns:
+        for message_id in turn.inbound_ids:
+            await ingest.state.markers.set_marker(
+                "in", inbound_dedup_id(turn.platform, turn.bot_id, turn.chat_id, message_id)
+            )
 
 
 async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
@@ -150,7 +168,8 @@ async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
     assert await run(ingest, [console_message(bot, "g:1", "u1", "m", "@bot one", mentions=["bot"])]) == [True]
     assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [True]
     assert [(t.chat_id, t.inbound_ids) for t in recorder.turns()] == [("g:1", ["m"]), ("g", ["1:m"])]
-    markers = await ingest.state.redis.keys(f"{redis_prefix}dedup:in:*")
+    await mark_as_dispatch_does(ingest, recorder.turns())
+    markers = await ingest.state.markers.redis.keys(f"{redis_prefix}dedup:in:*")
     assert sorted(markers) == [
         f"{redis_prefix}dedup:in:console:demo:g%3A1:m",
         f"{redis_prefix}dedup:in:console:demo:g:1%3Am",

@@ -16,7 +16,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs
-from pipeline.state import StateStore
+from pipeline.state import State
 from tests.platforms import test_lark as lark_fx
 from tests.platforms import test_onebot as onebot_fx
 
@@ -25,7 +25,7 @@ from .test_ingest_admit import Recorder, run
 
 def ingest_for(bot: BotConfig, redis_url: str, prefix: str) -> tuple[IngestStage, Recorder]:
     settings = Settings(redis_prefix=prefix, bots=[bot])
-    state = StateStore(aioredis.from_url(redis_url, decode_responses=True), settings.redis_prefix)
+    state = State.open(aioredis.from_url(redis_url, decode_responses=True), settings.redis_prefix)
     recorder = Recorder()
 
     def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:  # type: ignore[type-arg]

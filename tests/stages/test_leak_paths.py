@@ -35,10 +35,12 @@ from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
-from pipeline.state import InflightStream, StateStore, TurnContext
+from pipeline.state import State, TurnRecord
 from tests.platforms.conftest import FakeApi, load_media
 from tests.platforms.test_onebot import TOKEN as ONEBOT_TOKEN
 from tests.platforms.test_onebot import check_onebot
+
+from .turns import running_turn
 
 SECRETS = {
     "own_bot_secret": "ob-Signing-Secret-4417",
@@ -124,7 +126,7 @@ def settings_for(api: FakeApi, policy: str) -> Settings:
 class Pipeline:
     render: RenderStage
     egress: EgressStage
-    state: StateStore
+    state: State
     produced: list[tuple[str, bytes]]
     api: FakeApi
     settings: Settings
@@ -153,7 +155,7 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
     api.on("/send_group_msg", check_onebot)
     settings = settings_for(api, request.param)
     client = aioredis.from_url(redis_url, decode_responses=True)
-    state = StateStore(client, redis_prefix)
+    state = State.open(client, redis_prefix)
     produced: list[tuple[str, bytes]] = []
 
     async def record(topic: str, key: str | None, value: bytes) -> None:
@@ -169,10 +171,12 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
         notices,
         {(b.platform, b.bot_id): reply_policy(b, settings, scanner) for b in settings.bots},
         {},
-        ImTools(settings, state),
+        ImTools(settings, state.conversations),
     )
     async with httpx.AsyncClient(timeout=5.0) as http:
-        egress = EgressStage(settings, state, outputs, http, load_media, None, leak_guard=LeakGuard(scanner, notices))
+        egress = EgressStage(
+            settings, state.deliveries, outputs, http, load_media, leak_guard=LeakGuard(scanner, notices)
+        )
         try:
             yield Pipeline(render, egress, state, produced, api, settings, itertools.count(1))
         finally:
@@ -199,7 +203,7 @@ async def new_turn(p: Pipeline) -> str:
     """A running turn in a fresh group chat of the OneBot bot; returns its conversation key."""
     n = next(p.count)
     conversation = f"onebot:qq1:group_{700000 + n}"
-    turn = TurnContext(
+    turn = TurnRecord(
         trace_id=f"t{n}",
         platform="onebot",
         bot_id="qq1",
@@ -208,8 +212,7 @@ async def new_turn(p: Pipeline) -> str:
         starter_id="12345678",
         reply_to_message_id=f"{n}",
     )
-    stream = InflightStream(session_id="s1", conversation_key=conversation)
-    await p.state.start_turn(conversation, 0, stream, turn_id=f"m{n}", status="running", turn=turn, session_id="s1")
+    await running_turn(p.state, conversation, turn, f"m{n}")
     return conversation
 
 

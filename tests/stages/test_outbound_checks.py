@@ -18,7 +18,9 @@ from pipeline.stages.notices import Notices
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage, _shortened, session_error_labels
 from pipeline.stages.tools import ImTools
-from pipeline.state import InflightStream, StateStore, TurnContext
+from pipeline.state import State, TurnRecord
+
+from .turns import running_turn
 
 
 def _settings(**extra: object) -> Settings:
@@ -126,7 +128,7 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
 ) -> None:
     settings = Settings(bots=[BotConfig(platform="onebot", bot_id="qq1", language="en")])
     client = aioredis.from_url(redis_url, decode_responses=True)
-    state = StateStore(client, redis_prefix)
+    state = State.open(client, redis_prefix)
     produced: list[bytes] = []
 
     async def record(topic: str, key: str | None, value: bytes) -> None:
@@ -140,13 +142,12 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
         Notices(settings),
         {("onebot", "qq1"): reply_policy(settings.bots[0], settings)},
         {"onebot": Capabilities()},
-        ImTools(settings, state),
+        ImTools(settings, state.conversations),
         media=media,
     )
     conversation = "onebot:qq1:group_5"
-    turn = TurnContext(trace_id="t", platform="onebot", bot_id="qq1", chat_id="group_5", chat_type="group")
-    stream = InflightStream(session_id="s1", conversation_key=conversation)
-    await state.start_turn(conversation, 0, stream, turn_id="m1", status="running", turn=turn, session_id="s1")
+    turn = TurnRecord(trace_id="t", platform="onebot", bot_id="qq1", chat_id="group_5", chat_type="group")
+    await running_turn(state, conversation, turn, "m1")
     hidden = "http://10.1.2.3/internal.png"
     reply = {
         "segments": [
