@@ -58,7 +58,7 @@ from pipeline.stages.dispatch import DispatchStage
 from pipeline.stages.egress import EgressStage
 from pipeline.stages.ingest import IngestStage, member_names
 from pipeline.stages.leakguard import LeakGuard
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
@@ -196,7 +196,7 @@ class Runtime:
         self.state = State.open(
             self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
         )
-        self.notices = Notices(s)
+        self.notifier = Notifier(s)
         self.session_client = SessionClient(
             api_key=s.session_api_key.get_secret_value() if s.session_api_key else "",
             profile=s.session_profile,
@@ -241,7 +241,7 @@ class Runtime:
             )
             for name, p in self.platforms.items()
         }
-        self.ingest = IngestStage(s, self.state, self.outputs, self.notices, self._prompt)
+        self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt)
         self.dispatch = DispatchStage(
             s,
             self.state,
@@ -249,14 +249,14 @@ class Runtime:
             self.provisioner,
             self.streams,
             self.outputs,
-            self.notices,
+            self.notifier,
             typing=self._typing,
         )
         self.render = RenderStage(
             s,
             self.state,
             self.outputs,
-            self.notices,
+            self.notifier,
             self.policies,
             capabilities,
             ImTools(s, self.state.conversations),
@@ -269,7 +269,7 @@ class Runtime:
             self.outputs,
             self.http,
             self.load_media,
-            leak_guard=LeakGuard(self.leak_scanner, self.notices),
+            leak_guard=LeakGuard(self.leak_scanner, self.notifier),
         )
         self.started = True
         self.started_event.set()

@@ -21,7 +21,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart
 
 from ._ids import inbound_dedup_id, stable_id, user_message_id
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 from .streams import StreamRegistry
 
@@ -75,7 +75,7 @@ class DispatchStage:
         provisioner: Provisioner,
         streams: StreamRegistry,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         typing: Callable[[BotConfig, str], Awaitable[None]] | None = None,
     ) -> None:
         self.typing = typing
@@ -85,7 +85,7 @@ class DispatchStage:
         self.provisioner = provisioner
         self.streams = streams
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
 
     async def admit(self, commands: list[SessionCommand], positions: list[Position]) -> list[Work | None]:
         """The batch step: each command is sent in its conversation's turn."""
@@ -318,7 +318,7 @@ class DispatchStage:
 
     async def _notice(self, bot: BotConfig, command: SessionCommand, kind: str) -> None:
         await self.outputs.outbound(
-            self.notices.answering(
+            self.notifier.answering(
                 bot,
                 kind,
                 command,

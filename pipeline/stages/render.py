@@ -38,7 +38,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import ConversationState, PendingAction, State
 
 from ._ids import stable_id
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 from .tools import ImTools
 
@@ -115,7 +115,7 @@ class RenderStage:
         settings: Settings,
         state: State,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         policies: dict[tuple[str, str], ReplyPolicy],
         capabilities: dict[str, Capabilities],
         tools: ImTools,
@@ -126,7 +126,7 @@ class RenderStage:
         self.settings = settings
         self.state = state
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
         self.policies = policies
         self.capabilities = capabilities
         self.tools = tools
@@ -454,7 +454,7 @@ class RenderStage:
         params: dict[str, str] | None = None,
     ) -> None:
         metrics.NOTICES.labels(bot.platform, notice).inc()
-        text = self.notices.text(bot, notice, **(params or {}))
+        text = self.notifier.text(bot, notice, **(params or {}))
         await self._emit(bot, record, state, kind, [_text(text)], suffix=notice)
 
     async def _emit(

@@ -17,7 +17,7 @@ from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCom
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages._ids import inbound_dedup_id
 from pipeline.stages.ingest import IngestStage
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.state import State
 from pipeline.topics import SESSION_INPUT
@@ -38,7 +38,7 @@ def stage(redis_url: str, prefix: str, **settings: Any) -> tuple[IngestStage, Re
     s = Settings(redis_prefix=prefix, **settings)
     state = State.open(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
     recorder = Recorder()
-    return IngestStage(s, state, Outputs(recorder), Notices(s), lambda bot, m, w: None), recorder
+    return IngestStage(s, state, Outputs(recorder), Notifier(s), lambda bot, m, w: None), recorder
 
 
 def msg(i: int, text: str = "chatting", *, chat: str = "g", chat_type: str = "group", **extra: Any) -> InboundMessage:

@@ -14,7 +14,7 @@ from pipeline.runtime import reply_context, reply_policy
 from pipeline.segments import build_im_prompt
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.ingest import IngestStage
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.state import State
 from tests.platforms import test_lark as lark_fx
@@ -31,7 +31,7 @@ def ingest_for(bot: BotConfig, redis_url: str, prefix: str) -> tuple[IngestStage
     def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:  # type: ignore[type-arg]
         return build_im_prompt(reply_context(bot, message, window), reply_policy(bot, settings))
 
-    return IngestStage(settings, state, Outputs(recorder), Notices(settings), prompt), recorder
+    return IngestStage(settings, state, Outputs(recorder), Notifier(settings), prompt), recorder
 
 
 def received(bot: BotConfig, request: WebhookRequest) -> InboundMessage:

@@ -31,7 +31,7 @@ from pipeline.runtime import leak_scanner, reply_policy
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.egress import EgressStage
 from pipeline.stages.leakguard import LeakGuard
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
@@ -162,7 +162,7 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
         produced.append((topic, value))
 
     outputs = Outputs(record)
-    notices = Notices(settings)
+    notices = Notifier(settings)
     scanner = leak_scanner(settings)
     render = RenderStage(
         settings,
@@ -261,7 +261,7 @@ async def via_notice(p: Pipeline, text: str) -> None:
     assert bot is not None
     bot = bot.model_copy(update={"notices": {"busy": f"Busy; status page key {text}"}})
     n = next(p.count)
-    message = Notices(p.settings.model_copy(update={"bots": [bot]})).outbound(
+    message = Notifier(p.settings.model_copy(update={"bots": [bot]})).outbound(
         bot,
         "busy",
         platform="onebot",

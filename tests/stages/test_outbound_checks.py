@@ -14,7 +14,7 @@ from pipeline.records import OutboundMessage, SessionEventRecord
 from pipeline.runtime import Runtime, deployment_secrets, reply_policy
 from pipeline.segments import Capabilities, MediaChecker, MediaSettings, SafeFetcher
 from pipeline.settings import BotConfig, Settings
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage, _shortened, session_error_labels
 from pipeline.stages.tools import ImTools
@@ -139,7 +139,7 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
         settings,
         state,
         Outputs(record),
-        Notices(settings),
+        Notifier(settings),
         {("onebot", "qq1"): reply_policy(settings.bots[0], settings)},
         {"onebot": Capabilities()},
         ImTools(settings, state.conversations),

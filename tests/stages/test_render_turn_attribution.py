@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from pipeline.records import OutboundMessage, Position, SessionEventRecord
 from pipeline.runtime import CountedConnection, reply_policy
 from pipeline.settings import Settings
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
@@ -46,7 +46,7 @@ def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
         s,
         state,
         Outputs(recorder),
-        Notices(s),
+        Notifier(s),
         {(b.platform, b.bot_id): reply_policy(b, s) for b in s.bots},
         {},
         ImTools(s, state.conversations),
