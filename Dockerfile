@@ -10,11 +10,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pipeline ./pipeline
-COPY topics ./topics
-# pipeline/topics.py reads the topic catalogue from `<pipeline package>/../topics`, which the wheel
-# does not ship: put it beside the installed package.
-RUN pip install --prefix=/install . \
- && cp -r topics "$(python -c 'import sysconfig; print(sysconfig.get_paths(vars={"base": "/install"})["purelib"])')/topics"
+# The topic catalogue (pipeline/topics/) is package data: the wheel carries it.
+RUN pip install --prefix=/install .
 
 FROM python:3.11-slim
 # Faust creates its data directory at start: keep it in the app directory the user owns.

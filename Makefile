@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Two stamps: `make run` needs the package and its runtime dependencies only (what `pip install .`
+# and the Docker image get); `make test` needs `.[dev]` (test tools, linters, platform SDKs).
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
+# Extra arguments for `switchboard up`, e.g. `make run RUN_ARGS="--web-port 8081"`.
+RUN_ARGS ?=
 
 .PHONY: run test lint typecheck bench clean system-deps
 
@@ -10,14 +15,27 @@ STAMP := $(VENV)/.installed
 # console page test). Best effort: without root or apt those tests skip and say why.
 SYSTEM_STAMP := $(VENV)/.system-deps
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+define make_venv
+	@test -x $(BIN)/python || { echo "==> creating the virtualenv $(VENV) ($$($(PYTHON) --version))"; $(PYTHON) -m venv $(VENV); }
+	@echo "==> updating pip in $(VENV)"
+	@$(BIN)/pip install -q --upgrade pip
+endef
 
-run: $(STAMP)
-	$(BIN)/switchboard up
+$(RUN_STAMP): pyproject.toml
+	$(make_venv)
+	@echo "==> installing Switchboard and its runtime dependencies (pip install -e .); about a minute the first time"
+	@PYTHONWARNINGS=ignore $(BIN)/pip install -q -e .
+	@touch $@
+
+$(STAMP): pyproject.toml
+	$(make_venv)
+	@echo "==> installing Switchboard with the test and development tools (pip install -e '.[dev]'); a few minutes the first time"
+	@PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[dev]'
+	@touch $@ $(RUN_STAMP)
+
+run: $(RUN_STAMP)
+	@echo "==> $(BIN)/switchboard up $(RUN_ARGS)"
+	@$(BIN)/switchboard up $(RUN_ARGS)
 
 $(SYSTEM_STAMP): $(STAMP)
 	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -25,11 +43,12 @@ $(SYSTEM_STAMP): $(STAMP)
 	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	  command -v chromium >/dev/null || missing="$$missing chromium fonts-noto-color-emoji"; \
 	  if [ -n "$$missing" ]; then \
+	    echo "==> installing test tools with apt-get:$$missing"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing) >/dev/null 2>&1 \
 	      || echo "note: could not install$$missing; the tests that need them will skip"; \
 	  fi; \
 	fi
-	touch $(SYSTEM_STAMP)
+	@touch $(SYSTEM_STAMP)
 
 system-deps: $(SYSTEM_STAMP)
 

@@ -1,4 +1,5 @@
-"""Cost of the reply contract per turn: validation vs jsonschema, and finalize_reply without media.
+"""Cost of the reply contract per turn: validation vs jsonschema, finalize_reply without media, and
+the leak check on its own.
 
 Usage: .venv/bin/python bench/segments_bench.py [--rounds N]
 
@@ -6,6 +7,10 @@ Each corpus text (tests/segments/corpus/replies.jsonl) is timed individually, `r
 figures are the median and p99 of all those per-call timings, in microseconds. "typical" excludes
 the deliberately oversized texts (> 8 KiB). jsonschema is given every advantage: the validator is
 built once, and its cost is `json.loads` + `is_valid` (no error collection).
+
+The leak figures use a deployment-sized secret set (`DEPLOYMENT_SECRETS`: four bots' credentials
+plus the service keys, 24 values) as well as the corpus's one configured secret: the check runs on
+every outbound message, so its cost with every secret of the deployment is the one that matters.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
+import string
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +36,7 @@ from pipeline.segments import (
     LeakScanner,
     Member,
     RepliedMessage,
+    Reply,
     ReplyInvalid,
     ReplyPolicy,
     TurnContext,
@@ -36,9 +44,49 @@ from pipeline.segments import (
     reply_json_schema,
     validate_reply,
 )
+from pipeline.segments.leaks import scan_segments
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "segments" / "corpus" / "replies.jsonl"
 TYPICAL_MAX_CHARS = 8 * 1024
+
+
+def _deployment_secrets() -> list[str]:
+    # Shapes of real credentials (random, fixed): 4 bots x 3-4 credentials + 8 service values.
+    rng = random.Random(7)
+    alphabet = string.ascii_letters + string.digits
+
+    def token(n: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(n))
+
+    return [
+        f"{rng.randrange(10**9)}:AA{token(33)}",  # telegram token
+        token(32),  # telegram webhook secret
+        "ob-" + token(20),  # onebot secret
+        token(24),  # onebot access token
+        "cli_" + token(16),  # lark app id
+        token(32),  # lark app secret
+        token(32),  # lark verification token
+        token(24),  # lark encrypt key
+        token(32),  # slack signing secret
+        "xoxb-" + token(50),  # slack bot token
+        token(40),  # console token
+        token(36),  # console token (second bot)
+        token(36),  # session api key
+        token(36),  # correction api key
+        "AKLT" + token(40),  # ark access key
+        token(60),  # ark secret key
+        token(24),  # redis password
+        token(24),  # kafka password
+        token(28),
+        token(28),
+        token(30),
+        token(30),
+        token(44),
+        token(44),
+    ]
+
+
+DEPLOYMENT_SECRETS = _deployment_secrets()
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -104,13 +152,33 @@ def main() -> None:
     policy = ReplyPolicy(leak_scanner=LeakScanner(["corpus-configured-secret-0001"]))
     capabilities = Capabilities()
 
-    async def finalize_all(batch: list[str], rounds: int) -> list[int]:
+    async def finalize_all(batch: list[str], rounds: int, with_policy: ReplyPolicy = policy) -> list[int]:
         timings: list[int] = []
         clock = time.perf_counter_ns
         for _ in range(rounds):
             for text in batch:
                 start = clock()
-                await finalize_reply(text, turn, policy, corrector=None, media=None, capabilities=capabilities)
+                await finalize_reply(text, turn, with_policy, corrector=None, media=None, capabilities=capabilities)
+                timings.append(clock() - start)
+        return timings
+
+    deployment_scanner = LeakScanner([*DEPLOYMENT_SECRETS, "corpus-configured-secret-0001"])
+    deployment_policy = ReplyPolicy(leak_scanner=deployment_scanner)
+    valid_segments = []
+    for text in texts:
+        try:
+            valid_segments.append(list(Reply.model_validate_json(text).segments))
+        except ValueError:
+            continue
+    typical_segments = [s for s in valid_segments if len(json.dumps([x.model_dump() for x in s])) <= TYPICAL_MAX_CHARS]
+
+    def scan_each(batch: list[list[Any]], scanner: LeakScanner, rounds: int) -> list[int]:
+        timings: list[int] = []
+        clock = time.perf_counter_ns
+        for _ in range(rounds):
+            for segments in batch:
+                start = clock()
+                scan_segments(segments, scanner)
                 timings.append(clock() - start)
         return timings
 
@@ -130,6 +198,16 @@ def main() -> None:
     print(summary("json.loads + jsonschema (typical)", time_each(typical, jsonschema_validate, js_rounds)))
     print(summary("finalize_reply, no media (all)", asyncio.run(finalize_all(texts, args.rounds))))
     print(summary("finalize_reply, no media (typical)", asyncio.run(finalize_all(typical, args.rounds))))
+    print(
+        summary(
+            "finalize_reply, 25 secrets (typical)", asyncio.run(finalize_all(typical, args.rounds, deployment_policy))
+        )
+    )
+    scan_each(valid_segments, deployment_scanner, 1)
+    print(f"leak check on valid replies: {len(valid_segments)} ({len(typical_segments)} typical)")
+    print(summary("leak check, 1 secret (typical)", scan_each(typical_segments, policy.leak_scanner, args.rounds)))
+    print(summary("leak check, 25 secrets (typical)", scan_each(typical_segments, deployment_scanner, args.rounds)))
+    print(summary("leak check, 25 secrets (all)", scan_each(valid_segments, deployment_scanner, args.rounds)))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,106 @@
-"""`switchboard`: up, worker, sim, topics, bench."""
+"""`switchboard`: up, worker, sim, topics, bench.
+
+Every command checks what it can before it starts anything slow (settings, the bots file, the web
+port, Kafka and Redis) and reports each problem as one plain line naming the setting to change.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import re
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 if TYPE_CHECKING:
-    from pipeline.settings import Settings
+    from pipeline.stack import Stack
+
+STAGES = "ingest,dispatch,render,egress"
+# Exit codes: 2 bad settings or arguments, 1 something on this machine or the network is in the way.
+EXIT_SETTINGS, EXIT_ENVIRONMENT = 2, 1
+
+
+class Refused(Exception):
+    """A command cannot start; each of `problems` is one plain line for the terminal."""
+
+    def __init__(self, problems: list[str], code: int = EXIT_ENVIRONMENT) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchboard",
+        description="Switchboard: IM platforms ⇄ agent sessions, on Kafka.",
+        epilog=(
+            "Settings come from SWITCHBOARD_* variables and the bots file named by SWITCHBOARD_CONFIG "
+            "(README.md, Configuration). `switchboard COMMAND --help` describes a command."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    up = sub.add_parser(
+        "up",
+        help="everything on this machine: embedded broker, Redis, session simulator, one worker (what `make run` runs)",
+        description=(
+            "Start the embedded stack: a Tansu broker, a Redis server and the session simulator (each "
+            "unless SWITCHBOARD_KAFKA_BOOTSTRAP, SWITCHBOARD_REDIS_URL or SWITCHBOARD_SESSION_BASE_URL "
+            "names your own), then one worker with the web console. Ctrl-C stops everything."
+        ),
+    )
+    up.add_argument(
+        "--web-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="port of the worker's web server: webhooks, console, /metrics (default: SWITCHBOARD_WEB_PORT, else 8080)",
+    )
+    up.add_argument("--think", type=float, default=0.3, help="the simulator agent's think time, seconds (default 0.3)")
+    up.add_argument("--run-dir", type=Path, default=None, help="keep logs and data here (default: a new temp dir)")
+    worker = sub.add_parser(
+        "worker",
+        help="run a worker (all settings from SWITCHBOARD_* and the bots file)",
+        description=(
+            "Run a worker: the Faust app with the chosen stages plus the web server (webhooks, console "
+            "API, /metrics, /healthz, /readyz). Needs SWITCHBOARD_KAFKA_BOOTSTRAP, SWITCHBOARD_REDIS_URL "
+            "and the session API settings; topics must exist (`switchboard topics apply`)."
+        ),
+    )
+    worker.add_argument(
+        "--stages",
+        default=STAGES,
+        help=f"comma-separated stages this worker runs (default: all, {STAGES})",
+    )
+    worker.add_argument(
+        "--platforms",
+        default=None,
+        help="comma-separated platforms whose outbound topics egress consumes (default: those of the configured bots)",
+    )
+    sub.add_parser("sim", help="the reference session server (see `switchboard sim --help`)", add_help=False)
+    sub.add_parser("bench", help="benchmarks that print their figures (see `switchboard bench --help`)", add_help=False)
+    topics = sub.add_parser(
+        "topics",
+        help="create or check the Kafka topics; regenerate their JSON Schemas",
+        description="The topic catalogue is pipeline/topics/topics.toml (partitions: SWITCHBOARD_PARTITIONS).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "actions:\n"
+            "  apply    create missing topics and grow partitions on SWITCHBOARD_KAFKA_BOOTSTRAP (idempotent)\n"
+            "  check    report drift between the catalogue and the cluster; exit 1 when there is any\n"
+            "  schemas  rewrite the JSON Schemas in pipeline/topics/ from the record models"
+        ),
+    )
+    topics.add_argument(
+        "action", choices=["apply", "check", "schemas"], metavar="ACTION", help="apply, check or schemas (see below)"
+    )
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,20 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.bench import main as bench_main
 
         return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="switchboard", description="IM platforms ⇄ agent sessions, on Kafka.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="everything on this machine with embedded defaults")
-    up.add_argument("--web-port", type=int, default=int(os.environ.get("SWITCHBOARD_WEB_PORT", "8080")))
-    up.add_argument("--think", type=float, default=0.3, help="the simulator agent's think time, seconds")
-    up.add_argument("--run-dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
-    worker = sub.add_parser("worker", help="run a worker (all settings from SWITCHBOARD_* / the TOML file)")
-    worker.add_argument("--stages", default="ingest,dispatch,render,egress")
-    worker.add_argument("--platforms", default=None, help="egress platforms (default: those of the configured bots)")
-    sub.add_parser("sim", help="the reference session server (see `switchboard sim --help`)")
-    sub.add_parser("bench", help="benchmarks (see `switchboard bench --help`)")
-    topics = sub.add_parser("topics", help="topic declarations")
-    topics.add_argument("action", choices=["apply", "check", "schemas"])
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
+    from pipeline.settings import SettingsError
 
     try:
         if args.command == "up":
@@ -50,34 +127,74 @@ def main(argv: list[str] | None = None) -> int:
             return _worker(args)
         if args.command == "topics":
             return asyncio.run(_topics(args.action))
-    except ValidationError as exc:
-        print(f"switchboard: bad settings:\n{exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"switchboard: {exc}", file=sys.stderr)
-        return 2
-    return 1
+    except SettingsError as exc:
+        count = len(exc.problems)
+        _print_problems(f"bad settings ({count} problem{'s' if count > 1 else ''}):", exc.problems)
+        return EXIT_SETTINGS
+    except Refused as exc:
+        _print_problems("", exc.problems)
+        return exc.code
+    parser.print_help()
+    return EXIT_SETTINGS
 
 
-def _settings() -> Settings:
-    from pipeline.settings import Settings
+def _print_problems(header: str, problems: list[str]) -> None:
+    if header:
+        print(f"switchboard: {header}", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return
+    for problem in problems:
+        print(f"switchboard: {problem}", file=sys.stderr)
 
-    return Settings()
+
+def _check(*problems: str | None, code: int = EXIT_ENVIRONMENT) -> None:
+    found = [p for p in problems if p]
+    if found:
+        raise Refused(found, code)
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from pipeline import preflight
+    from pipeline.platforms import known_platforms
+    from pipeline.settings import env_name, load_settings
+    from pipeline.worker import ALL_STAGES
 
-    from pipeline.app import DrainingWorker, create_app
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    platforms = [p.strip() for p in args.platforms.split(",") if p.strip()] if args.platforms else None
+    _check(
+        *(f"--stages: unknown stage {s!r}; known: {', '.join(ALL_STAGES)}" for s in stages if s not in ALL_STAGES),
+        *(
+            f"--platforms: unknown platform {p!r}; known: {', '.join(known_platforms())}"
+            for p in platforms or []
+            if p not in known_platforms()
+        ),
+        code=EXIT_SETTINGS,
+    )
+    settings = load_settings("worker")
+    assert settings.kafka_bootstrap and settings.redis_url  # load_settings("worker") requires them
+    _check(
+        preflight.port_problem(
+            settings.web_host, settings.web_port, f"set {env_name('web_port')} to a free port (0: any)"
+        ),
+        preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
+        preflight.redis_problem(settings.redis_url, env_name("redis_url")),
+    )
+
     from pipeline.logs import configure_logging
+    from pipeline.worker import DrainingWorker, create_app
 
-    settings = _settings()
     configure_logging(settings.log_format, settings.log_level)
     if os.environ.get("SWITCHBOARD_EVENT_LOOP", "uvloop") == "uvloop":
         _use_uvloop()
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    platforms = [p.strip() for p in args.platforms.split(",")] if args.platforms else None
     app = create_app(settings, stages=stages, platforms=platforms)
-    worker = DrainingWorker(app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False)
+    # override_logging=False: Faust would replace the handlers configure_logging set (JSON lines in
+    # production, logger names that `switchboard up` filters on) with its own format.
+    worker = DrainingWorker(
+        app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False, override_logging=False
+    )
+    worker.spinner = None  # Faust's start-up spinner writes control characters into the log
+    worker.drain = app.drain
     profile_path = os.environ.get("SWITCHBOARD_CPROFILE")  # development aid: a cProfile dump at exit
     if not profile_path:
         worker.execute_from_commandline()
@@ -115,20 +232,18 @@ def _use_uvloop() -> None:
 
 
 async def _topics(action: str) -> int:
-    from pipeline import topics
-    from pipeline.kafka import TopicSpec, apply_topics, check_topics
+    from pipeline import preflight, topics
+    from pipeline.kafka import apply_topics, check_topics
+    from pipeline.settings import env_name, load_settings
 
     if action == "schemas":
         for path in topics.write_schemas():
             print(f"wrote {path}")
         return 0
-    settings = _settings()
-    if not settings.kafka_bootstrap:
-        raise ValueError("SWITCHBOARD_KAFKA_BOOTSTRAP is required")
-    specs = [
-        TopicSpec(name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config)
-        for d in topics.declarations(settings.platforms, settings.partitions)
-    ]
+    settings = load_settings("topics")
+    assert settings.kafka_bootstrap  # load_settings("topics") requires it
+    _check(preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")))
+    specs = topics.cluster_specs(settings)
     if action == "apply":
         report = await apply_topics(settings.kafka_bootstrap, specs)
         print(report)
@@ -140,32 +255,170 @@ async def _topics(action: str) -> int:
     return 0 if not drift else 1
 
 
+# -- up ------------------------------------------------------------------------------------------------
+
+
 def _up(args: argparse.Namespace) -> int:
-    from pipeline.stack import Stack
+    from pipeline import preflight
+    from pipeline.settings import env_name, load_settings
 
-    async def run() -> None:
-        stack = Stack(web_port=args.web_port, think=args.think, run_dir=args.run_dir)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        print("switchboard: starting the embedded stack…", flush=True)
-        try:
-            await stack.start()
-            print("switchboard is up:", flush=True)
-            for name, where in stack.describe():
-                print(f"  {name:<12} {where}", flush=True)
-            print("Ctrl-C stops everything.", flush=True)
-            await stop.wait()
-        finally:
-            print("switchboard: stopping…", flush=True)
-            await stack.stop()
-
+    settings = load_settings("up")
+    web_port = args.web_port if args.web_port is not None else settings.web_port
+    other = _suggest(web_port)
+    how = (
+        f'pick another with `switchboard up --web-port {other}` (`make run RUN_ARGS="--web-port {other}"`)'
+        f" or {env_name('web_port')}={other}"
+    )
+    _check(
+        preflight.port_problem(settings.web_host, web_port, how),
+        settings.kafka_bootstrap and preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
+        settings.redis_url and preflight.redis_problem(settings.redis_url, env_name("redis_url")),
+    )
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="switchboard-up-"))
     logging.basicConfig(level=logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+        return asyncio.run(_run_stack(web_port, args.think, run_dir, how))
     return 0
+
+
+def _suggest(port: int) -> int:
+    return port + 1 if 0 < port < 65535 else 8081
+
+
+async def _run_stack(web_port: int, think: float, run_dir: Path, how_to_change_port: str) -> int:
+    from pipeline.embedded import EmbeddedServiceError, PortInUseError
+    from pipeline.stack import Stack
+
+    stack = Stack(web_port=web_port, think=think, run_dir=run_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    say(f"starting the embedded stack (logs in {run_dir})…")
+    code = 0
+    try:
+        start = asyncio.ensure_future(stack.start())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # Ctrl-C while starting
+            start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await start
+            return 0
+        stopped.cancel()
+        try:
+            start.result()
+        except PortInUseError as exc:
+            # Taken between the check and the worker's bind (or by one of the embedded parts).
+            _print_problems("", [f"port {exc.port} on {exc.host}: address already in use; {how_to_change_port}"])
+            return EXIT_ENVIRONMENT
+        except EmbeddedServiceError as exc:
+            _print_problems(*_start_failure(str(exc)))
+            return EXIT_ENVIRONMENT
+        _banner(stack, run_dir)
+        code = await _watch(stack, stop)
+    finally:
+        say("stopping…")
+        await stack.stop()
+        say(f"stopped; logs kept in {run_dir}")
+    return code
+
+
+def say(line: str) -> None:
+    print(f"switchboard: {line}", flush=True)
+
+
+def _start_failure(message: str, tail_lines: int = 15) -> tuple[str, list[str]]:
+    """A supervisor's start error: its first line, and the end of the log it quotes."""
+    first, _, log = message.partition("\n")
+    return first, log.splitlines()[-tail_lines:]
+
+
+def _banner(stack: Stack, run_dir: Path) -> None:
+    print("switchboard is up:", flush=True)
+    for name, where in stack.describe():
+        print(f"  {name:<12} {where}", flush=True)
+    print(f"  {'logs':<12} {run_dir}", flush=True)
+    for name, part in stack.parts():
+        print(f"  {'':<12}   {name:<9} {part.log_path}", flush=True)
+    print(
+        "One line per delivered message appears below (no message bodies); the full worker log:\n"
+        f"  tail -f {stack.workers[0].log_path}\n"
+        "Ctrl-C stops everything.",
+        flush=True,
+    )
+
+
+async def _watch(stack: Stack, stop: asyncio.Event) -> int:
+    """Until Ctrl-C: echo the worker's turn lines and warnings; if a part dies, say so and stop."""
+    follower = LogFollower(stack.workers[0].log_path)
+    while not stop.is_set():
+        for line in follower.new_lines():
+            print(line, flush=True)
+        for name, part in stack.parts():
+            if not part.is_running:
+                say(f"the {name} exited (code {part.exit_code}); last lines of {part.log_path}:")
+                for line in part.log_tail(15).splitlines():
+                    print(f"  {line}", flush=True)
+                return EXIT_ENVIRONMENT
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=0.25)
+    for line in follower.new_lines():
+        print(line, flush=True)
+    return 0
+
+
+# `2026-01-31 12:00:00,123 INFO pipeline.turns: …` (pipeline.logs, text format)
+_TEXT_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d (?P<time>\d\d:\d\d:\d\d),\d+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<msg>.*)$"
+)
+_SHOWN_LEVELS = {"WARNING", "ERROR", "CRITICAL"}
+# Terminal control: escape sequences and control characters (a program's output may carry some).
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class LogFollower:
+    """Reads a worker log as it grows and picks the lines worth a terminal: the per-turn lines
+    (logger `pipeline.turns`) and warnings or errors, from either log format."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read(1 << 20)
+        except OSError:
+            return []
+        self._offset += len(data)
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        shown = (self.pick(raw.decode("utf-8", "replace")) for raw in complete)
+        return [line for line in shown if line is not None]
+
+    @staticmethod
+    def pick(line: str) -> str | None:
+        line = _ESCAPES.sub("", line)
+        match = _TEXT_LINE.match(line)
+        if match:
+            time, level, logger, message = match["time"], match["level"], match["logger"], match["msg"]
+        elif line.startswith("{"):
+            try:
+                entry = json.loads(line)
+                time, level = str(entry["ts"])[11:19], str(entry["level"]).upper()
+                logger, message = str(entry["logger"]), str(entry["msg"])
+            except (ValueError, KeyError, TypeError):
+                return None
+        else:
+            return None
+        if logger == "pipeline.turns":
+            return f"  {time} {message}"
+        if level in _SHOWN_LEVELS:
+            return f"  {time} {level} {logger}: {message}"
+        return None
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""The Prometheus metric catalogue (ARCHITECTURE.md, "Observability").
+"""The Prometheus metric catalogue (docs/operations.md, "Metrics").
 
 Labels are bounded: platform, bot, stage, outcome, reason, type. Never chat or user ids.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
+# No `*_created` series: one more sample per label set of every counter and histogram (the time it
+# was first seen), which nothing here reads and Prometheus stores as a gauge (docs/operations.md).
+disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -62,8 +66,12 @@ STREAM_EVENTS = Counter("switchboard_session_events_total", "Server events produ
 SEGMENTS = Counter(
     "switchboard_segments_total", "Final replies by validation outcome", ["platform", "outcome"]
 )  # valid | corrected | failed | empty
-LEAK_HITS = Counter("switchboard_leak_hits_total", "Secrets found in outbound strings", ["platform"])
-MEDIA_REJECTED = Counter("switchboard_media_rejected_total", "Media replaced by a notice", ["platform"])
+LEAK_HITS = Counter(
+    "switchboard_leak_hits_total", "Secrets found in outbound messages", ["platform", "kind"]
+)  # kind: reply | progress | notice | confirmation
+MEDIA_REJECTED = Counter(
+    "switchboard_media_rejected_total", "Media replaced by a notice", ["platform", "reason"]
+)  # reason: pipeline.segments.media.REJECTION_REASONS
 UNKNOWN_MENTIONS = Counter("switchboard_unknown_mentions_total", "Mentions of ids unknown to the turn", ["platform"])
 NOTICES = Counter("switchboard_notices_total", "Host-written notices sent", ["platform", "notice"])
 
@@ -93,6 +101,11 @@ STAGE_LATENCY = Histogram(
 # Keyed executors.
 EXECUTOR_IN_FLIGHT = Gauge("switchboard_executor_in_flight", "Calls in flight", ["stage"])
 EXECUTOR_PENDING = Gauge("switchboard_executor_pending", "Accepted, not yet acknowledged messages", ["stage"])
+
+# Redis.
+REDIS_ROUND_TRIPS = Counter(
+    "switchboard_redis_round_trips", "Requests sent to Redis (a command, a pipeline or a script call each)"
+)
 
 # Consumer lag (exported by the worker; Faust does not derive it).
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])

@@ -2,18 +2,21 @@
 
 `Runtime` opens Redis, the session client and provisioner, the platform HTTP client, the media
 checker and the correction client once, and builds the stage handlers over them. Tests build it
-directly against real Redis and the simulator; the Faust app (`pipeline.app`) drives it.
+directly against real Redis and the simulator; the Faust app (`pipeline.worker`) drives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
-from redis.asyncio import ConnectionPool, Redis
+from pydantic import BaseModel, SecretStr
+from redis.asyncio import Connection, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -41,8 +44,7 @@ from pipeline.segments import (
 )
 from pipeline.segments import TurnContext as ReplyContext
 from pipeline.segments.context import Member, RepliedMessage
-from pipeline.segments.exceptions import MediaUnavailable
-from pipeline.segments.sniff import SNIFF_BYTES, sniff_mime
+from pipeline.segments.leaks import MIN_CONFIGURED_SECRET_LENGTH, Secret
 from pipeline.session import (
     AnthropicProvisioner,
     ArkOpenAPIProvisioner,
@@ -52,42 +54,90 @@ from pipeline.session import (
 )
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.dispatch import DispatchStage
-from pipeline.stages.egress import EgressStage, RateLimits
-from pipeline.stages.ingest import IngestStage
-from pipeline.stages.notices import Notices
+from pipeline.stages.egress import EgressStage
+from pipeline.stages.ingest import IngestStage, member_names
+from pipeline.stages.leakguard import LeakGuard
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
-from pipeline.state import ConsoleStore, ContextEntry, StateStore
+from pipeline.state import ContextEntry, State
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 
 log = logging.getLogger(__name__)
 
 
-def reply_policy(bot: BotConfig, settings: Settings) -> ReplyPolicy:
-    """The segments contract's per-bot policy; the bot's own credentials are secrets never to leak."""
-    secrets = [v.get_secret_value() for v in bot.credentials.values()]
-    for value in (settings.session_api_key, settings.correction_api_key, settings.ark_secret_key):
-        if value is not None:
-            secrets.append(value.get_secret_value())
+# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases).
+_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@")
+
+
+def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, SecretStr):
+            yield Secret(value.get_secret_value(), f"{where}{name}")
+        elif isinstance(value, str):
+            for match in _URL_PASSWORD.finditer(value):
+                yield Secret(unquote(match.group(1)), f"{where}{name} (password in the URL)")
+
+
+def deployment_secrets(settings: Settings) -> list[Secret]:
+    """Every secret of the deployment, named by where it is configured: each bot's credentials and
+    secret fields, every secret setting (session, correction and Ark keys, …) and the passwords in
+    URL settings (Redis, Kafka). Any bot's output is checked for all of them."""
+    secrets = list(_secrets_of(settings, "setting "))
+    for bot in settings.bots:
+        where = f"bot {bot.platform}/{bot.bot_id}"
+        for name, value in bot.credentials.items():
+            secrets.append(Secret(value.get_secret_value(), f"{where}, credential '{name}'"))
+        secrets.extend(_secrets_of(bot, f"{where}, field "))
+    return secrets
+
+
+def leak_scanner(settings: Settings) -> LeakScanner:
+    """The deployment's leak scanner; warns once for each secret too short to match everywhere."""
+    scanner = LeakScanner(deployment_secrets(settings))
+    for source in scanner.short_secrets:
+        log.warning(
+            "leak check: %s is shorter than %d characters (after normalisation); it is matched only as "
+            "a whole word, not inside other text. Use a longer secret",
+            source,
+            MIN_CONFIGURED_SECRET_LENGTH,
+        )
+    return scanner
+
+
+def reply_policy(bot: BotConfig, settings: Settings, scanner: LeakScanner | None = None) -> ReplyPolicy:
+    """The segments contract's per-bot policy. `scanner` holds every secret of the deployment
+    (`leak_scanner`); built from `settings` when not given."""
     return ReplyPolicy(
         language=bot.language,
         output_mode=OutputMode.SEGMENTS if bot.output_schema else OutputMode.PLAIN,
         mention_policy=MentionPolicy(bot.mention_policy),
         leak_action=LeakAction.BLOCK if bot.leak_policy == "block" else LeakAction.REDACT,
-        leak_scanner=LeakScanner(s for s in secrets if len(s) >= 8),
+        leak_scanner=scanner if scanner is not None else LeakScanner(deployment_secrets(settings)),
         notices=NoticeCatalog(bot_overrides={bot.bot_id: {bot.language: dict(bot.notices)}} if bot.notices else {}),
     )
 
 
 def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> ReplyContext:
+    """The turn context of the prompt. Its members: everyone the message mentions (first, so the
+    prompt's member cap never drops them, even when they never spoke in the window), then the
+    window's speakers; each with the name the platform or the window gave, to mention them back."""
+    names = member_names(message, window)
     replied = None
     if message.reply_to is not None and message.reply_to.user_id:
+        author = message.reply_to.user_id
         replied = RepliedMessage(
-            message_id=message.reply_to.message_id, author_id=message.reply_to.user_id, text=message.reply_to.text or ""
+            message_id=message.reply_to.message_id,
+            author_id=author,
+            author_name=names.get(author, ""),
+            text=message.reply_to.text or "",
         )
-    members = {e.user_id: Member(user_id=e.user_id, name=e.name) for e in window if e.user_id != message.sender.user_id}
+    not_members = {message.sender.user_id, bot.self_id}
+    ids = [i for i in (*message.mentions, *(e.user_id for e in window)) if i and i not in not_members]
+    members = tuple(Member(user_id=i, name=names.get(i, "")) for i in dict.fromkeys(ids))
     return ReplyContext(
         bot_id=bot.bot_id,
         platform=bot.platform,
@@ -96,9 +146,18 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
         sender_name=message.sender.name,
         chat_id=message.chat_id,
         replied_to=replied,
-        context_members=tuple(members.values()),
+        context_members=members,
         bot_self_ids=frozenset({bot.self_id} if bot.self_id else ()),
     )
+
+
+class CountedConnection(Connection):
+    """A Redis connection that counts its round trips (one packed send each: a command, a
+    pipeline or a script call), for `switchboard_redis_round_trips_total`."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        metrics.REDIS_ROUND_TRIPS.inc()
+        await super().send_packed_command(command, check_health)
 
 
 class Runtime:
@@ -131,12 +190,13 @@ class Runtime:
             socket_timeout=10,
             socket_connect_timeout=5,
             client_name="switchboard",
+            connection_class=CountedConnection,
         )
         self.redis = Redis(connection_pool=pool)
-        self.state = StateStore(
+        self.state = State.open(
             self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
         )
-        self.notices = Notices(s)
+        self.notifier = Notifier(s)
         self.session_client = SessionClient(
             api_key=s.session_api_key.get_secret_value() if s.session_api_key else "",
             profile=s.session_profile,
@@ -145,7 +205,7 @@ class Runtime:
             max_connections=s.session_max_connections,
         )
         self.provisioner = self._provisioner()
-        self.streams = StreamRegistry(self.state, self.session_client, self.outputs)
+        self.streams = StreamRegistry(self.state.streams, self.session_client, self.outputs)
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200)
         )
@@ -165,15 +225,17 @@ class Runtime:
             if s.correction_base_url
             else None
         )
-        self.policies = {(b.platform, b.bot_id): reply_policy(b, s) for b in s.bots}
+        self.leak_scanner = leak_scanner(s)
+        self.policies = {(b.platform, b.bot_id): reply_policy(b, s, self.leak_scanner) for b in s.bots}
         self.platforms: dict[str, Platform] = {name: get_platform(name) for name in s.platforms}
+        for bot in s.bots:
+            for warning in self.platforms[bot.platform].startup_warnings(bot):
+                log.warning("%s bot %r: %s", bot.platform, bot.bot_id, warning)
         console = self.platforms.get("console")
         if isinstance(console, ConsolePlatform):
             # Egress appends deliveries through the pipeline's connections; viewers read through
             # the web server's own (pipeline/web).
-            console.bind(
-                ConsoleStore(self.redis, s.redis_prefix, ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds)
-            )
+            console.bind(self.state.console)
         capabilities = {
             name: Capabilities(
                 supported_segment_types=p.profile.native_segments | {"text"},
@@ -181,7 +243,7 @@ class Runtime:
             )
             for name, p in self.platforms.items()
         }
-        self.ingest = IngestStage(s, self.state, self.outputs, self.notices, self._prompt)
+        self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt)
         self.dispatch = DispatchStage(
             s,
             self.state,
@@ -189,22 +251,27 @@ class Runtime:
             self.provisioner,
             self.streams,
             self.outputs,
-            self.notices,
+            self.notifier,
             typing=self._typing,
         )
         self.render = RenderStage(
             s,
             self.state,
             self.outputs,
-            self.notices,
+            self.notifier,
             self.policies,
             capabilities,
-            ImTools(s, self.state),
+            ImTools(s, self.state.conversations),
             corrector=self.corrector,
             media=self.media,
         )
         self.egress = EgressStage(
-            s, self.state, self.outputs, self.http, self.load_media, RateLimits(s.redis_url, s.redis_prefix)
+            s,
+            self.state.deliveries,
+            self.outputs,
+            self.http,
+            self.load_media,
+            leak_guard=LeakGuard(self.leak_scanner, self.notifier),
         )
         self.started = True
         self.started_event.set()
@@ -298,10 +365,7 @@ class Runtime:
 
     async def load_media(self, media: Media) -> tuple[bytes, str]:
         """Egress: a media reference's bytes and sniffed type, through the same guards as render."""
-        if media.kind == "file":
-            raise MediaUnavailable("platform_file")
-        data = await self.media._read(media.kind, media.value, self.settings.media_max_bytes)
-        return data, sniff_mime(data[:SNIFF_BYTES]) or "application/octet-stream"
+        return await self.media.load(media)
 
 
 SendFn = Callable[[str, str | None, bytes], Awaitable[None]]

@@ -1,17 +1,30 @@
 """Settings: environment `SWITCHBOARD_*` (nested with `__`) plus an optional TOML file for bots.
 
 `SWITCHBOARD_CONFIG=/path/to/switchboard.toml` names the file; environment values win over it.
-Bad settings fail fast with a message that names the field (pydantic's validation error).
+Bad settings fail fast: `load_settings` reports every problem at once, each naming what the user
+set (the variable, or the bots file and entry: `bots[2].credentials.signing_secret`), and what a
+command needs that is not set.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 BusyPolicy = Literal["merge", "queue", "interrupt"]
@@ -67,6 +80,10 @@ class BotConfig(BaseModel):
     notices: dict[str, str] = Field(default_factory=dict)
     rate_limit_chat: RateLimit | None = None
     rate_limit_bot: RateLimit | None = None
+    # Lark and Slack: a signed webhook whose timestamp is further than this from its receipt is
+    # refused (401 stale_timestamp), so a captured request cannot be replayed later. Well below
+    # the de-duplication window, which catches replays inside it.
+    replay_window_seconds: int = Field(default=300, ge=30, le=3600)
 
     def secret(self, name: str) -> str | None:
         value = self.credentials.get(name)
@@ -81,7 +98,7 @@ class Settings(BaseSettings):
     # Infrastructure. `None` means "embedded" for `switchboard up`; `worker` requires them.
     kafka_bootstrap: str | None = None
     # Tansu never answers a fetch early, so the consumer's wait is pure latency there (see
-    # ARCHITECTURE.md, measured facts). Small by default; raise it on a busy Apache Kafka.
+    # docs/architecture.md, "Measured facts"). Small by default; raise it on a busy Apache Kafka.
     kafka_fetch_max_wait_ms: int = Field(default=20, ge=1, le=10_000)
     # Tansu answers a group join only after about half the session timeout: keep it short so a
     # worker joins (and a dead one is noticed) in seconds. Apache Kafka is fine with it too.
@@ -173,6 +190,25 @@ class Settings(BaseSettings):
         # `SWITCHBOARD_CONSOLE_TOKEN=` (an unset compose variable) means no token, not "".
         return value if value is not None and value.get_secret_value() else None
 
+    @field_validator("bots", mode="wrap")
+    @classmethod
+    def _bots_complete(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[BotConfig]:
+        """Every entry checked and every problem reported together: the fields' own errors plus the
+        platform's name and the credentials that platform declares it needs."""
+        problems: list[InitErrorDetails] = []
+        bots: list[BotConfig] = []
+        try:
+            bots = handler(value)
+        except ValidationError as exc:
+            problems.extend(exc.errors())  # type: ignore[arg-type]  # the same keys, re-raised below
+        if isinstance(value, list):
+            for index, entry in enumerate(value):
+                problems.extend(_platform_problems(index, entry))
+        if problems:
+            problems.sort(key=lambda p: p["loc"][0] if p["loc"] and isinstance(p["loc"][0], int) else -1)
+            raise ValidationError.from_exception_data("bots", problems)
+        return bots
+
     @model_validator(mode="after")
     def _default_console_bot(self) -> Settings:
         # The console enabled without a console bot of its own: the `demo` bot, so that
@@ -231,3 +267,162 @@ class _TomlFileSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(self._data)
+
+
+def _platform_problems(index: int, entry: Any) -> list[InitErrorDetails]:
+    """An entry's platform is known and its credentials hold what that platform requires."""
+    # Imported here: the platform modules import this one (their bots are `BotConfig`s).
+    from pipeline.platforms import UnknownPlatform, get_platform, known_platforms
+
+    if isinstance(entry, BotConfig):
+        entry = entry.model_dump()
+    if not isinstance(entry, dict) or not isinstance(entry.get("platform"), str):
+        return []  # not an entry at all, or no platform: the fields' own errors say so
+    name = entry["platform"]
+    try:
+        platform = get_platform(name)
+    except UnknownPlatform:
+        known = ", ".join(known_platforms())
+        return [_problem((index, "platform"), "unknown_platform", f"unknown platform {name!r}; known: {known}")]
+    credentials = entry.get("credentials")
+    given = {k for k, v in credentials.items() if _filled(v)} if isinstance(credentials, dict) else set()
+    bot = f"bot {entry.get('bot_id', '?')!r}"
+    problems = []
+    for required in platform.required_credentials:
+        if isinstance(required, str):
+            if required not in given:
+                loc = (index, "credentials", required)
+                problems.append(_problem(loc, "missing_credential", f"required for {name} ({bot})"))
+        elif given.isdisjoint(required):
+            message = f"{' or '.join(required)} is required for {name} ({bot})"
+            problems.append(_problem((index, "credentials"), "missing_credential", message))
+    return problems
+
+
+def _problem(loc: tuple[int | str, ...], kind: str, message: str) -> InitErrorDetails:
+    # The message goes in as context: braces in user input must not be read as placeholders.
+    return InitErrorDetails(type=PydanticCustomError(kind, "{message}", {"message": message}), loc=loc, input=None)
+
+
+def _filled(value: Any) -> bool:
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    return value is not None and value != ""
+
+
+# -- loading for a command: every problem at once, named as the user set it --------------------------
+
+Command = Literal["up", "worker", "topics"]
+_ENV_PREFIX = "SWITCHBOARD_"
+_CONFIG_VAR = "SWITCHBOARD_CONFIG"
+# Fields whose values never appear in an error message.
+_SECRET_WORDS = ("key", "secret", "token", "password", "credentials")
+
+
+class SettingsError(ValueError):
+    """Bad or missing settings. `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def env_name(field: str) -> str:
+    """The variable that sets a field: `partitions` → `SWITCHBOARD_PARTITIONS`."""
+    return _ENV_PREFIX + field.upper()
+
+
+def load_settings(command: Command) -> Settings:
+    """The settings for `command`, or a `SettingsError` listing every problem: invalid values
+    (named by variable, or by bots-file entry and field) and what the command needs but is unset."""
+    settings: Settings | None = None
+    problems: list[str] = []
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems.extend(describe_errors(exc))
+    except ValueError as exc:  # the bots file cannot be read or parsed
+        problems.append(str(exc))
+    problems.extend(f"{name} is not set ({why})" for name, why in missing_settings(command, settings))
+    if command == "worker" and settings is not None:
+        from pipeline.web import worker_problems  # the web surface a worker would serve
+
+        problems.extend(worker_problems(settings))
+    if problems:
+        raise SettingsError(problems)
+    assert settings is not None
+    return settings
+
+
+def missing_settings(command: Command, settings: Settings | None = None) -> list[tuple[str, str]]:
+    """(variable, what it is) for each setting `command` needs and nobody set. Without valid
+    settings, what was set is read from the environment and the bots file directly."""
+    value: Callable[[str], Any]
+    if settings is not None:
+        value = lambda name: getattr(settings, name)  # noqa: E731
+    else:
+        value = _raw_value
+    needed: list[tuple[str, str]] = []
+    if command in ("worker", "topics"):
+        needed.append(("kafka_bootstrap", "the Kafka bootstrap servers, e.g. kafka-1:9092,kafka-2:9092"))
+    if command == "worker":
+        needed.append(("redis_url", "the Redis URL, e.g. redis://redis:6379/0"))
+        needed.append(("session_base_url", "the session API, e.g. https://ark.cn-beijing.volces.com/api/v3"))
+    # `up` starts the simulator unless a session API is given; a given one needs its credentials.
+    if command == "worker" or (command == "up" and value("session_base_url")):
+        needed.append(("session_api_key", "the session API key"))
+        provisioner = value("session_provisioner")
+        if provisioner == "static":
+            needed.append(("session_static_ids", "the static provisioner's Ark session ids, a JSON list"))
+        elif provisioner == "ark-openapi":
+            needed.append(("ark_access_key", "the Volcengine access key the ark-openapi provisioner signs with"))
+            needed.append(("ark_secret_key", "the Volcengine secret key the ark-openapi provisioner signs with"))
+    return [(env_name(name), why) for name, why in needed if not value(name)]
+
+
+def _raw_value(field: str) -> Any:
+    """A field as set in the environment or the bots file (unvalidated), else its default."""
+    for key, raw in os.environ.items():
+        if key.upper() == env_name(field):
+            return raw
+    data = _config_data()
+    if field in data:
+        return data[field]
+    return Settings.model_fields[field].default if field in Settings.model_fields else None
+
+
+def _config_data() -> dict[str, Any]:
+    path = os.environ.get(_CONFIG_VAR)
+    if not path:
+        return {}
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    """One line per error, naming what the user set: `SWITCHBOARD_PARTITIONS=0: …`, or
+    `bots.toml: bots[2].credentials.signing_secret: …` for the bots file."""
+    config_path = os.environ.get(_CONFIG_VAR)
+    in_file = set(_config_data())
+    env_upper = {key.upper(): raw for key, raw in os.environ.items()}
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = error["loc"]
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not loc:
+            where = f"{_CONFIG_VAR}={config_path}" if config_path else "settings"
+            lines.append(f"{where}: {message}")
+            continue
+        field, rest = str(loc[0]), loc[1:]
+        path = field + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in rest)
+        variable = env_name(field)
+        from_env = variable in env_upper or any(key.startswith(variable + "__") for key in env_upper)
+        if field in in_file and not from_env:
+            lines.append(f"{config_path}: {path}: {message}")
+            continue
+        secret = any(word in path.lower() for word in _SECRET_WORDS)
+        shown = f"={env_upper[variable]}" if variable in env_upper and not rest and not secret else ""
+        lines.append(f"{variable}{path[len(field) :]}{shown}: {message}")
+    return lines

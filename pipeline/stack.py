@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,9 +18,9 @@ from pathlib import Path
 import httpx
 
 from pipeline.embedded import ManagedProcess, RedisServer, TansuBroker, free_port
-from pipeline.kafka import TopicSpec, apply_topics
+from pipeline.kafka import apply_topics
 from pipeline.settings import Settings
-from pipeline.topics import declarations
+from pipeline.topics import cluster_specs
 
 SIM_API_KEY = "sim-key"
 SIM_OPENAPI_AK, SIM_OPENAPI_SK = "sim-ak", "sim-sk"
@@ -38,6 +39,9 @@ class _HttpProcess(ManagedProcess):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _ports(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.port)]
 
     async def _probe(self) -> bool:
         async with httpx.AsyncClient(timeout=2.0) as client:
@@ -85,12 +89,29 @@ class WorkerProcess(_HttpProcess):
         super().__init__(port, run_dir=run_dir)
         self.env = dict(env)
         self.args = args or []
+        self.instance_id = ""
+
+    def _prepare(self) -> None:
+        # A new id per start: only this process answers /healthz with it (see pipeline/web/server.py).
+        self.instance_id = secrets.token_hex(8)
 
     def _command(self) -> list[str]:
         return [sys.executable, "-m", "pipeline.cli", "worker", *self.args]
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, **self.env, "SWITCHBOARD_WEB_PORT": str(self.port)}
+        return {
+            **os.environ,
+            **self.env,
+            "SWITCHBOARD_WEB_PORT": str(self.port),
+            "SWITCHBOARD_INSTANCE_ID": self.instance_id,
+        }
+
+    async def _probe(self) -> bool:
+        """Ready when our own worker answers: another program (or another stack's worker) that
+        holds the port answers with another id, or not at all."""
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            response = await client.get(self.url + self.health_path)
+            return response.status_code == 200 and response.json().get("instance") == self.instance_id
 
 
 @dataclass
@@ -145,14 +166,8 @@ class Stack:
 
     async def apply_topics(self) -> None:
         settings = self.settings()
-        specs = [
-            TopicSpec(
-                name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config
-            )
-            for d in declarations(settings.platforms, settings.partitions)
-        ]
         assert settings.kafka_bootstrap
-        await apply_topics(settings.kafka_bootstrap, specs)
+        await apply_topics(settings.kafka_bootstrap, cluster_specs(settings))
 
     def settings(self) -> Settings:
         saved = dict(os.environ)
@@ -185,6 +200,16 @@ class Stack:
         path = self.run_dir / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def parts(self) -> list[tuple[str, ManagedProcess]]:
+        """(name, process) of every part this stack started, in start order."""
+        named: list[tuple[str, ManagedProcess | None]] = [
+            ("broker", self.broker),
+            ("redis", self.redis),
+            ("sim", self.sim),
+        ]
+        named += [(f"worker {i}", worker) for i, worker in enumerate(self.workers)]
+        return [(name, part) for name, part in named if part is not None]
 
     def describe(self) -> list[tuple[str, str]]:
         rows = [

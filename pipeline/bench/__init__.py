@@ -1,6 +1,7 @@
-"""`switchboard bench`: load through the real ingress, the bare-Kafka limit, scaling and chaos.
+"""`switchboard bench`: load through the real ingress, the bare-Kafka limit, the bare turn, scaling
+and chaos.
 
-    switchboard bench                                   # load + limit (embedded Tansu, 1 worker)
+    switchboard bench                                   # load + limit + bare turn (embedded Tansu, 1 worker)
     switchboard bench --mode max                        # ramp until latency or errors blow up
     switchboard bench --scale --memory --streams 10000  # 1→2 workers, rebalance, memory, SSE streams
     switchboard bench --broker both                     # Tansu vs Apache Kafka
@@ -53,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra setting for the stack's workers, e.g. SWITCHBOARD_EVENT_LOOP=asyncio (repeat)",
     )
     p.add_argument("--no-limit", action="store_true", help="skip the bare aiokafka chain")
+    p.add_argument(
+        "--no-bare-turn",
+        action="store_true",
+        help="skip the bare turn (a turn's I/O hand-written with aiohttp and aiokafka, at the same rate and its max)",
+    )
     p.add_argument("--limit-messages", type=int, default=20_000)
     p.add_argument("--filtered", action="store_true", help="also a phase of only non-triggering group messages")
     p.add_argument(
@@ -95,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rate, args.duration, args.conversations = min(args.rate, 20.0), min(args.duration, 4.0), 10
         args.limit_messages = min(args.limit_messages, 2000)
         args.think = min(args.think, 0.05)
+        args.ramp_steps, args.step_seconds = min(args.ramp_steps, 2), min(args.step_seconds, 3.0)
     from pipeline.bench.main import run
 
     try:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
-import sys
+import os
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.bench import default_name
 from pipeline.bench.limit import bare_chain, bare_one_hop
 from pipeline.bench.load import TrafficMix
-from pipeline.bench.measure import proc_cpu_seconds
+from pipeline.bench.measure import proc_cpu_seconds, profile_worker
 from pipeline.bench.report import RESULTS, machine, markdown_summary, write_chart, write_json
 from pipeline.bench.runner import (
     BenchStack,
@@ -27,13 +25,13 @@ from pipeline.bench.runner import (
     attach_stack,
     log,
     phase_series,
+    ramp,
     run_phase,
     start_stack,
     warm_up,
     worker_counters,
 )
-from pipeline.records import InboundMessage, Sender, now_ms
-from pipeline.records.models import conversation_key
+from pipeline.records import InboundMessage, Sender, conversation_key, now_ms
 from pipeline.topics import IM_INBOUND
 
 
@@ -54,107 +52,6 @@ def mix_from(args: argparse.Namespace, **over: Any) -> TrafficMix:
 
 def phase_dict(phase: PhaseResult) -> dict[str, Any]:
     return {**phase.data, "timeline": phase.timeline}
-
-
-async def ramp(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace, label: str = "ramp") -> dict[str, Any]:
-    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up."""
-    steps: list[dict[str, Any]] = []
-    rate = args.ramp_start
-    best: dict[str, Any] | None = None
-    for i in range(args.ramp_steps):
-        phase = await run_phase(
-            bs,
-            mix,
-            rate,
-            args.step_seconds,
-            label=f"{label} {rate:.0f}/s",
-            drain_timeout=max(10.0, args.step_seconds),
-            seed=100 + i,
-        )
-        d = phase.data
-        p99 = d["latency_ms"]["end_to_end"]["p99"]
-        backlog_ok = d["messages"]["ingested"] >= 0.99 * d["messages"]["accepted"]
-        msgs = d["messages"]
-        errors_ok = msgs["failed"] == 0 and msgs["http_errors"] <= 0.01 * max(1, msgs["sent"])
-        latency_ok = p99 is not None and p99 <= args.max_p99_ms
-        step = {
-            "offered_msgs_per_s": round(rate, 1),
-            "inbound_msgs_per_s": d["throughput"]["inbound_msgs_per_s"],
-            "turns_per_s": d["throughput"]["turns_per_s"],
-            "e2e_p50_ms": d["latency_ms"]["end_to_end"]["p50"],
-            "e2e_p99_ms": p99,
-            "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
-            "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
-            "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
-            "ok": backlog_ok and errors_ok and latency_ok,
-            "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
-        }
-        steps.append(step)
-        log(f"{label}: {step}")
-        if not step["ok"]:
-            break
-        best = step
-        rate *= args.ramp_factor
-    return {
-        "steps": steps,
-        "max_turns_per_s": best["turns_per_s"] if best else None,
-        "max_inbound_msgs_per_s": best["inbound_msgs_per_s"] if best else None,
-        "max_offered_msgs_per_s": best["offered_msgs_per_s"] if best else None,
-        "criteria": {
-            "e2e_p99_ms_max": args.max_p99_ms,
-            "backlog": "ingested ≥ 99% of accepted after the drain",
-            "errors": "≤ 1% webhook errors",
-        },
-    }
-
-
-async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
-    """py-spy record -f raw: top frames by own samples and by inclusive samples."""
-    await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            exe,
-            "record",
-            "-p",
-            str(pid),
-            "-f",
-            "raw",
-            "-o",
-            str(out),
-            "-d",
-            str(int(seconds)),
-            "-r",
-            "100",
-            "--nonblocking",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        return {"error": f"py-spy: {exc}"}
-    _, err = await proc.communicate()
-    text = await asyncio.to_thread(lambda: out.read_text() if out.exists() else "")
-    if proc.returncode != 0 or not text:
-        return {"error": (err or b"").decode()[-500:]}
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    total = 0
-    for line in text.splitlines():
-        stack, _, count = line.rpartition(" ")
-        try:
-            n = int(count)
-        except ValueError:
-            continue
-        frames = stack.split(";")
-        total += n
-        own[frames[-1]] += n
-        for frame in set(frames):
-            inclusive[frame] += n
-
-    def top(counter: Counter[str], k: int) -> list[dict[str, Any]]:
-        return [{"frame": f, "pct": round(c * 100 / max(total, 1), 1)} for f, c in counter.most_common(k)]
-
-    return {"samples": total, "file": str(out), "top_self": top(own, 25), "top_inclusive": top(inclusive, 40)}
 
 
 async def limit_for(bs: BenchStack, load: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -313,7 +210,9 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
                 ).get("p99"),
                 "worker_cpu_ms_per_turn": load["cpu"]["worker_ms_per_turn"],
                 "redis_ops_per_turn": load["redis"]["ops_per_turn"],
+                "redis_round_trips_per_turn": load["redis"].get("round_trips_per_turn", "n/a"),
                 "kafka_records_per_turn": load["kafka"]["records_per_turn"],
+                "kafka_records_per_turn_by_topic": load["kafka"].get("records_per_turn_by_topic"),
                 "generator_cpu_pct": load["cpu"]["generator_pct_of_core"],
             }
         )
@@ -322,6 +221,22 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
         h["ratio_to_limit"] = lim.get("ratio_turns_to_limit")
     if result.get("max"):
         h["max_turns_per_s"] = result["max"].get("max_turns_per_s")
+    bare = result.get("bare_turn") or {}
+    if bare:
+        same = bare.get("same_rate") or {}
+        e2e = (same.get("latency_ms") or {}).get("end_to_end") or {}
+        h.update(
+            {
+                "bare_turn_turns_per_s": bare.get("bare_turn_turns_per_s"),
+                "bare_turn_max_turns_per_s": bare.get("bare_turn_max_turns_per_s"),
+                "bare_turn_cpu_ms_per_turn": bare.get("bare_turn_cpu_ms_per_turn"),
+                "bare_turn_e2e_p50_ms": e2e.get("p50"),
+                "bare_turn_e2e_p99_ms": e2e.get("p99"),
+                "bare_turn_kafka_records_per_turn": (same.get("kafka") or {}).get("records_per_turn"),
+                "ratio_turns_to_bare_turn": bare.get("ratio_turns_to_bare_turn_max"),
+                "ratio_cpu_per_turn_bare_to_pipeline": bare.get("ratio_cpu_per_turn"),
+            }
+        )
     if result.get("filtered"):
         h["filtered_webhooks_msgs_per_s"] = result["filtered"].get("ingest_msgs_per_s")
     if result.get("filtered_backlog"):
@@ -363,6 +278,10 @@ async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any
         result["profile"] = await profile_task
     if not args.no_limit and bs.broker_kind != "attached":
         result["limit"] = await limit_for(bs, result["load"], args)
+    if not args.no_bare_turn and bs.broker_kind != "attached":
+        from pipeline.bench.bare_turn import bare_turn_for
+
+        result["bare_turn"] = await bare_turn_for(bs, mix_from(args), args, result, out_dir=out_dir, name=name)
     if args.filtered:
         one_hop = (result.get("limit") or {}).get("bare_one_hop")
         result["filtered"] = await filtered_phase(bs, args, one_hop)
@@ -435,6 +354,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "limit": {k: (target.get("limit") or {}).get(k) for k in ("limit_turns_per_s", "ratio_turns_to_limit")},
             "bare_chain_latency_ms": ((target.get("limit") or {}).get("bare_chain") or {}).get("latency_ms"),
             "bare_chain_records_per_s": ((target.get("limit") or {}).get("bare_chain") or {}).get("records_per_s"),
+            "bare_turn": {
+                k: (target.get("bare_turn") or {}).get(k)
+                for k in (
+                    "bare_turn_turns_per_s",
+                    "bare_turn_max_turns_per_s",
+                    "bare_turn_cpu_ms_per_turn",
+                    "ratio_turns_to_bare_turn_max",
+                    "ratio_cpu_per_turn",
+                )
+            },
         }
     if len(comparison) > 1:
         result["broker_comparison"] = comparison
@@ -458,6 +387,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     series = result.pop("_series", [])
     result["headline"] = headline(result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["ok"] = ok
     json_path = write_json(result, out_dir, name)
     png_path = None

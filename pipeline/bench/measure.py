@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+import shutil
+import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -187,3 +192,52 @@ class ThreadCpu:
 
     def seconds(self) -> float:
         return thread_cpu_seconds(self.tid)
+
+
+async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
+    """py-spy record -f raw: top frames by own samples and by inclusive samples."""
+    await asyncio.to_thread(out.parent.mkdir, parents=True, exist_ok=True)
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            exe,
+            "record",
+            "-p",
+            str(pid),
+            "-f",
+            "raw",
+            "-o",
+            str(out),
+            "-d",
+            str(int(seconds)),
+            "-r",
+            "100",
+            "--nonblocking",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        return {"error": f"py-spy: {exc}"}
+    _, err = await proc.communicate()
+    text = await asyncio.to_thread(lambda: out.read_text() if out.exists() else "")
+    if proc.returncode != 0 or not text:
+        return {"error": (err or b"").decode()[-500:]}
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        try:
+            n = int(count)
+        except ValueError:
+            continue
+        frames = stack.split(";")
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+
+    def top(counter: Counter[str], k: int) -> list[dict[str, Any]]:
+        return [{"frame": f, "pct": round(c * 100 / max(total, 1), 1)} for f, c in counter.most_common(k)]
+
+    return {"samples": total, "file": str(out), "top_self": top(own, 25), "top_inclusive": top(inclusive, 40)}

@@ -45,6 +45,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "kernel": platform.release(),
         "commit": commit,
+        # Other work on the machine competes for the same cores: the load before the run.
+        "loadavg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -133,6 +135,10 @@ def write_chart(result: dict[str, Any], series: list[tuple[float, float, float]]
     lim = result.get("limit", {})
     if lim.get("limit_turns_per_s"):
         bars.append(("bare chain\nturns/s", lim["limit_turns_per_s"]))
+    bare = result.get("bare_turn", {})
+    for key, label in (("bare_turn_turns_per_s", "bare turn"), ("bare_turn_max_turns_per_s", "bare turn max")):
+        if bare.get(key):
+            bars.append((f"{label}\nturns/s", bare[key]))
     for key, label in (("max_1_worker", "max 1w"), ("max_2_workers", "max 2w")):
         s = result.get("scale", {}).get(key)
         if s and s.get("max_turns_per_s"):
@@ -168,7 +174,8 @@ def markdown_summary(result: dict[str, Any]) -> str:
         (
             "machine",
             f"{m.get('cpu')} x{m.get('cores')}, {m.get('mem_gib')} GiB, Python {m.get('python')}, "
-            f"commit {m.get('commit')}",
+            f"commit {m.get('commit')}, load average {m.get('loadavg_1_5_15_at_start')} → "
+            f"{m.get('loadavg_1_5_15_at_end')}",
         ),
         (
             "settings",

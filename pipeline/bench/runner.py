@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -14,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import redis.asyncio as aioredis
@@ -72,6 +73,38 @@ def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S ") + msg, flush=True)
 
 
+class DeliveryWatch(Protocol):
+    """Replies delivered so far (counted as they arrive)."""
+
+    @property
+    def count(self) -> int: ...
+
+    async def stop(self) -> None: ...
+
+
+class LoadTarget(Protocol):
+    """What a load phase drives and reads: the pipeline's stack (`BenchStack`) or the bare turn
+    (`pipeline.bench.bare_turn`). In `pids()`, the names starting with `worker` are the processes
+    under test (their CPU and RSS are the worker figures); `redis` is None when it uses no Redis."""
+
+    bootstrap: str
+    redis: Any
+    kafka_prefixes: tuple[str, ...]
+
+    def urls(self) -> list[str]: ...
+
+    def pids(self) -> dict[str, int | None]: ...
+
+    async def counters(self, http: httpx.AsyncClient) -> dict[str, float]:
+        """`ingested` (inbound messages taken off the first topic), `streams_open`, and
+        `redis_round_trips` (NaN when the worker does not count them)."""
+        ...
+
+    async def watch_deliveries(self, bot: str) -> DeliveryWatch: ...
+
+    async def deliveries(self, bot: str, chat_ids: Sequence[str]) -> list[Delivery]: ...
+
+
 @dataclass
 class BenchStack:
     """A stack the bench owns (or one it attached to: then only `urls`, redis and kafka are known)."""
@@ -89,6 +122,7 @@ class BenchStack:
     run_dir: Path | None = None
     redis: Any = None
     settings_env: dict[str, str] = field(default_factory=dict)
+    kafka_prefixes: tuple[str, ...] = ("im.", "session.")
 
     def urls(self) -> list[str]:
         if self.stack is None:
@@ -113,6 +147,17 @@ class BenchStack:
         out["redis"] = self.redis_server.pid if self.redis_server else None
         out["sim"] = self.stack.sim.pid if self.stack and self.stack.sim else None
         return out
+
+    async def counters(self, http: httpx.AsyncClient) -> dict[str, float]:
+        return await worker_counters(self, http)
+
+    async def watch_deliveries(self, bot: str) -> DeliveryWatch:
+        counter = DeliveryCounter(self, bot)
+        await counter.start()
+        return counter
+
+    async def deliveries(self, bot: str, chat_ids: Sequence[str]) -> list[Delivery]:
+        return await read_deliveries(self.redis, self.redis_prefix, bot, chat_ids)
 
     async def close(self) -> None:
         if self.redis is not None:
@@ -257,8 +302,13 @@ def _live_bot(data: Any) -> str | None:
         return None
 
 
+REDIS_ROUND_TRIPS = "switchboard_redis_round_trips_total"
+
+
 async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, float]:
-    totals = {"ingested": 0.0, "filtered": 0.0, "triggered": 0.0, "streams_open": 0.0, "egress_sent": 0.0}
+    """Summed over the workers. `redis_round_trips` is NaN while no worker exports the counter."""
+    totals = dict.fromkeys(("ingested", "filtered", "triggered", "streams_open", "egress_sent"), 0.0)
+    totals["redis_round_trips"] = math.nan
     for url in bs.urls():
         m = await scrape_metrics(url, http)
         filtered = metric_sum(m, "switchboard_inbound_filtered_total")
@@ -269,6 +319,9 @@ async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, 
         totals["ingested"] += filtered + triggered + dedup
         totals["streams_open"] += metric_sum(m, "switchboard_sse_streams_open")
         totals["egress_sent"] += metric_sum(m, "switchboard_egress_total", outcome="sent")
+        if any(key.partition("{")[0] == REDIS_ROUND_TRIPS for key in m):
+            counted = 0.0 if math.isnan(totals["redis_round_trips"]) else totals["redis_round_trips"]
+            totals["redis_round_trips"] = counted + metric_sum(m, REDIS_ROUND_TRIPS)
     return totals
 
 
@@ -283,7 +336,7 @@ class PhaseResult:
     timeline: list[dict[str, float]]
 
 
-async def warm_up(bs: BenchStack, mix: TrafficMix, *, wait_s: float = 120.0) -> None:
+async def warm_up(bs: LoadTarget, mix: TrafficMix, *, wait_s: float = 120.0) -> None:
     """One triggering message per conversation (so sessions exist), then wait for the replies."""
     plan = build_plan(mix, 1.0, 1.0)
     plan.messages, plan.offsets = [], []
@@ -300,8 +353,7 @@ async def warm_up(bs: BenchStack, mix: TrafficMix, *, wait_s: float = 120.0) -> 
             body["mentions"] = ["bot"]
         plan.messages.append(Sent(f"warm-{chat_id}", chat_id, chat_type, True, 0.0, json.dumps(body).encode()))
         plan.offsets.append(i / 200.0)
-    counter = DeliveryCounter(bs, mix.bot)
-    await counter.start()
+    counter = await bs.watch_deliveries(mix.bot)
     gen = Generator(plan, bs.urls)
     gen.start()
     await gen.wait()
@@ -313,7 +365,7 @@ async def warm_up(bs: BenchStack, mix: TrafficMix, *, wait_s: float = 120.0) -> 
 
 
 async def run_phase(
-    bs: BenchStack,
+    bs: LoadTarget,
     mix: TrafficMix,
     rate: float,
     duration: float,
@@ -331,12 +383,11 @@ async def run_phase(
     kafka = KafkaWatermarks(bs.bootstrap)
     await kafka.start()
     pids = bs.pids()
-    counter = DeliveryCounter(bs, mix.bot)
-    await counter.start()
-    k0 = await kafka.by_topic()
-    r0 = await redis_commands(bs.redis)
-    rc0 = await redis_commandstats(bs.redis)
-    w0 = await worker_counters(bs, http)
+    counter = await bs.watch_deliveries(mix.bot)
+    k0 = await kafka.by_topic(bs.kafka_prefixes)
+    r0 = await redis_commands(bs.redis) if bs.redis is not None else 0
+    rc0 = await redis_commandstats(bs.redis) if bs.redis is not None else {}
+    w0 = await bs.counters(http)
     cpu0 = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
     self0 = self_cpu_seconds()
     t0 = time.monotonic()
@@ -355,7 +406,7 @@ async def run_phase(
         await asyncio.sleep(1.0)
         now = time.monotonic()
         dt = now - last["t"]
-        w = await worker_counters(bs, http)
+        w = await bs.counters(http)
         pids_now = bs.pids()
         cpu_now = {name: proc_cpu_seconds(pid) for name, pid in pids_now.items()}
         worker_cpu = sum(
@@ -405,19 +456,15 @@ async def run_phase(
     pids_end = bs.pids()
     cpu1 = {name: proc_cpu_seconds(pid) for name, pid in pids_end.items()}
     self1 = self_cpu_seconds()
-    r1 = await redis_commands(bs.redis)
-    rc1 = await redis_commandstats(bs.redis)
-    k1 = await kafka.by_topic()
-    w1 = await worker_counters(bs, http)
+    r1 = await redis_commands(bs.redis) if bs.redis is not None else 0
+    rc1 = await redis_commandstats(bs.redis) if bs.redis is not None else {}
+    k1 = await kafka.by_topic(bs.kafka_prefixes)
+    w1 = await bs.counters(http)
     await counter.stop()
     await kafka.stop()
     await http.aclose()
     gen_stats = gen.stats
-    deliveries = [
-        d
-        for d in await read_deliveries(bs.redis, bs.redis_prefix, mix.bot, [c for c, _ in plan.chats])
-        if d.delivered_at >= t0_ms
-    ]
+    deliveries = [d for d in await bs.deliveries(mix.bot, [c for c, _ in plan.chats]) if d.delivered_at >= t0_ms]
     replies = [d for d in deliveries if d.kind == "reply"]
     notices = [d for d in deliveries if d.kind == "notice"]
     lat = latency_report(deliveries, sent_by_id)
@@ -481,24 +528,101 @@ async def run_phase(
             "generator_behind_max_ms": round(gen_stats.behind_max_ms, 1),
         },
         "memory": {"worker_rss_mib": {n: round(rss_mib(p), 1) for n, p in pids_end.items() if n.startswith("worker")}},
-        "redis": {
-            "commands": r1 - r0,
-            "ops_per_turn": round((r1 - r0) / turns, 2) if turns else None,
-            "ops_per_inbound_msg": round((r1 - r0) / gen_stats.acked, 2) if gen_stats.acked else None,
-            "per_turn_by_command": {
-                name: round((calls - rc0.get(name, 0)) / turns, 2)
-                for name, calls in sorted(rc1.items(), key=lambda kv: rc0.get(kv[0], 0) - kv[1])[:15]
-                if turns and calls - rc0.get(name, 0) > 0
-            },
-        },
+        "redis": _redis_figures(
+            r1 - r0, rc0, rc1, w1["redis_round_trips"] - w0["redis_round_trips"], turns, gen_stats.acked
+        )
+        if bs.redis is not None
+        else None,
         "kafka": {
             "records": kafka_records,
             "records_by_topic": kafka_by_topic,
             "records_per_turn": round(kafka_records / turns, 2) if turns else None,
+            "records_per_turn_by_topic": {t: round(n / turns, 2) for t, n in kafka_by_topic.items()} if turns else {},
             "records_per_inbound_msg": round(kafka_records / gen_stats.acked, 2) if gen_stats.acked else None,
         },
     }
     return PhaseResult(label, rate, duration, plan, deliveries, data, timeline)
+
+
+def _redis_figures(
+    commands: int, before: dict[str, int], after: dict[str, int], round_trips: float, turns: int, inbound: int
+) -> dict[str, Any]:
+    """Commands (what Redis executed, Lua scripts' calls included) and round trips (requests the
+    workers sent: a command, a pipeline or a script call each; "n/a" while not counted)."""
+    return {
+        "commands": commands,
+        "ops_per_turn": round(commands / turns, 2) if turns else None,
+        "ops_per_inbound_msg": round(commands / inbound, 2) if inbound else None,
+        "round_trips": None if math.isnan(round_trips) else int(round_trips),
+        "round_trips_per_turn": "n/a" if math.isnan(round_trips) or not turns else round(round_trips / turns, 2),
+        "per_turn_by_command": {
+            name: round((calls - before.get(name, 0)) / turns, 2)
+            for name, calls in sorted(after.items(), key=lambda kv: before.get(kv[0], 0) - kv[1])[:15]
+            if turns and calls - before.get(name, 0) > 0
+        },
+    }
+
+
+async def ramp(bs: LoadTarget, mix: TrafficMix, args: argparse.Namespace, label: str = "ramp") -> dict[str, Any]:
+    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up."""
+    steps: list[dict[str, Any]] = []
+    rate = args.ramp_start
+    best: dict[str, Any] | None = None
+    for i in range(args.ramp_steps):
+        phase = await run_phase(
+            bs,
+            mix,
+            rate,
+            args.step_seconds,
+            label=f"{label} {rate:.0f}/s",
+            drain_timeout=max(10.0, args.step_seconds),
+            seed=100 + i,
+        )
+        d = phase.data
+        p99 = d["latency_ms"]["end_to_end"]["p99"]
+        backlog_ok = d["messages"]["ingested"] >= 0.99 * d["messages"]["accepted"]
+        msgs = d["messages"]
+        errors_ok = msgs["failed"] == 0 and msgs["http_errors"] <= 0.01 * max(1, msgs["sent"])
+        latency_ok = p99 is not None and p99 <= args.max_p99_ms
+        step = {
+            "offered_msgs_per_s": round(rate, 1),
+            "inbound_msgs_per_s": d["throughput"]["inbound_msgs_per_s"],
+            "turns_per_s": d["throughput"]["turns_per_s"],
+            "e2e_p50_ms": d["latency_ms"]["end_to_end"]["p50"],
+            "e2e_p99_ms": p99,
+            "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
+            "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
+            "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
+            # What else was busy: a step can fail on the broker, the simulator or the generator.
+            "cpu_pct_by_process": {
+                name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)
+                for name, seconds in {**d["cpu"]["seconds"], "generator": d["cpu"]["generator_thread_seconds"]}.items()
+                if seconds is not None and not math.isnan(seconds)
+            },
+            "stages_p50_ms": {k: v.get("p50") for k, v in d["latency_ms"]["stages"].items()},
+            "ok": backlog_ok and errors_ok and latency_ok,
+            "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
+        }
+        steps.append(step)
+        log(f"{label}: {step}")
+        if not step["ok"]:
+            break
+        best = step
+        rate *= args.ramp_factor
+    return {
+        "steps": steps,
+        "max_turns_per_s": best["turns_per_s"] if best else None,
+        "max_inbound_msgs_per_s": best["inbound_msgs_per_s"] if best else None,
+        "max_offered_msgs_per_s": best["offered_msgs_per_s"] if best else None,
+        "max_worker_cpu_ms_per_turn": best["worker_cpu_ms_per_turn"] if best else None,
+        # False: every step passed, the max is only a lower bound (more --ramp-steps would go higher).
+        "ceiling_found": bool(steps) and not steps[-1]["ok"],
+        "criteria": {
+            "e2e_p99_ms_max": args.max_p99_ms,
+            "backlog": "ingested ≥ 99% of accepted after the drain",
+            "errors": "≤ 1% webhook errors",
+        },
+    }
 
 
 def phase_series(result: PhaseResult) -> list[tuple[float, float, float]]:

@@ -14,7 +14,7 @@ import httpx
 
 from pipeline.bench.load import Generator, Sent, TrafficMix, build_plan
 from pipeline.bench.measure import metric_sum, rss_mib, scrape_metrics
-from pipeline.bench.runner import BenchStack, DeliveryCounter, log, start_stack, warm_up, worker_counters
+from pipeline.bench.runner import BenchStack, DeliveryCounter, log, ramp, start_stack, warm_up, worker_counters
 from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka import LagReader
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
@@ -139,8 +139,6 @@ async def rebalance_phase(bs: BenchStack, mix: TrafficMix, rate: float, *, settl
 
 async def scale_phase(bs: BenchStack, args: argparse.Namespace, mix: TrafficMix) -> dict[str, Any]:
     """The same ramp with 1 and with 2 workers (same partitions), then rebalance under load."""
-    from pipeline.bench.main import ramp
-
     assert bs.stack is not None
     out: dict[str, Any] = {}
     while len([w for w in bs.stack.workers if w.is_running]) > 1:

@@ -12,6 +12,7 @@ from pipeline.embedded.apache_kafka import DEFAULT_KAFKA_VERSION, ApacheKafka, e
 from pipeline.embedded.exceptions import (
     BinaryNotFoundError,
     EmbeddedServiceError,
+    PortInUseError,
     ServiceStartError,
     ServiceStopError,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "BinaryNotFoundError",
     "EmbeddedServiceError",
     "ManagedProcess",
+    "PortInUseError",
     "RedisServer",
     "ServiceStartError",
     "ServiceStopError",

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from pipeline.embedded.exceptions import ServiceStartError, ServiceStopError
+from pipeline.embedded.exceptions import PortInUseError, ServiceStartError, ServiceStopError
 
 T = TypeVar("T")
 
@@ -101,11 +101,12 @@ class ManagedProcess:
     stop_grace = 10.0
     #: bound on one readiness probe (a probe talking to a wrong listener must not hang the start)
     probe_timeout = 5.0
-    #: log lines that mean "port taken": retried on a new port when the port was picked by us
+    #: log lines that mean "port taken" (compared case-insensitively): retried on a new port when
+    #: the port was picked by us, else a `PortInUseError`
     _port_in_use_markers: Sequence[str] = (
-        "Address already in use",  # redis-server, java.net.BindException
-        "Address in use",  # Tansu: Os { code: 98, kind: AddrInUse, message: "Address in use" }
-        "AddrInUse",
+        "address already in use",  # redis-server, java.net.BindException, aiohttp (the worker)
+        "address in use",  # Tansu: Os { code: 98, kind: AddrInUse, message: "Address in use" }
+        "addrinuse",
     )
 
     def __init__(self, *, run_dir: str | os.PathLike[str] | None = None, keep_run_dir: bool | None = None):
@@ -163,6 +164,11 @@ class ManagedProcess:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def exit_code(self) -> int | None:
+        """The process's exit status once it has exited (negative: killed by that signal)."""
+        return self._proc.poll() if self._proc is not None else None
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -180,8 +186,12 @@ class ManagedProcess:
             return ""
 
     def _port_taken(self) -> bool:
-        log = self.current_log()
-        return any(m in log for m in self._port_in_use_markers)
+        log = self.current_log().lower()
+        return any(m.lower() in log for m in self._port_in_use_markers)
+
+    def _port_in_use(self, detail: str = "") -> PortInUseError:
+        host, port = self._ports()[0] if self._ports() else ("?", 0)
+        return PortInUseError(self.name, host, port, detail)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -214,13 +224,13 @@ class ManagedProcess:
         attempts = 3 if self._port_is_ours else 1
         last_error: Exception | None = None
         for _attempt in range(attempts):
-            busy = [f"{h}:{p}" for h, p in self._ports() if port_open(h, p)]
+            busy = [(h, p) for h, p in self._ports() if port_open(h, p)]
             if busy:
                 # Someone already listens there: probing would talk to them, not to our service.
                 if self._port_is_ours:
                     self._pick_new_port()
                     continue
-                raise ServiceStartError(f"{self.name}: port(s) already in use: {', '.join(busy)}")
+                raise PortInUseError(self.name, *busy[0])
             t0 = time.monotonic()
             self._spawn()
             try:
@@ -228,9 +238,12 @@ class ManagedProcess:
             except ServiceStartError as exc:
                 last_error = exc
                 self._kill_now()
-                if self._port_is_ours and self._port_taken():
-                    self._pick_new_port()  # lost a race for the port: try another one
-                    continue
+                if self._port_taken():
+                    if self._port_is_ours:
+                        self._pick_new_port()  # lost a race for the port: try another one
+                        continue
+                    if not isinstance(exc, PortInUseError):
+                        raise self._port_in_use(f"log {self.log_path}") from exc
                 raise
             except BaseException:
                 self._kill_now()  # cancelled (e.g. a test timeout): leave no half-started process
@@ -252,7 +265,7 @@ class ManagedProcess:
                 )
             if self._port_taken():
                 # Fail fast: the probe would talk to whoever holds the port (and may hang on it).
-                raise ServiceStartError(f"{self.name}: port in use; log {self.log_path}:\n{self.log_tail()}")
+                raise self._port_in_use(f"log {self.log_path}")
             try:
                 if await asyncio.wait_for(self._probe(), timeout=self.probe_timeout):
                     return

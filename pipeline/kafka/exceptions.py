@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.errors import SwitchboardError
 
-class KafkaAdminError(RuntimeError):
+
+class KafkaAdminError(SwitchboardError, RuntimeError):
     """Base class for pipeline.kafka failures."""
 
 

@@ -7,19 +7,25 @@ import email.utils
 import functools
 import hashlib
 import json
+import logging
+import re
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
-from pipeline.platforms.base import SendOutcome
+from pipeline import metrics
+from pipeline.platforms.base import SendOutcome, WebhookRequest
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import InboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, new_trace_id, now_ms
 from pipeline.records.models import ChatType
-from pipeline.segments.models import Media
+from pipeline.segments.exceptions import MediaUnavailable
+from pipeline.segments.media import rejection_label, with_placeholders
+from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, Segment
 from pipeline.settings import BotConfig
+
+log = logging.getLogger("pipeline.platforms")
 
 # --- inbound -------------------------------------------------------------------------------------
 
@@ -68,6 +74,27 @@ def _names(kind: type | tuple[type, ...]) -> str:
     return "/".join(k.__name__ for k in _as_tuple(kind))
 
 
+def missing_credential(bot: BotConfig, credential: str, consequence: str) -> list[str]:
+    """A start-up warning when `credential` is not set: its name and what its absence leaves open."""
+    return [] if bot.secret(credential) else [f"no {credential} credential: {consequence}"]
+
+
+def require_fresh(bot: BotConfig, request: WebhookRequest, timestamp: str | None) -> None:
+    """A signed request's timestamp (Unix seconds) within `bot.replay_window_seconds` of its receipt,
+    else 401: the signature proves who sent it, the timestamp that it is not a recording."""
+    try:
+        sent = int(timestamp or "")
+    except ValueError:
+        raise WebhookRejected(401, "bad_signature", "no request timestamp") from None
+    now = request.received_at_ms / 1000 if request.received_at_ms else time.time()
+    if abs(now - sent) > bot.replay_window_seconds:
+        raise WebhookRejected(
+            401,
+            "stale_timestamp",
+            f"request timestamp {sent} is {now - sent:.0f} s from now; at most {bot.replay_window_seconds} s allowed",
+        )
+
+
 def build_inbound(
     platform: str,
     bot: BotConfig,
@@ -80,11 +107,22 @@ def build_inbound(
     segments: list[Any],
     mentions: list[str],
     mentions_bot: bool,
+    mention_names: dict[str, str] | None = None,
     reply_to: ReplyRef | None = None,
     route: dict[str, str] | None = None,
     event_id: str | None = None,
     sent_at_ms: float | None = None,
 ) -> InboundMessage:
+    for field, value in (
+        ("chat_id", chat_id),
+        ("user_id", sender.user_id),
+        ("message_id", message_id),
+        ("event_id", event_id or ""),
+    ):
+        if len(value) > MAX_ID_CHARS:
+            raise WebhookRejected(
+                400, "id_too_long", f"{field} is {len(value)} characters long; ids may have {MAX_ID_CHARS} at most"
+            )
     per_user = bot.session_scope == "user" and chat_type == "group"
     return InboundMessage(
         platform=platform,
@@ -97,11 +135,12 @@ def build_inbound(
         text=text,
         segments=segments,
         mentions=mentions,
+        mention_names={k: v for k, v in (mention_names or {}).items() if v and k in mentions},
         mentions_bot=mentions_bot,
         reply_to=reply_to,
         route=route or {},
         conversation_key=conversation_key(platform, bot.bot_id, chat_id, sender.user_id if per_user else None),
-        trace_id=uuid.uuid4().hex,
+        trace_id=new_trace_id(),
         sent_at_ms=sent_at_ms,
         hops={"ingress": now_ms()},
     )
@@ -175,6 +214,49 @@ def dice_text(outbound_id: str, index: int) -> str:
 
 def rps_text(outbound_id: str, index: int) -> str:
     return _RPS[_roll(outbound_id, index, 3)]
+
+
+# --- outbound media ------------------------------------------------------------------------------
+
+
+def attachment_unavailable(bot: BotConfig, segment_type: str, kind: str, reason: str) -> str:
+    """Count and log (INFO: type, kind and reason only, never the value) one attachment replaced by
+    the notice; returns the notice text."""
+    label = rejection_label(reason)
+    metrics.MEDIA_REJECTED.labels(bot.platform, label).inc()
+    log.info("%s/%s: %s media (%s) sent as the notice: %s", bot.platform, bot.bot_id, segment_type, kind, label)
+    return notice(bot, "attachment_unavailable")
+
+
+def load_failure(exc: BaseException) -> str:
+    """Why a media loader failed, as a rejection reason."""
+    return exc.reason if isinstance(exc, MediaUnavailable) else "unreadable"
+
+
+def with_own_file_ids(
+    bot: BotConfig, segments: Sequence[Segment], shapes: Mapping[str, re.Pattern[str]]
+) -> list[Segment]:
+    """`segments` with every `kind: file` media that is not one of this platform's own file ids
+    (`shapes`: a pattern per segment type the platform can send by id) replaced by the notice.
+
+    An agent chooses these values. Passed on unchecked, a scheme or a path (`file:///etc/shadow`,
+    `/data/x`, `http://10.0.0.1/`) would be read or fetched by the platform's side, on the operator's
+    machine or network (NapCat and go-cqhttp do so)."""
+    refused: list[int] = []
+    for index, segment in enumerate(segments):
+        if segment.type not in MEDIA_SEGMENT_TYPES:
+            continue
+        media = segment.data.media  # type: ignore[union-attr]
+        if media.kind != "file":
+            continue
+        shape = shapes.get(segment.type)
+        if shape is None or shape.fullmatch(media.value) is None:
+            reason = "file_id_shape" if shape is not None else "unsupported_by_platform"
+            attachment_unavailable(bot, segment.type, "file", reason)
+            refused.append(index)
+    if not refused:
+        return list(segments)
+    return with_placeholders(list(segments), refused, notice(bot, "attachment_unavailable"))
 
 
 def media_dict(media: Media) -> dict[str, str]:

@@ -66,6 +66,8 @@ class PlatformProfile:
     markdown: bool = False
     default_chat_limit: RateLimit | None = None
     default_bot_limit: RateLimit | None = None
+    # The platform itself posts a message at most once per outbound id (egress keeps no markers).
+    delivers_once: bool = False
 
 
 @dataclass
@@ -101,6 +103,9 @@ MediaLoader = Callable[[Media], Awaitable[tuple[bytes, str]]]
 class Platform(abc.ABC):
     name: ClassVar[str]
     profile: ClassVar[PlatformProfile]
+    #: Credentials a bot of this platform must have, checked when the settings load (a worker with
+    #: one missing would fail every webhook or send). A tuple entry: at least one of those names.
+    required_credentials: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
@@ -122,3 +127,7 @@ class Platform(abc.ABC):
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
         """Show that the bot is working, where the platform can. Default: nothing."""
+
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        """What leaves this bot's webhook open, said once when a worker starts. Default: nothing."""
+        return []

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hmac
 import time
-import uuid
 from typing import Any, ClassVar, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.records import InboundMessage, OutboundMessage, ReplyRef, Sender, conversation_key, now_ms
+from pipeline.records import InboundMessage, OutboundMessage, ReplyRef, Sender, conversation_key, new_trace_id, now_ms
 from pipeline.segments import SEGMENT_TYPES
 from pipeline.segments.models import MentionData, MentionSegment, TextData, TextSegment
 from pipeline.settings import BotConfig
@@ -69,11 +68,13 @@ class ConsoleWebhook(BaseModel):
 
 class ConsolePlatform(Platform):
     name: ClassVar[str] = "console"
+    required_credentials = ()  # `token`: optional
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset(SEGMENT_TYPES),
         max_text_chars=100_000,
         max_attachment_bytes=20 * 1024 * 1024,
         markdown=True,
+        delivers_once=True,
     )
     store: ConsoleStore | None = None  # bound by the worker at start-up
 
@@ -101,7 +102,7 @@ class ConsolePlatform(Platform):
             chat_id=body.chat_id,
             chat_type=chat_type,
             sender=Sender(user_id=body.user_id, name=body.user_name),
-            message_id=body.message_id or uuid.uuid4().hex,
+            message_id=body.message_id or new_trace_id(),
             text=body.text,
             segments=segments,
             mentions=body.mentions,
@@ -110,7 +111,7 @@ class ConsolePlatform(Platform):
             if body.reply_to
             else None,
             conversation_key=conversation_key(self.name, bot.bot_id, body.chat_id, body.user_id if per_user else None),
-            trace_id=uuid.uuid4().hex,
+            trace_id=new_trace_id(),
             sent_at_ms=now_ms(),
             hops={"ingress": request.received_at_ms or now_ms()},
         )

@@ -1,7 +1,9 @@
 """Errors raised by platform modules."""
 
+from pipeline.errors import SwitchboardError
 
-class PlatformError(Exception):
+
+class PlatformError(SwitchboardError):
     """Base class of platform errors."""
 
 

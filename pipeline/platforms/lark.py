@@ -7,8 +7,10 @@ verification token. URL verification answers the challenge. `im.message.receive_
 group chats; the header's `event_id` is the de-duplication id (Lark redelivers on timeouts).
 Out: a tenant access token (cached until shortly before it expires), then
 `POST /open-apis/im/v1/messages?receive_id_type=chat_id` or `…/messages/{id}/reply`, as `text` or
-`post` (with `at` and `md` elements); images and files are uploaded first for their keys. Each
-send carries a `uuid` derived from the outbound id, so Lark itself drops a duplicate send.
+`post` (with `at` and `md` elements); images and files are uploaded first for their keys (URLs are
+fetched here, through the SSRF guard). A `kind: file` value passes only as an existing key of Lark's
+shape: `img_…` for images, `file_…` for the rest. Each send carries a `uuid` derived from the
+outbound id, so Lark itself drops a duplicate send.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import time
 from typing import Any, ClassVar
 
@@ -25,21 +28,26 @@ import httpx
 
 from pipeline.platforms._common import (
     arr,
+    attachment_unavailable,
     base_url,
     build_inbound,
     dice_text,
     face_text,
     file_name,
     http_outcome,
+    load_failure,
     load_json,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
     payload_guard,
+    require_fresh,
     response_json,
     retry_after_header,
     rps_text,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, split_rich
 from pipeline.platforms.base import (
@@ -104,8 +112,16 @@ _PERMANENT = {
 }
 
 
+# Keys Lark gives for uploaded resources: `img_v2_041b…` (images), `file_v3_00a1…` (files, audio,
+# video); older keys have no version part. Anything else is not Lark's and is not sent.
+_IMAGE_KEY = re.compile(r"img_(?:v\d+_)?[A-Za-z0-9_-]{6,200}")
+_FILE_KEY = re.compile(r"file_(?:v\d+_)?[A-Za-z0-9_-]{6,200}")
+FILE_ID_SHAPES = {"image": _IMAGE_KEY, "audio": _FILE_KEY, "video": _FILE_KEY, "file": _FILE_KEY}
+
+
 class LarkPlatform(Platform):
     name: ClassVar[str] = "lark"
+    required_credentials = ("app_id", "app_secret", ("verification_token", "encrypt_key"))
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "file", "reply", "share"}),
         max_text_chars=MAX_TEXT,
@@ -155,6 +171,9 @@ class LarkPlatform(Platform):
         # Checked before decrypting, so a forged body costs no AES work and always gets a 401.
         if encrypt_key and signature is not None:
             timestamp = request.header("x-lark-request-timestamp") or ""
+            # Without it, a captured request would be taken again once its event id has left the
+            # de-duplication window.
+            require_fresh(bot, request, timestamp)
             nonce = request.header("x-lark-request-nonce") or ""
             digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + request.body).hexdigest()
             if not hmac.compare_digest(signature.encode(), digest.encode()):
@@ -169,6 +188,14 @@ class LarkPlatform(Platform):
         if token and (is_challenge or not encrypt_key or given is not None):
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
                 raise WebhookRejected(401, "bad_token")
+
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        return missing_credential(
+            bot,
+            "encrypt_key",
+            "Lark does not sign its requests, so a captured request can be replayed once its event id "
+            "has left the de-duplication window. Set encrypt_key",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -249,6 +276,7 @@ class LarkPlatform(Platform):
             text="".join(parts.plain).strip(),
             segments=parts.segments,
             mentions=mentions,
+            mention_names=parts.names,
             mentions_bot=bot.self_id is not None and bot.self_id in mentions,
             reply_to=reply_to,
             route=route,
@@ -280,7 +308,7 @@ class LarkPlatform(Platform):
                     text = "\n".join("".join(e["text"] for e in para) for para in paragraphs)
                     bodies.append(("text", {"text": text}, None, None))
 
-        for index, segment in enumerate(message.segments):
+        for index, segment in enumerate(with_own_file_ids(bot, message.segments, FILE_ID_SHAPES)):
             if isinstance(segment, TextSegment):
                 builder.text(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -297,11 +325,11 @@ class LarkPlatform(Platform):
                     if item.kind == "file":
                         bodies.append(("image", {"image_key": item.value}, None, None))
                     else:
-                        bodies.append(("image", {}, item, "image"))
+                        bodies.append(("image", {}, item, f"image:{segment.type}"))
                 elif item.kind == "file":
                     bodies.append(("file", {"file_key": item.value}, None, None))
                 else:  # audio and video go as files: Lark's audio/media types need opus/mp4 and a cover
-                    bodies.append(("file", {}, item, "file"))
+                    bodies.append(("file", {}, item, f"file:{segment.type}"))
             elif isinstance(segment, DiceSegment):
                 builder.text(dice_text(message.outbound_id, index))
             elif isinstance(segment, RpsSegment):
@@ -326,7 +354,11 @@ class LarkPlatform(Platform):
             else:
                 path = f"{MESSAGES_PATH}?receive_id_type=chat_id"
                 body["receive_id"] = message.chat_id
-            meta: dict[str, Any] = {"upload": upload} if upload else {}
+            meta: dict[str, Any] = {}
+            if upload:
+                kind, _, segment_type = upload.partition(":")
+                meta = {"upload": kind, "segment": segment_type}
+                upload = kind
             calls.append(PlatformCall(method="POST", path=path, json=body, media=media, media_field=upload, meta=meta))
             if not in_thread:
                 reply_id = None  # only the first message quotes; the thread keeps them all together
@@ -346,10 +378,9 @@ class LarkPlatform(Platform):
                 uploaded = await self._upload(bot, call, http, load_media, root, headers)
                 if isinstance(uploaded, SendOutcome):
                     return uploaded
-                if uploaded is None:  # unreadable media: the notice goes in its place
+                if isinstance(uploaded, str):  # unreadable media: the notice goes in its place
                     body["msg_type"] = "text"
-                    unavailable = {"text": notice(bot, "attachment_unavailable")}
-                    body["content"] = json.dumps(unavailable, ensure_ascii=False)
+                    body["content"] = json.dumps({"text": uploaded}, ensure_ascii=False)
                 else:
                     body["content"] = json.dumps(uploaded, ensure_ascii=False)
             response = await http.request(call.method, root + call.path, json=body, headers=headers)
@@ -369,12 +400,14 @@ class LarkPlatform(Platform):
         load_media: MediaLoader,
         root: str,
         headers: dict[str, str],
-    ) -> dict[str, str] | SendOutcome | None:
+    ) -> dict[str, str] | SendOutcome | str:
+        """The uploaded resource's key, an outcome to return, or the notice text for unreadable media."""
         assert call.media is not None
         try:
             data, mime = await load_media(call.media)
-        except Exception:  # the loader is foreign code: any failure means "unreadable"
-            return None
+        except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+            segment_type = str(call.meta.get("segment", call.meta["upload"]))
+            return attachment_unavailable(bot, segment_type, call.media.kind, load_failure(exc))
         name = file_name(call.media, mime)
         if call.meta["upload"] == "image":
             response = await http.post(
@@ -508,6 +541,7 @@ class _Parts:
         self.segments: list[Any] = []
         self.plain: list[str] = []
         self.mentions: list[str] = []
+        self.names: dict[str, str] = {}  # open_id → the name Lark sent with the mention
 
     def text(self, value: str) -> None:
         if not value:
@@ -525,6 +559,8 @@ class _Parts:
             return
         self.segments.append(MentionSegment(type="mention", data=MentionData(target=open_id)))
         self.mentions.append(open_id)
+        if name:
+            self.names[open_id] = name
         self.plain.append(f"@{name or open_id}")
 
     def text_with_mentions(self, value: str) -> None:

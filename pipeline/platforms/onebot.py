@@ -4,6 +4,10 @@ In: HTTP event reporting ("HTTP POST"), signed with `X-Signature: sha1=<hex HMAC
 when the implementation has a `secret`. Private and group `message` events, in the array or the
 CQ-code string message format.
 Out: the HTTP API (`send_private_msg` / `send_group_msg`), `Authorization: Bearer <access_token>`.
+Media go as bytes (`base64://…`) read by Switchboard: the implementations read any local path and
+fetch any URL they are given, on the operator's machine and network, so a URL is fetched through
+the SSRF guard here and never passed on. A `kind: file` value is passed only in the shape of the
+implementations' own file ids.
 
 Chat ids carry their kind (`private_<user>` / `group_<group>`) because QQ user numbers and group
 numbers share one number space: without it a private chat and a group could share a conversation.
@@ -20,19 +24,23 @@ from typing import Any, ClassVar
 import httpx
 
 from pipeline.platforms._common import (
+    attachment_unavailable,
     base_url,
     build_inbound,
     face_id_str,
     face_text,
     http_outcome,
+    load_failure,
     load_json,
     media_dict,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
     payload_guard,
     response_json,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_plain
 from pipeline.platforms.base import (
@@ -48,6 +56,7 @@ from pipeline.platforms.base import (
 from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import OutboundMessage, ReplyRef, Sender
 from pipeline.records.models import ChatType
+from pipeline.segments.media import spaced_placeholder
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -73,6 +82,14 @@ from pipeline.settings import BotConfig, RateLimit
 
 DEFAULT_API_BASE = "http://127.0.0.1:3000"  # NapCat's default HTTP server port
 
+# The file ids OneBot implementations report for received media and take back: NapCat's are 32 hex
+# digits (a UUID without dashes), optionally followed by the image's file name extension; go-cqhttp's
+# the MD5 in hex with `.image`/`.video`/`.amr`. Never a scheme or a path: NapCat reads any existing
+# local path (it checks the file system before anything else), go-cqhttp joins the value to its cache
+# directory.
+_FILE_ID = re.compile(r"[0-9A-Fa-f]{32,128}(?:\.[A-Za-z0-9]{1,8})?")
+FILE_ID_SHAPES = {"image": _FILE_ID, "audio": _FILE_ID, "video": _FILE_ID, "file": _FILE_ID}
+
 # Segments QQ shows only alone in a message: each becomes its own send call.
 _STANDALONE = {"record", "video", "file", "forward", "dice", "rps", "share"}
 _MEDIA_TYPE = {"image": "image", "audio": "record", "video": "video", "file": "file"}
@@ -94,6 +111,7 @@ _RETCODES: dict[int, tuple[SendStatus, str]] = {
 
 class OneBotPlatform(Platform):
     name: ClassVar[str] = "onebot"
+    required_credentials = ()  # `secret`, `access_token`: optional
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset(
             {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps", "share"}
@@ -116,6 +134,14 @@ class OneBotPlatform(Platform):
         expected = "sha1=" + hmac.new(secret.encode(), request.body, hashlib.sha1).hexdigest()
         if not hmac.compare_digest(given.lower(), expected):
             raise WebhookRejected(401, "bad_signature")
+
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        return missing_credential(
+            bot,
+            "secret",
+            "its webhook accepts any request, from anyone who knows the URL. "
+            "Set secret here and the same secret in the OneBot implementation's HTTP POST settings",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -161,6 +187,7 @@ class OneBotPlatform(Platform):
         segments: list[Any] = []
         text: list[str] = []
         mentions: list[str] = []
+        names: dict[str, str] = {}  # some implementations send the name with an `at`
         reply_to: ReplyRef | None = None
         for item in items:
             kind = item.get("type")
@@ -179,6 +206,8 @@ class OneBotPlatform(Platform):
                     continue
                 segments.append(MentionSegment(type="mention", data=MentionData(target=qq)))
                 mentions.append(qq)
+                if isinstance(data.get("name"), str) and data["name"]:
+                    names[qq] = data["name"]
                 text.append(f"@{data.get('name') or qq}")
             elif kind == "reply":
                 rid = _id(data.get("id"))
@@ -212,6 +241,7 @@ class OneBotPlatform(Platform):
             text="".join(text).strip(),
             segments=segments,
             mentions=mentions,
+            mention_names=names,
             mentions_bot=mentions_bot,
             reply_to=reply_to,
             sent_at_ms=float(time_s) * 1000 if isinstance(time_s, int | float) else None,
@@ -250,7 +280,7 @@ class OneBotPlatform(Platform):
             current.append(_seg("text", text=value))
             current_len += len(value)
 
-        for segment in message.segments:
+        for segment in with_own_file_ids(bot, message.segments, FILE_ID_SHAPES):
             if isinstance(segment, TextSegment):
                 add_text(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -264,7 +294,7 @@ class OneBotPlatform(Platform):
             elif isinstance(segment, ImageSegment | AudioSegment | VideoSegment | FileSegment):
                 ob_type = _MEDIA_TYPE[segment.type]
                 seg = _seg(ob_type, file="")
-                seg["_media"] = media_dict(segment.data.media)
+                seg["_media"] = {**media_dict(segment.data.media), "segment": segment.type}
                 if ob_type == "file":
                     seg["data"]["name"] = _file_name(segment.data.media)
                 if ob_type in _STANDALONE:
@@ -293,12 +323,11 @@ class OneBotPlatform(Platform):
                 media = seg.pop("_media", None)
                 if media is None:
                     continue
-                if media["kind"] == "url" or media["kind"] == "file":
+                segment_type = media.pop("segment")
+                if media["kind"] == "file":  # an id of the implementation's own shape (checked above)
                     seg["data"]["file"] = media["value"]
-                elif media["kind"] == "base64":
-                    seg["data"]["file"] = "base64://" + media["value"]
-                else:  # a local path: the OneBot implementation may run elsewhere, so send bytes
-                    load.append({"position": position, "media": media})
+                else:  # url, path, base64: read (and fetched) by Switchboard at send time, sent as bytes
+                    load.append({"position": position, "media": media, "segment": segment_type})
             meta: dict[str, Any] = {"index": index, "replied": msg[0]["type"] == "reply"}
             if load:
                 meta["load"] = load
@@ -311,15 +340,19 @@ class OneBotPlatform(Platform):
     ) -> SendOutcome:
         body = dict(call.json or {})
         message = [dict(seg, data=dict(seg["data"])) for seg in body.get("message", [])]
+        unavailable: list[int] = []
         for item in call.meta.get("load", []):
             position = item["position"]
+            media = Media(**item["media"])
             try:
-                blob, _mime = await load_media(Media(**item["media"]))
+                blob, _mime = await load_media(media)
             except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
-                message[position] = _seg("text", text=notice(bot, "attachment_unavailable"))
-                call.meta.setdefault("load_errors", []).append(type(exc).__name__)
+                attachment_unavailable(bot, item["segment"], media.kind, load_failure(exc))
+                unavailable.append(position)
                 continue
             message[position]["data"]["file"] = "base64://" + base64.b64encode(blob).decode()
+        for position in unavailable:
+            message[position] = _seg("text", text=_placeholder_at(bot, message, position, set(unavailable)))
         body["message"] = message
         headers = {}
         token = bot.secret("access_token")
@@ -374,6 +407,26 @@ def _seg(kind: str, **data: Any) -> dict[str, Any]:
     return {"type": kind, "data": data}
 
 
+def _shown(seg: dict[str, Any]) -> str:
+    # What a OneBot segment shows inline, for spacing: its text, "" for a reply reference.
+    if seg["type"] == "text":
+        return str(seg["data"].get("text", ""))
+    return "" if seg["type"] == "reply" else "x"
+
+
+def _placeholder_at(bot: BotConfig, message: list[dict[str, Any]], position: int, placeholders: set[int]) -> str:
+    """The notice for the media at `position`, set apart from the segments around it."""
+    before = next((t for t in (_shown(s) for s in reversed(message[:position])) if t), None)
+    after = None
+    for later in range(position + 1, len(message)):
+        if later in placeholders:
+            break  # it sets itself apart
+        if shown := _shown(message[later]):
+            after = shown
+            break
+    return spaced_placeholder(notice(bot, "attachment_unavailable"), before, after)
+
+
 def _target(chat_id: str, chat_type: str) -> tuple[str, int | str]:
     kind, _, number = chat_id.rpartition("_")
     if not kind:
@@ -395,8 +448,9 @@ def _media_in(data: dict[str, Any]) -> Media | None:
 
 
 def _file_name(media: Media) -> str:
-    tail = media.value.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    return tail[:100] if media.kind in ("url", "path") and tail else "file"
+    # The last element of a url/path, as a bare name: no separators, not hidden, not `..`.
+    tail = media.value.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].rsplit("\\", 1)[-1].replace("\0", "")
+    return tail[:100] if media.kind in ("url", "path") and tail and not tail.startswith(".") else "file"
 
 
 # CQ code: `[CQ:type,key=value,...]`; text escapes & [ ], parameter values also escape `,`.

@@ -7,7 +7,9 @@ subscribed to them). Redeliveries (`X-Slack-Retry-Num`) carry the same `event_id
 them as duplicates.
 Out: `chat.postMessage` with mrkdwn converted from markdown and `<@U…>` mentions, in the thread of
 the conversation (`route["thread_ts"]`); files through `files.getUploadURLExternal` → upload →
-`files.completeUploadExternal`. Slack answers HTTP 200 with `{"ok": false, "error": …}`.
+`files.completeUploadExternal` (URLs fetched here, through the SSRF guard). A `kind: file` image
+passes only as a Slack file id (`F…`), shown through an image block; an existing file of another
+type cannot be posted again by id. Slack answers HTTP 200 with `{"ok": false, "error": …}`.
 """
 
 from __future__ import annotations
@@ -15,28 +17,31 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import time
 from typing import Any, ClassVar
 
 import httpx
 
 from pipeline.platforms._common import (
     arr,
+    attachment_unavailable,
     base_url,
     build_inbound,
     dice_text,
     face_text,
     file_name,
     http_outcome,
+    load_failure,
     load_json,
     media_placeholder,
     network_outcome,
     notice,
     obj,
     payload_guard,
+    require_fresh,
     response_json,
     retry_after_header,
     rps_text,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_mrkdwn
 from pipeline.platforms.base import (
@@ -74,7 +79,6 @@ from pipeline.settings import BotConfig, RateLimit
 
 DEFAULT_API_BASE = "https://slack.com/api"
 MAX_TEXT = 4000  # Slack's recommended maximum (longer text is truncated at 40,000)
-REPLAY_WINDOW_S = 300
 
 # Message subtypes that are still a person talking; every other subtype (edits, joins, bots) is not.
 _USER_SUBTYPES = {None, "file_share", "thread_broadcast"}
@@ -111,8 +115,13 @@ _KNOWN_ERRORS = {
 _SLACK_TOKEN = re.compile(r"<([^<>]*)>")
 
 
+# Slack file ids: `F` and upper-case letters and digits. Only images can be shown again by id.
+FILE_ID_SHAPES = {"image": re.compile(r"F[A-Z0-9]{6,24}")}
+
+
 class SlackPlatform(Platform):
     name: ClassVar[str] = "slack"
+    required_credentials = ("signing_secret", "bot_token")
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,
@@ -132,13 +141,7 @@ class SlackPlatform(Platform):
             raise WebhookRejected(401, "bad_signature", "no signing_secret configured")
         timestamp = request.header("x-slack-request-timestamp") or ""
         signature = request.header("x-slack-signature") or ""
-        try:
-            sent = int(timestamp)
-        except ValueError:
-            raise WebhookRejected(401, "bad_signature", "no request timestamp") from None
-        now = request.received_at_ms / 1000 if request.received_at_ms else time.time()
-        if abs(now - sent) > REPLAY_WINDOW_S:
-            raise WebhookRejected(401, "stale_timestamp")
+        require_fresh(bot, request, timestamp)
         base = b"v0:" + timestamp.encode() + b":" + request.body
         expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(signature.encode(), expected.encode()):
@@ -175,7 +178,7 @@ class SlackPlatform(Platform):
         private = channel_type == "im" or (channel_type is None and channel.startswith("D"))
 
         text = event.get("text")
-        segments, plain, mentions = _parse_slack_text(text if isinstance(text, str) else "")
+        segments, plain, mentions, names = _parse_slack_text(text if isinstance(text, str) else "")
         for f in arr(event.get("files")):
             if not isinstance(f, dict) or not isinstance(f.get("id"), str):
                 continue
@@ -216,6 +219,7 @@ class SlackPlatform(Platform):
             text="".join(plain).strip(),
             segments=segments,
             mentions=mentions,
+            mention_names=names,
             mentions_bot=mentions_bot,
             reply_to=reply_to,
             route=route,
@@ -245,7 +249,7 @@ class SlackPlatform(Platform):
                 calls.append(PlatformCall(method="POST", path="/chat.postMessage", json={**base, "text": text}))
             rich = RichText()
 
-        for index, segment in enumerate(message.segments):
+        for index, segment in enumerate(with_own_file_ids(bot, message.segments, FILE_ID_SHAPES)):
             if isinstance(segment, TextSegment):
                 rich.append(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -256,7 +260,12 @@ class SlackPlatform(Platform):
                 media = segment.data.media
                 if media.kind != "file":
                     flush()
-                    meta = {"flow": "upload", "channel": message.chat_id, "thread_ts": thread_ts}
+                    meta = {
+                        "flow": "upload",
+                        "channel": message.chat_id,
+                        "thread_ts": thread_ts,
+                        "segment": segment.type,
+                    }
                     calls.append(
                         PlatformCall(
                             method="POST",
@@ -266,13 +275,11 @@ class SlackPlatform(Platform):
                             meta=meta,
                         )
                     )
-                elif isinstance(segment, ImageSegment):  # a Slack file id: shown through an image block
+                else:  # a Slack image file id (other kinds were refused above): shown through an image block
                     flush()
                     block = {"type": "image", "slack_file": {"id": media.value}, "alt_text": "image"}
                     body = {**base, "text": "image", "blocks": [block]}
                     calls.append(PlatformCall(method="POST", path="/chat.postMessage", json=body))
-                else:  # an existing non-image Slack file cannot be re-posted by id
-                    rich.append(notice(bot, "attachment_unavailable"))
             elif isinstance(segment, DiceSegment):
                 rich.append(dice_text(message.outbound_id, index))
             elif isinstance(segment, RpsSegment):
@@ -316,8 +323,12 @@ class SlackPlatform(Platform):
         thread_ts = call.meta.get("thread_ts")
         try:
             data, mime = await load_media(call.media)
-        except Exception:  # the loader is foreign code: any failure means "unreadable"
-            text = {"channel": channel, "text": notice(bot, "attachment_unavailable")}
+        except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+            segment_type = str(call.meta.get("segment", "file"))
+            text = {
+                "channel": channel,
+                "text": attachment_unavailable(bot, segment_type, call.media.kind, load_failure(exc)),
+            }
             if thread_ts:
                 text["thread_ts"] = thread_ts
             fallback = PlatformCall(method="POST", path="/chat.postMessage", json=text)
@@ -387,11 +398,13 @@ def _classify(response: httpx.Response) -> tuple[SendOutcome | None, dict[str, A
     return SendOutcome("permanent", reason=reason, detail=error), {}
 
 
-def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str]]:
-    """Slack message text into segments: `<@U…>` mentions, `<url|label>` links, entities."""
+def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
+    """Slack message text into segments: `<@U…>` mentions (with the name of `<@U…|name>`, where
+    Slack gives one), `<url|label>` links, entities."""
     segments: list[Any] = []
     plain: list[str] = []
     mentions: list[str] = []
+    names: dict[str, str] = {}
 
     def add(value: str) -> None:
         value = value.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
@@ -411,6 +424,8 @@ def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str]]:
             user = inner[1:]
             segments.append(MentionSegment(type="mention", data=MentionData(target=user)))
             mentions.append(user)
+            if label:
+                names[user] = label
             plain.append(f"@{label or user}")
         elif inner.startswith("#"):
             add(f"#{label or inner[1:]}")
@@ -419,4 +434,4 @@ def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str]]:
         else:
             add(f"{label} ({inner})" if label and label != inner else inner)
     add(text[pos:])
-    return segments, plain, mentions
+    return segments, plain, mentions, names

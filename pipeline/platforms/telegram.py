@@ -5,6 +5,9 @@ to `setWebhook`, credential `webhook_secret`). `message` updates in private chat
 Out: `sendMessage` with `entities` (never `parse_mode`: entities need no escaping, and the agent's
 markdown cannot break a message), `sendPhoto`/`sendAudio`/`sendVideo`/`sendDocument` (a URL or a
 file_id as is, other media uploaded as multipart), `sendDice`; `reply_parameters` for replies.
+Telegram fetches a URL on its own servers, not on the operator's network; when it cannot, the bytes
+are fetched here through the SSRF guard and uploaded. A `kind: file` value must have the shape of a
+file_id (base64url characters only), never a URL or an `attach://` reference.
 Lengths and entity offsets are UTF-16 code units, as Telegram counts them.
 """
 
@@ -12,24 +15,29 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any, ClassVar
 
 import httpx
 
 from pipeline.platforms._common import (
+    attachment_unavailable,
     base_url,
     build_inbound,
     face_text,
     file_name,
     http_outcome,
+    load_failure,
     load_json,
     media_placeholder,
+    missing_credential,
     network_outcome,
     notice,
     obj,
     payload_guard,
     response_json,
     rps_text,
+    with_own_file_ids,
 )
 from pipeline.platforms._richtext import (
     RichText,
@@ -77,6 +85,10 @@ MAX_TEXT = 4096
 MAX_CAPTION = 1024
 MAX_PHOTO_UPLOAD = 10 * 1024 * 1024  # larger photos go as documents
 
+# A Bot API file_id: base64url characters (`AgACAgIAAxkBAAIB…`); a URL or `attach://…` never matches.
+_FILE_ID = re.compile(r"[A-Za-z0-9_-]{8,512}")
+FILE_ID_SHAPES = {"image": _FILE_ID, "audio": _FILE_ID, "video": _FILE_ID, "file": _FILE_ID}
+
 _MEDIA_METHOD = {
     "image": ("/sendPhoto", "photo"),
     "audio": ("/sendAudio", "audio"),
@@ -87,6 +99,7 @@ _MEDIA_METHOD = {
 
 class TelegramPlatform(Platform):
     name: ClassVar[str] = "telegram"
+    required_credentials = ("token",)
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file", "reply", "dice"}),
         max_text_chars=MAX_TEXT,
@@ -108,6 +121,14 @@ class TelegramPlatform(Platform):
         given = request.header("x-telegram-bot-api-secret-token") or ""
         if not hmac.compare_digest(given.encode(), secret.encode()):
             raise WebhookRejected(401, "bad_signature")
+
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        return missing_credential(
+            bot,
+            "webhook_secret",
+            "its webhook accepts any request, from anyone who knows the URL. "
+            "Set webhook_secret and pass the same value as secret_token to setWebhook",
+        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -142,7 +163,7 @@ class TelegramPlatform(Platform):
             text, entities = msg.get("caption"), msg.get("caption_entities")
         text = text if isinstance(text, str) else ""
         entities = [e for e in entities if isinstance(e, dict)] if isinstance(entities, list) else []
-        segments, mentions, mentions_bot = self._text_segments(bot, text, entities)
+        text, segments, mentions, names, mentions_bot = self._text_segments(bot, text, entities)
 
         plain = [text] if text else []
         for media_key, kind in (
@@ -197,6 +218,7 @@ class TelegramPlatform(Platform):
             text=" ".join(plain).strip(),
             segments=segments,
             mentions=mentions,
+            mention_names=names,
             mentions_bot=mentions_bot,
             reply_to=reply_to,
             route=route,
@@ -205,17 +227,25 @@ class TelegramPlatform(Platform):
         return WebhookResult(messages=[message])
 
     @staticmethod
-    def _text_segments(bot: BotConfig, text: str, entities: list[dict[str, Any]]) -> tuple[list[Any], list[str], bool]:
+    def _text_segments(
+        bot: BotConfig, text: str, entities: list[dict[str, Any]]
+    ) -> tuple[str, list[Any], list[str], dict[str, str], bool]:
+        """The text (a command addressed to this bot without its `@bot` suffix), its segments, the
+        mentioned ids with the names Telegram gives, and whether the bot is addressed."""
         username = (bot.username or "").lstrip("@").lower()
         segments: list[Any] = []
         mentions: list[str] = []
+        names: dict[str, str] = {}
         mentions_bot = False
         pos = 0  # UTF-16 units
         total = utf16_len(text)
+        command, command_end = "", 0  # `/ask` of `/ask@this_bot …`, and where its entity ends
 
         def add_text(end: int) -> None:
             if end > pos:
                 chunk = utf16_slice(text, pos, end - pos)
+                if segments and isinstance(segments[-1], TextSegment):  # after a shortened command
+                    chunk = segments.pop().data.text + chunk
                 segments.append(TextSegment(type="text", data=TextData(text=chunk)))
 
         for entity in sorted(entities, key=lambda e: e.get("offset", 0)):
@@ -224,17 +254,25 @@ class TelegramPlatform(Platform):
                 continue
             label = utf16_slice(text, offset, length)
             if kind == "bot_command" and offset == 0:
-                _, _, addressed = label.partition("@")
+                name, at, addressed = label.partition("@")
                 if not addressed or addressed.lower() == username:
                     mentions_bot = True
+                    if at:  # `/ask@this_bot`: the agent and the command-prefix trigger see `/ask`
+                        command, command_end = name, length
+                        segments.append(TextSegment(type="text", data=TextData(text=name)))
+                        pos = length
+                continue
             if kind == "mention":
-                target = label
+                target = label  # `@username`: Telegram links it when the agent writes it back
                 if username and label[1:].lower() == username:
                     mentions_bot = True
                     target = bot.self_id or label
             elif kind == "text_mention" and isinstance(entity.get("user"), dict):
-                target = str(entity["user"].get("id"))
+                user = entity["user"]
+                target = str(user.get("id"))
                 mentions_bot = mentions_bot or (bot.self_id is not None and target == bot.self_id)
+                full_name = " ".join(str(user[k]) for k in ("first_name", "last_name") if user.get(k))
+                names[target] = full_name or label
             else:
                 continue
             add_text(offset)
@@ -242,7 +280,9 @@ class TelegramPlatform(Platform):
             mentions.append(target)
             pos = offset + length
         add_text(total)
-        return segments, mentions, mentions_bot
+        if command:
+            text = command + utf16_slice(text, command_end, total - command_end)
+        return text, segments, mentions, names, mentions_bot
 
     # --- out -------------------------------------------------------------------------------------
 
@@ -264,7 +304,7 @@ class TelegramPlatform(Platform):
                 blocks.append(("text", rich))
             rich = RichText()
 
-        for index, segment in enumerate(message.segments):
+        for index, segment in enumerate(with_own_file_ids(bot, message.segments, FILE_ID_SHAPES)):
             if isinstance(segment, TextSegment):
                 rich.append(segment.data.text)
             elif isinstance(segment, MarkdownSegment):
@@ -322,7 +362,7 @@ class TelegramPlatform(Platform):
                     if len(pieces) == 1:
                         payload = _text_payload("caption", "caption_entities", pieces[0])
                         i += 1
-                add(path, payload, media=value.data.media, media_field=field)
+                add(path, payload, media=value.data.media, media_field=field, meta={"segment": value.type})
             i += 1
         return calls
 
@@ -343,10 +383,18 @@ class TelegramPlatform(Platform):
             # Telegram could not fetch the URL (size limit, its fetcher blocked): upload it ourselves.
         try:
             data, mime = await load_media(media)
-        except Exception:  # the loader is foreign code: any failure means "unreadable"
-            for key in ("caption", "caption_entities"):
-                payload.pop(key, None)
-            payload["text"] = notice(bot, "attachment_unavailable")
+        except Exception as exc:  # the loader is foreign code: any failure means "unreadable"
+            segment_type = str(call.meta.get("segment", "file"))
+            text = attachment_unavailable(bot, segment_type, media.kind, load_failure(exc))
+            # The caption stays, after the notice (its entities shifted past it).
+            caption, entities = payload.pop("caption", None), payload.pop("caption_entities", None)
+            if caption:
+                text += "\n"
+                if entities:
+                    shift = utf16_len(text)
+                    payload["entities"] = [{**e, "offset": e["offset"] + shift} for e in entities]
+                text += caption
+            payload["text"] = text
             return await _post(http, root + "/sendMessage", token, json_body=payload)
         path = call.path
         if field == "photo" and len(data) > MAX_PHOTO_UPLOAD:

@@ -1,14 +1,16 @@
-"""Record models for every topic (see ARCHITECTURE.md, "Topics").
+"""Record models for every topic (see docs/architecture.md, "Topics").
 
 Records are keyed by the conversation key `platform:bot:chat` (or `platform:bot:chat:user` for
-per-user sessions in a group). Each record carries `hops`: wall-clock milliseconds at which each
-stage handled the turn, so end-to-end and per-stage latency can be measured from records alone.
+per-user sessions in a group), each id encoded so that `:` only separates (`_keys.py`). Each record
+carries `hops`: wall-clock milliseconds at which each stage handled the turn, so end-to-end and
+per-stage latency can be measured from records alone.
 """
 
 from __future__ import annotations
 
+import random
 import time
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,10 +32,18 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
-def conversation_key(platform: str, bot_id: str, chat_id: str, user_id: str | None = None) -> str:
-    """`platform:bot:chat`, or `platform:bot:chat:user` for one session per user in a group."""
-    base = f"{platform}:{bot_id}:{chat_id}"
-    return f"{base}:{user_id}" if user_id is not None else base
+def new_trace_id() -> str:
+    """A random 128-bit id for tracing a message through the pipeline (not a secret: Python's
+    generator is enough, and ten times cheaper than `uuid4`, which asks the kernel each time)."""
+    return f"{random.getrandbits(128):032x}"
+
+
+class Position(NamedTuple):
+    """Where a consumed record came from (its topic, partition and offset)."""
+
+    topic: str
+    partition: int
+    offset: int
 
 
 class _Record(BaseModel):
@@ -71,6 +81,8 @@ class InboundMessage(_Record):
     # The message as neutral segments (mentions, media, reply); `text` is its plain rendering.
     segments: list[Segment] = Field(default_factory=list)
     mentions: list[str] = Field(default_factory=list)
+    # Display names of mentioned users by id (as in `mentions`), where the platform gives them.
+    mention_names: dict[str, str] = Field(default_factory=dict)
     mentions_bot: bool = False
     reply_to: ReplyRef | None = None
     # Platform-specific routing the egress needs back (Slack thread_ts, Telegram thread id, …).

@@ -6,8 +6,10 @@ logged and counted without leaking what the model wrote.
 
 from __future__ import annotations
 
+from pipeline.errors import SwitchboardError
 
-class SegmentsError(Exception):
+
+class SegmentsError(SwitchboardError):
     """Base class of every error raised by `pipeline.segments`."""
 
 

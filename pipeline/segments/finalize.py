@@ -3,7 +3,8 @@
 Order of the steps, and why:
 1. validate strictly (S8, S10); on failure at most one correction call (S9, S11), else the notice;
 2. mentions (S5, S7) before the leak check, so an unknown target turned into text is also scanned;
-3. leak check on every string (S14): redact in place, or block the whole reply;
+3. leak check on every string, read as one text (S14): redact in place, or block the whole reply
+   (always blocked when a hit cannot be mapped to positions, see `leaks`);
 4. media (S15) last, so no byte is fetched for a reply that is blocked anyway.
 Facts (counts, corrected, reasons) are returned; the caller turns them into metrics and logs.
 """
@@ -11,6 +12,7 @@ Facts (counts, corrected, reasons) are returned; the caller turns them into metr
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -19,8 +21,8 @@ import jsonschema
 
 from pipeline.segments.context import Capabilities, MentionPolicy, OutputMode, ReplyPolicy, TurnContext
 from pipeline.segments.exceptions import CorrectionFailed, ReplyInvalid
-from pipeline.segments.leaks import LeakAction, LeakScanner, scan_segments
-from pipeline.segments.media import CheckedMedia, MediaCheck, MediaChecker, unavailable_segment
+from pipeline.segments.leaks import LeakAction, scan_segments
+from pipeline.segments.media import CheckedMedia, MediaCheck, MediaChecker, with_placeholders
 from pipeline.segments.mentions import check_mentions
 from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Reply, Segment, TextData, TextSegment
 from pipeline.segments.notices import Notice, NoticeKind
@@ -77,9 +79,7 @@ def _notice(kind: NoticeKind, ctx: TurnContext, policy: ReplyPolicy) -> Notice:
 
 def _capability_only(segments: list[Segment], capabilities: Capabilities, unavailable: str) -> MediaCheck:
     # Without a media checker nothing is read, but unsupported media types are still replaced.
-    out = list(segments)
     checked: list[CheckedMedia] = []
-    rejected = 0
     for index, segment in enumerate(segments):
         if segment.type not in MEDIA_SEGMENT_TYPES:
             continue
@@ -87,10 +87,11 @@ def _capability_only(segments: list[Segment], capabilities: Capabilities, unavai
         if segment.type in capabilities.supported_segment_types:
             checked.append(CheckedMedia(index, segment.type, kind, True, "unchecked"))
         else:
-            rejected += 1
-            out[index] = unavailable_segment(unavailable)
             checked.append(CheckedMedia(index, segment.type, kind, False, "unsupported_by_platform"))
-    return MediaCheck(out, checked, rejected)
+    rejected = [c.index for c in checked if not c.accepted]
+    if not rejected:
+        return MediaCheck(segments, checked, 0)
+    return MediaCheck(with_placeholders(segments, rejected, unavailable), checked, len(rejected))
 
 
 async def _finish_segments(
@@ -121,30 +122,27 @@ async def _finish_segments(
         segments = mention_check.segments
 
     leak = scan_segments(segments, policy.leak_scanner)
-    if leak.hits and policy.leak_action is LeakAction.BLOCK:
+    if leak.hits and (policy.leak_action is LeakAction.BLOCK or leak.unmappable):
+        # An unmappable hit (only in what the markdown shows) has no clean cut: the reply is blocked.
         return ReplyOutcome(
             [],
             _notice(NoticeKind.LEAK_BLOCKED, ctx, policy),
             OutcomeReason.LEAK_BLOCKED,
-            detail="leak_blocked",
+            detail="leak_unmappable" if leak.unmappable else "leak_blocked",
             corrected=corrected,
             leak_hits=leak.hits,
             unknown_mentions=unknown_mentions,
         )
-    segments = leak.segments
-
     unavailable = _notice(NoticeKind.ATTACHMENT_UNAVAILABLE, ctx, policy).text
     leak_dropped: list[CheckedMedia] = []
-    if leak.hit_positions:
+    for index in sorted(leak.hit_positions):
         # A media reference that carried a secret is not fetched with the secret cut out (that would
         # fetch a different resource); the attachment is dropped instead.
-        segments = list(segments)
-        for index in sorted(leak.hit_positions):
-            segment = segments[index]
-            if segment.type in MEDIA_SEGMENT_TYPES:
-                kind = segment.data.media.kind  # type: ignore[union-attr]
-                segments[index] = unavailable_segment(unavailable)
-                leak_dropped.append(CheckedMedia(index, segment.type, kind, False, "leak"))
+        segment = segments[index]
+        if segment.type in MEDIA_SEGMENT_TYPES:
+            kind = segment.data.media.kind  # type: ignore[union-attr]
+            leak_dropped.append(CheckedMedia(index, segment.type, kind, False, "leak"))
+    segments = with_placeholders(leak.segments, [c.index for c in leak_dropped], unavailable)
 
     if media is not None:
         media_check = await media.check_segments(segments, capabilities, unavailable)
@@ -179,21 +177,26 @@ def _caller_validator(schema: Any) -> jsonschema.protocols.Validator:
     return cached[1]
 
 
-def _scan_json_strings(value: Any, scanner: LeakScanner) -> tuple[Any, int]:
+def _json_strings(value: Any, out: list[str]) -> None:
     if isinstance(value, str):
-        result = scanner.scan(value)
-        return result.text, result.hits
+        out.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _json_strings(item, out)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _json_strings(item, out)
+
+
+def _with_json_strings(value: Any, strings: Iterator[str]) -> Any:
+    # `value` with its strings replaced, in the order `_json_strings` listed them.
+    if isinstance(value, str):
+        return next(strings)
     if isinstance(value, list):
-        pairs = [_scan_json_strings(item, scanner) for item in value]
-        return [item for item, _ in pairs], sum(hits for _, hits in pairs)
+        return [_with_json_strings(item, strings) for item in value]
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        total = 0
-        for key, item in value.items():
-            out[key], hits = _scan_json_strings(item, scanner)
-            total += hits
-        return out, total
-    return value, 0
+        return {key: _with_json_strings(item, strings) for key, item in value.items()}
+    return value
 
 
 def _finish_caller_schema(text: str, ctx: TurnContext, policy: ReplyPolicy) -> ReplyOutcome:
@@ -212,9 +215,13 @@ def _finish_caller_schema(text: str, ctx: TurnContext, policy: ReplyPolicy) -> R
                 detail="caller_schema",
             )
     if is_json:
-        # Scan the parsed strings, not the text, so a redaction never breaks the JSON.
-        scanned, hits = _scan_json_strings(parsed, policy.leak_scanner)
-        out_text = json.dumps(scanned, ensure_ascii=False) if hits else text
+        # Scan the parsed strings (read as one text, like segments), not the JSON text, so escapes
+        # are decoded and a redaction never breaks the JSON.
+        strings: list[str] = []
+        _json_strings(parsed, strings)
+        scanned = policy.leak_scanner.scan_texts(strings)
+        hits = scanned.hits
+        out_text = json.dumps(_with_json_strings(parsed, iter(scanned.texts)), ensure_ascii=False) if hits else text
     else:
         result = policy.leak_scanner.scan(text)
         out_text, hits = result.text, result.hits

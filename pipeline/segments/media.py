@@ -1,8 +1,13 @@
 """Media checks (S15): read url/path/base64 media, identify them by bytes, enforce size and type.
 
 A media segment that cannot be read, is too big, is of a type its segment does not carry, or is not
-supported by the platform is replaced in place by an "attachment unavailable" text segment.
-`kind: file` references belong to the platform and pass through unread.
+supported by the platform is replaced in place by an "attachment unavailable" text segment, set apart
+by a space from the text around it (so several in a row do not run together). `kind: file`
+references belong to the platform and pass through unread; each platform's renderer accepts only ids
+of its own shape (`pipeline/platforms`).
+
+Rejection reasons are a bounded vocabulary (`REJECTION_REASONS`, `rejection_label`): they label
+`switchboard_media_rejected_total` and the INFO log line of each rejection.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import binascii
 import os
 import stat
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +25,8 @@ from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.fetch import SafeFetcher
 from pipeline.segments.models import (
     MEDIA_SEGMENT_TYPES,
+    MarkdownSegment,
+    Media,
     MediaSegment,
     Segment,
     TextData,
@@ -27,6 +35,54 @@ from pipeline.segments.models import (
 from pipeline.segments.sniff import SNIFF_BYTES, mime_fits_segment, sniff_mime
 
 _GENERIC_BINARY = "application/octet-stream"
+
+# Every reason a media item can be refused for (MediaUnavailable reasons, the checks below, the
+# platforms' own). Anything else is counted as "other"; HTTP statuses as "http_error".
+REJECTION_REASONS: frozenset[str] = frozenset(
+    {
+        # reading
+        "unreadable",
+        "not_a_file",
+        "too_large",
+        "empty",
+        "bad_base64",
+        "bad_path",
+        "path_outside_root",
+        "path_not_allowed",
+        "url_not_allowed",
+        "unknown_kind",
+        # fetching
+        "bad_url",
+        "scheme_not_allowed",
+        "credentials_in_url",
+        "dns_failed",
+        "unparsable_address",
+        "address_metadata",
+        "address_loopback",
+        "address_multicast",
+        "address_link_local",
+        "address_reserved",
+        "address_private",
+        "timeout",
+        "transport_error",
+        "redirect_without_location",
+        "too_many_redirects",
+        "http_error",
+        # checks
+        "type_mismatch",
+        "unsupported_by_platform",
+        "leak",
+        "file_id_shape",
+        "other",
+    }
+)
+
+
+def rejection_label(reason: str) -> str:
+    """`reason` as a bounded metric label."""
+    if reason in REJECTION_REASONS:
+        return reason
+    return "http_error" if reason.startswith("http_") else "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +189,14 @@ class MediaChecker:
         if self._fetcher is not None:
             await self._fetcher.aclose()
 
+    async def load(self, media: Media) -> tuple[bytes, str]:
+        """A media reference's bytes and the type sniffed from them, read through the same guards as
+        the check (the loader egress gives the platforms). A platform file id is not ours to read."""
+        if media.kind == "file":
+            raise MediaUnavailable("unsupported_by_platform")
+        data = await self._read(media.kind, media.value, self.settings.max_bytes)
+        return data, sniff_mime(data[:SNIFF_BYTES]) or _GENERIC_BINARY
+
     async def _read(self, kind: str, value: str, max_bytes: int) -> bytes:
         if kind == "base64":
             return decode_base64_media(value, max_bytes)
@@ -186,14 +250,60 @@ class MediaChecker:
                 for i in positions
             ]
         checked = [task.result() for task in tasks]
-        out = list(segments)
-        rejected = 0
-        for result in checked:
-            if not result.accepted:
-                rejected += 1
-                out[result.index] = unavailable_segment(unavailable_text)
-        return MediaCheck(out, checked, rejected)
+        rejected = [result.index for result in checked if not result.accepted]
+        return MediaCheck(with_placeholders(segments, rejected, unavailable_text), checked, len(rejected))
 
 
 def unavailable_segment(text: str) -> TextSegment:
     return TextSegment(type="text", data=TextData(text=text))
+
+
+_NOT_INLINE = frozenset({*MEDIA_SEGMENT_TYPES, "forward", "dice", "rps"})
+
+
+def _shown_text(segment: Segment) -> str | None:
+    """The text a segment shows inline, as far as spacing goes: "" for what shows nothing (a reply
+    reference), None for what most platforms show apart (media, forwards, dice)."""
+    if isinstance(segment, TextSegment):
+        return segment.data.text
+    if isinstance(segment, MarkdownSegment):
+        return segment.data.content
+    if segment.type == "reply":
+        return ""
+    if segment.type in _NOT_INLINE:
+        return None
+    return "x"  # mentions, faces, shares: visible, never ending in a space
+
+
+def _neighbour(segments: Sequence[Segment], indexes: Iterable[int], stop: frozenset[int]) -> str | None:
+    for index in indexes:
+        if index in stop:
+            return None
+        shown = _shown_text(segments[index])
+        if shown != "":
+            return shown
+    return None
+
+
+def spaced_placeholder(text: str, before: str | None, after: str | None) -> str:
+    """`text` with a space where the visible text `before` / `after` it would run into it
+    (None or "" where nothing is shown on that side)."""
+    if before and not before[-1].isspace():
+        text = " " + text
+    if after and not after[0].isspace():
+        text = text + " "
+    return text
+
+
+def with_placeholders(segments: list[Segment], positions: Iterable[int], text: str) -> list[Segment]:
+    """`segments` with the segments at `positions` replaced by the notice `text`, each set apart from
+    the inline text around it (a placeholder right after another gets one space, not two)."""
+    replace = frozenset(positions)
+    if not replace:
+        return segments
+    out = list(segments)
+    for index in sorted(replace):
+        before = _neighbour(out, range(index - 1, -1, -1), frozenset())
+        after = _neighbour(out, range(index + 1, len(out)), replace)  # a later placeholder spaces itself
+        out[index] = unavailable_segment(spaced_placeholder(text, before, after))
+    return out

@@ -1,4 +1,4 @@
-"""Session-protocol client (spec/session-protocol.md). Knows nothing about Kafka or IM.
+"""Session-protocol client (docs/session-protocol.md). Knows nothing about Kafka or IM.
 
 Public API::
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pipeline.errors import SwitchboardError
 
-class SessionAPIError(Exception):
+
+class SessionAPIError(SwitchboardError):
     """Base class. ``status`` is the HTTP status when one was received, ``body`` the decoded error body."""
 
     def __init__(self, message: str, *, status: int | None = None, body: object = None) -> None:

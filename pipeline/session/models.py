@@ -1,4 +1,4 @@
-"""Pydantic v2 models of the session event protocol (spec/session-protocol.md).
+"""Pydantic v2 models of the session event protocol (docs/session-protocol.md).
 
 Every polymorphic object is a tagged union on ``type`` (P2) whose discriminator falls back to an
 ``Unknown*`` variant holding the raw JSON, so a server that adds an event or block type never

@@ -1,5 +1,5 @@
-"""The two transport profiles of one protocol (spec "Transport"): base path, auth headers, preview
-query encoding, send batching and how history is resumed."""
+"""The two transport profiles of one protocol (docs/session-protocol.md, "Transport"): base path,
+auth headers, preview query encoding, send batching and how history is resumed."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Resumable subscription to a session's events.
 
-Resume algorithm (spec "Transport"): open the stream first, then read history after the cursor,
+Resume algorithm (docs/session-protocol.md, "Transport"): open the stream first, then read history after the cursor,
 then consume the stream, skipping the ids the history already delivered. The stream delivers events
 in server order, so its overlap with that history read is a prefix: the first stream event not in
 the history read ends the overlap and the id set is dropped. Per-subscription memory is therefore

@@ -1,6 +1,7 @@
 """Egress: `im.outbound.<platform>` → the platform's API.
 
-Renders neutral segments into the platform's calls, waits for the per-chat and per-bot rate limits
+Checks every message for secrets first (`LeakGuard`: the one check all outbound messages pass),
+renders neutral segments into the platform's calls, waits for the per-chat and per-bot rate limits
 (shared by all workers through Redis), sends, honours `retry_after`, retries transient failures
 with backoff and full jitter, and dead-letters what still fails or fails for good. A delivered
 outbound id (and each delivered call of it) is recorded, so a replay never sends it twice.
@@ -9,25 +10,30 @@ outbound id (and each delivered call of it) is recorded, so a replay never sends
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 
 import httpx
-from limits import RateLimitItemPerSecond
-from limits.aio.storage import RedisStorage
-from limits.aio.strategies import MovingWindowRateLimiter
 
 from pipeline import metrics
 from pipeline.platforms import MediaLoader, Platform, SendOutcome, get_platform
-from pipeline.records import OutboundMessage, now_ms
-from pipeline.settings import BotConfig, RateLimit, Settings
-from pipeline.state import StateStore
+from pipeline.records import OutboundMessage, Position, conversation_key, join_ids, now_ms
+from pipeline.segments import LeakScanner
+from pipeline.settings import BotConfig, Settings
+from pipeline.state import DeliveryStore, RateWindow
 
+from .leakguard import LeakGuard
+from .notify import Notifier
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
+# One INFO line per delivered message (conversation key, kind, time since the webhook; never the
+# text): what `switchboard up` shows in its terminal.
+turns_log = logging.getLogger("pipeline.turns")
+
+Work = Callable[[], Awaitable[None]]
 
 
 def backoff_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None) -> float:
@@ -35,46 +41,35 @@ def backoff_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0, rng: ra
     return (rng or random).uniform(0, min(cap, base * (2**attempt)))
 
 
-class RateLimits:
-    """Moving-window limits per chat and per bot, in Redis (the `limits` library)."""
-
-    def __init__(self, redis_url: str, prefix: str) -> None:
-        uri = redis_url.replace("redis://", "async+redis://", 1)
-        self._storage = RedisStorage(uri, implementation="redispy", key_prefix=f"{prefix}rl")
-        self._limiter = MovingWindowRateLimiter(self._storage)
-
-    async def acquire(self, limit: RateLimit | None, *identifiers: str) -> float:
-        """Take one slot; return 0 when taken, else seconds to wait before trying again."""
-        if limit is None:
-            return 0.0
-        item = RateLimitItemPerSecond(limit.count, max(1, round(limit.per_seconds)))
-        if await self._limiter.hit(item, *identifiers):
-            return 0.0
-        stats = await self._limiter.get_window_stats(item, *identifiers)
-        return max(0.01, stats.reset_time - time.time())
-
-
 class EgressStage:
     def __init__(
         self,
         settings: Settings,
-        state: StateStore,
+        deliveries: DeliveryStore,
         outputs: Outputs,
         http: httpx.AsyncClient,
         load_media: MediaLoader,
-        limits: RateLimits | None,
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         platform_for: Callable[[str], Platform] = get_platform,
+        leak_guard: LeakGuard | None = None,
     ) -> None:
         self.settings = settings
-        self.state = state
+        self.deliveries = deliveries
         self.outputs = outputs
         self.http = http
         self.load_media = load_media
-        self.limits = limits
         self.sleep = sleep
         self.platform_for = platform_for
+        # Without a guard given, credential shapes are still caught (no configured secrets known).
+        self.leak_guard = leak_guard or LeakGuard(LeakScanner(), Notifier(settings))
+
+    async def admit(self, messages: list[OutboundMessage], positions: list[Position]) -> list[Work | None]:
+        """The batch step: each message is sent in its conversation's turn."""
+        return [
+            functools.partial(self.handle, m, topic=p.topic, partition=p.partition, offset=p.offset)
+            for m, p in zip(messages, positions, strict=True)
+        ]
 
     async def handle(self, message: OutboundMessage, *, topic: str, partition: int, offset: int) -> None:
         platform_name = message.platform
@@ -83,40 +78,72 @@ class EgressStage:
             await self._dead(message, "unknown_bot", "", topic, partition, offset, 0)
             return
         platform = self.platform_for(platform_name)
+        message = self.leak_guard.check(bot, message)
         try:
             calls = platform.render(bot, message)
         except Exception as exc:  # a renderer bug must not stop the partition
             log.exception("render for %s failed", platform_name)
             await self._dead(message, "render_failed", repr(exc), topic, partition, offset, 0)
             return
-        # One round trip tells what a replay already delivered: the message, or some of its calls.
-        call_ids = [f"{message.outbound_id}:{i}" for i in range(len(calls))]
-        delivered, *calls_delivered = await self.state.markers("out", [message.outbound_id, *call_ids])
-        if delivered is not None:
-            metrics.EGRESS.labels(platform_name, "duplicate").inc()
-            return
-        for index, call in enumerate(calls):
-            if calls_delivered[index] is not None:
-                continue  # sent before a crash; do not send again
-            outcome, attempts = await self._send_with_retries(bot, platform, message, call)
-            if outcome.status != "delivered":
-                await self._dead(
-                    message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts
-                )
+        windows = self._rate_windows(bot, platform, message)
+        if platform.profile.delivers_once:
+            # The platform itself posts at most once per outbound id (the console): no markers.
+            for call in calls:
+                outcome, attempts = await self._send_with_retries(bot, platform, message, call, windows)
+                if outcome.status != "delivered":
+                    await self._dead(
+                        message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts
+                    )
+                    return
+        else:
+            # One round trip tells what a replay already delivered (the message, or some of its
+            # calls) and takes the first call's rate slots.
+            call_ids = [f"{message.outbound_id}:{i}" for i in range(len(calls))]
+            claim = await self.deliveries.claim([message.outbound_id, *call_ids], windows if calls else ())
+            if claim.delivered[0] is not None:
+                metrics.EGRESS.labels(platform_name, "duplicate").inc()
                 return
-            last = index == len(calls) - 1
-            await self.state.set_markers("out", [call_ids[index], message.outbound_id] if last else [call_ids[index]])
-        if not calls:
-            await self.state.set_markers("out", [message.outbound_id])
+            slot_taken = claim.wait == 0
+            for index, call in enumerate(calls):
+                if claim.delivered[index + 1] is not None:
+                    continue  # sent before a crash; do not send again
+                outcome, attempts = await self._send_with_retries(
+                    bot, platform, message, call, windows, slot_taken=slot_taken
+                )
+                slot_taken = False
+                if outcome.status != "delivered":
+                    await self._dead(
+                        message, outcome.reason or outcome.status, outcome.detail, topic, partition, offset, attempts
+                    )
+                    return
+                last = index == len(calls) - 1
+                await self.deliveries.mark_delivered(
+                    [call_ids[index], message.outbound_id] if last else [call_ids[index]]
+                )
+            if not calls:
+                await self.deliveries.mark_delivered([message.outbound_id])
         metrics.EGRESS.labels(platform_name, "sent").inc()
         self._observe(message)
+        if turns_log.isEnabledFor(logging.INFO):
+            ingress = message.hops.get("ingress")
+            since = f"{now_ms() - ingress:.0f} ms after the webhook" if ingress is not None else "no webhook time"
+            turns_log.info("%s: %s delivered, %s", message.conversation_key, message.kind, since)
 
     async def _send_with_retries(
-        self, bot: BotConfig, platform: Platform, message: OutboundMessage, call: object
+        self,
+        bot: BotConfig,
+        platform: Platform,
+        message: OutboundMessage,
+        call: object,
+        windows: list[RateWindow],
+        *,
+        slot_taken: bool = False,
     ) -> tuple[SendOutcome, int]:
         attempt = 0
         while True:
-            await self._wait_for_rate(bot, platform, message)
+            if not slot_taken:
+                await self._wait_for_rate(windows)
+            slot_taken = False
             outcome = await platform.send(bot, call, self.http, self.load_media)  # type: ignore[arg-type]
             attempt += 1
             if outcome.status != "retry":
@@ -133,20 +160,28 @@ class EgressStage:
                 delay = backoff_delay(attempt - 1)
             await self.sleep(delay)
 
-    async def _wait_for_rate(self, bot: BotConfig, platform: Platform, message: OutboundMessage) -> None:
-        if self.limits is None:
-            return
+    @staticmethod
+    def _rate_windows(bot: BotConfig, platform: Platform, message: OutboundMessage) -> list[RateWindow]:
+        """The bot's limits per chat and per bot (the platform's documented ones by default)."""
+        windows = []
         chat_limit = bot.rate_limit_chat or platform.profile.default_chat_limit
         bot_limit = bot.rate_limit_bot or platform.profile.default_bot_limit
-        for limit, ident in (
-            (chat_limit, f"{bot.platform}:{bot.bot_id}:{message.chat_id}"),
-            (bot_limit, f"{bot.platform}:{bot.bot_id}"),
-        ):
-            while True:
-                wait = await self.limits.acquire(limit, ident)
-                if wait <= 0:
-                    break
-                await self.sleep(min(wait, 5.0))
+        if chat_limit is not None:
+            identifier = conversation_key(bot.platform, bot.bot_id, message.chat_id)
+            windows.append(RateWindow(identifier, chat_limit.count, chat_limit.per_seconds))
+        if bot_limit is not None:
+            windows.append(RateWindow(join_ids(bot.platform, bot.bot_id), bot_limit.count, bot_limit.per_seconds))
+        return windows
+
+    async def _wait_for_rate(self, windows: list[RateWindow]) -> None:
+        """Take a slot in every window (shared by all workers), waiting as long as they say."""
+        if not windows:
+            return
+        while True:
+            wait = (await self.deliveries.claim((), windows)).wait
+            if wait <= 0:
+                return
+            await self.sleep(min(wait, 5.0))
 
     async def _dead(
         self, message: OutboundMessage, reason: str, detail: str, topic: str, partition: int, offset: int, attempts: int

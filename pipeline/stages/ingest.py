@@ -10,18 +10,18 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from pipeline import metrics
-from pipeline.records import CommandKind, InboundMessage, OutboundMessage, SessionCommand, now_ms
+from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ContextEntry, InboundAdmission, StateStore, TurnContext
+from pipeline.state import ContextEntry, InboundAdmission, State, TurnRecord
 
-from ._ids import stable_id, user_message_id
-from .notices import Notices
+from ._ids import inbound_dedup_id, stable_id, user_message_id
+from .notify import Notifier
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
@@ -73,17 +73,34 @@ def strip_trigger(text: str, bot: BotConfig) -> str:
     return text
 
 
-def content_blocks(message: InboundMessage, bot: BotConfig, *, label_sender: bool) -> list[dict[str, object]]:
-    """Session content blocks (text, image) from the message's neutral segments."""
+def member_names(message: InboundMessage, window: list[ContextEntry]) -> dict[str, str]:
+    """Display names by user id of the people a turn involves: as they last spoke in the window
+    (OneBot's `at` carries no name), overridden by what the platform sent with this message."""
+    names = {entry.user_id: entry.name for entry in window if entry.name}
+    if message.sender.name:
+        names[message.sender.user_id] = message.sender.name
+    names.update((ident, name) for ident, name in message.mention_names.items() if name)
+    return names
+
+
+def content_blocks(
+    message: InboundMessage, bot: BotConfig, *, label_sender: bool, names: dict[str, str] | None = None
+) -> list[dict[str, object]]:
+    """Session content blocks (text, image) from the message's neutral segments. A mention reads
+    `@name` when the name is known (the turn context lists the id to mention back), else `@id`."""
     head = f"[{message.sender.name or message.sender.user_id} ({message.sender.user_id})] " if label_sender else ""
+    names = names if names is not None else member_names(message, [])
     blocks: list[dict[str, object]] = []
     texts: list[str] = []
     for segment in message.segments:
         if isinstance(segment, TextSegment):
             texts.append(segment.data.text)
         elif isinstance(segment, MentionSegment):
-            if segment.data.target != bot.self_id:
-                texts.append(f"@{segment.data.target}")
+            target = segment.data.target
+            if target != bot.self_id:
+                name = names.get(target)
+                # A Telegram `@username` target is written as it is: Telegram links it.
+                texts.append(f"@{name}" if name else target if target.startswith("@") else f"@{target}")
         elif isinstance(segment, ImageSegment) and segment.data.media.kind == "url":
             blocks.append({"type": "image", "source": {"type": "url", "url": segment.data.media.value}})
     text = "".join(texts).strip() if texts else message.text
@@ -121,15 +138,15 @@ class IngestStage:
     def __init__(
         self,
         settings: Settings,
-        state: StateStore,
+        state: State,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         prompt: PromptBuilder,
     ) -> None:
         self.settings = settings
         self.state = state
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
         self.prompt = prompt
 
     async def handle(self, message: InboundMessage) -> None:
@@ -138,7 +155,9 @@ class IngestStage:
         if work is not None:
             await work()
 
-    async def admit(self, messages: list[InboundMessage]) -> list[IngestWork | None]:
+    async def admit(
+        self, messages: list[InboundMessage], positions: Sequence[Position] = ()
+    ) -> list[IngestWork | None]:
         """Admit a batch of messages in offset order, with one Redis round trip for all of them:
         drop duplicates, keep the group-context window, and settle every message that produces
         nothing (most group messages). Returns, per message, the work that remains (a user turn or
@@ -153,9 +172,7 @@ class IngestStage:
             if bot is None:
                 plans.append(_Plan(message, None, None, None, "unknown_bot"))
                 continue
-            # Message ids are unique per chat on several platforms (Slack ts, Telegram), and one
-            # message can arrive as two events (Slack app_mention + message): chat + message.
-            dedup_id = f"{message.platform}:{message.bot_id}:{message.chat_id}:{message.message_id}"
+            dedup_id = inbound_dedup_id(message.platform, message.bot_id, message.chat_id, message.message_id)
             if dedup_id in seen:  # twice in one batch: the second is a duplicate
                 plans.append(None)
                 continue
@@ -164,9 +181,10 @@ class IngestStage:
             reason = trigger_reason(message, bot) if command is None else None
             in_window = message.chat_type == "group" and command is None
             entry = _context_entry(message) if in_window else None
-            # A message that produces nothing is marked seen at once; one that produces only once
-            # the broker has its output (a crash in between replays it, and dispatch drops the
-            # repeated turn by its stable id).
+            # A message that produces nothing is marked seen at once. A user turn is marked by
+            # dispatch when it starts or is held (in the same step); a chat command once the broker
+            # has its output. A copy admitted before that produces again, and dispatch drops the
+            # repeated turn by its stable id.
             settles = command is None and reason is None
             items.append(
                 InboundAdmission(
@@ -178,7 +196,7 @@ class IngestStage:
                 )
             )
             plans.append(_Plan(message, bot, command, reason, dedup_id))
-        results = iter(await self.state.admit_inbound(items, size))
+        results = iter(await self.state.markers.admit_inbound(items, size))
         works: list[IngestWork | None] = []
         for message, plan in zip(messages, plans, strict=True):
             if plan is None:
@@ -209,27 +227,27 @@ class IngestStage:
     async def _produce(self, plan: _Plan, window: list[ContextEntry]) -> None:
         assert plan.bot is not None
         message = plan.message
-        # Checked again here, in the conversation's order: the same message may have been
-        # admitted twice while its first copy was still on its way to the broker.
-        if await self.state.marker("in", plan.dedup_id) is not None:
-            metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
-            return
+        # The record is acknowledged (its offset may be committed) only once the broker has what
+        # it produced.
         self.outputs.begin()
         if plan.command is not None:
             await self._command(plan.bot, message, plan.command)
-        else:
-            assert plan.reason is not None
-            metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
-            await self.outputs.session_command(self.user_turn(plan.bot, message, window))
+            await self.outputs.delivered()
+            await self.state.markers.set_marker("in", plan.dedup_id)
+            return
+        assert plan.reason is not None
+        metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
+        await self.outputs.session_command(self.user_turn(plan.bot, message, window))
         await self.outputs.delivered()
-        await self.state.set_marker("in", plan.dedup_id)
 
     def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
         inbound_ids = [message.message_id]
         event = {
             "type": "user.message",
             "id": user_message_id(message.conversation_key, inbound_ids),
-            "content": content_blocks(message, bot, label_sender=message.chat_type == "group"),
+            "content": content_blocks(
+                message, bot, label_sender=message.chat_type == "group", names=member_names(message, window)
+            ),
         }
         return SessionCommand(
             kind="user_turn",
@@ -253,14 +271,14 @@ class IngestStage:
         metrics.CHAT_COMMANDS.labels(message.platform, command.name).inc()
         conversation = message.conversation_key
         if command.name == "reset":
-            await self.state.unmap_session(conversation)
+            await self.state.conversations.unmap_session(conversation)
             await self.outputs.outbound(self._notice(bot, message, "reset"))
             return
         if command.name == "stop":
             await self.outputs.session_command(self._control(message, "interrupt", []))
             return
         # /allow, /deny: answer the pending tool confirmations, if this sender may.
-        state = await self.state.conversation(conversation)
+        state = await self.state.conversations.conversation(conversation)
         confirmations = [p for p in state.pending if p.kind == "confirmation"]
         if command.argument and command.name == "allow":
             confirmations = [p for p in confirmations if p.event_id == command.argument] or confirmations
@@ -305,7 +323,7 @@ class IngestStage:
         )
 
     def _notice(self, bot: BotConfig, message: InboundMessage, name: str, **params: str) -> OutboundMessage:
-        return self.notices.answering(
+        return self.notifier.answering(
             bot,
             name,
             message,
@@ -325,7 +343,7 @@ def may_answer(bot: BotConfig, starter_id: str | None, message: InboundMessage) 
     return bot.confirm_policy == "starter_and_admins" and starter_id == message.sender.user_id
 
 
-def _who_may_answer(bot: BotConfig, turn: TurnContext | None) -> str:
+def _who_may_answer(bot: BotConfig, turn: TurnRecord | None) -> str:
     if bot.confirm_policy == "anyone":
         return "anyone"
     starter = f"@{turn.starter_id}" if turn is not None and turn.starter_id else ""

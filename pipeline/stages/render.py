@@ -12,26 +12,39 @@ egress and dispatch drop what they already did.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
-from pipeline.records import OutboundKind, OutboundMessage, SessionCommand, SessionEventRecord, now_ms
+from pipeline.records import (
+    OutboundKind,
+    OutboundMessage,
+    Position,
+    SessionCommand,
+    SessionEventRecord,
+    now_ms,
+    parse_conversation_key,
+)
 from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy
 from pipeline.segments.context import TurnContext as ReplyContext
+from pipeline.segments.leaks import REDACTION_MARKER
+from pipeline.segments.media import rejection_label
 from pipeline.segments.models import Segment, TextData, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ConversationState, StateStore
-from pipeline.state.store import PendingAction
+from pipeline.state import ConversationState, PendingAction, State
 
 from ._ids import stable_id
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 from .tools import ImTools
 
 log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
 
 _TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
 _TURN_EVENTS = frozenset({"session.status_idle", "session.status_terminated", "session.deleted"})
@@ -43,6 +56,36 @@ def message_text(event: dict[str, Any]) -> str:
     """The text of an agent.message: its text blocks joined (the reply contract is one string)."""
     blocks = event.get("content") or []
     return "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+
+
+# The session protocol's vocabulary for `session.error` (anything else is counted as "other", so a
+# server cannot grow the label set).
+SESSION_ERROR_TYPES = frozenset(
+    {
+        "unknown_error",
+        "model_overloaded_error",
+        "model_rate_limited_error",
+        "model_request_failed_error",
+        "mcp_connection_failed_error",
+        "mcp_authentication_failed_error",
+        "billing_error",
+        "credential_host_unreachable_error",
+    }
+)
+RETRY_STATUSES = frozenset({"retrying", "exhausted", "terminal"})
+
+
+def session_error_labels(event: dict[str, Any]) -> tuple[str, str]:
+    """(error_type, retry_status) of a `session.error` event, bounded to the protocol's vocabulary."""
+    error = event.get("error")
+    error = error if isinstance(error, dict) else {}
+    retry = error.get("retry_status")
+    retry_type = retry.get("type") if isinstance(retry, dict) else None
+    error_type = error.get("type")
+    return (
+        error_type if isinstance(error_type, str) and error_type in SESSION_ERROR_TYPES else "other",
+        retry_type if isinstance(retry_type, str) and retry_type in RETRY_STATUSES else "other",
+    )
 
 
 def pending_from_tool_event(event: dict[str, Any], event_type: str) -> PendingAction | None:
@@ -70,9 +113,9 @@ class RenderStage:
     def __init__(
         self,
         settings: Settings,
-        state: StateStore,
+        state: State,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         policies: dict[tuple[str, str], ReplyPolicy],
         capabilities: dict[str, Capabilities],
         tools: ImTools,
@@ -83,7 +126,7 @@ class RenderStage:
         self.settings = settings
         self.state = state
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
         self.policies = policies
         self.capabilities = capabilities
         self.tools = tools
@@ -92,62 +135,90 @@ class RenderStage:
 
     @staticmethod
     def handle_inline(record: SessionEventRecord) -> bool:
-        """Events that touch no state (spans, usage, running/thread status, thinking, errors) are
-        counted here and need no keyed work. Returns True when the record is fully handled."""
-        event = record.event
-        event_type = record.event_type
-        if event_type == "span.model_request_end":
-            usage = event.get("model_usage") or {}
-            for kind in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                value = usage.get(kind)
-                if isinstance(value, int) and value > 0:
-                    metrics.TOKENS.labels(kind).inc(value)
+        """Events that touch no state (errors: counted here) need no keyed work. Returns True when
+        the record is fully handled."""
+        if record.event_type == "session.error":
+            error_type, retry_status = session_error_labels(record.event)
+            metrics.SESSION_ERRORS.labels(error_type, retry_status).inc()
             return True
-        if event_type == "session.error":
-            error = event.get("error") or {}
-            retry = (error.get("retry_status") or {}).get("type", "unknown")
-            metrics.SESSION_ERRORS.labels(str(error.get("type", "unknown"))[:40], retry).inc()
-            return True
-        return event_type not in _STATEFUL
+        return record.event_type not in _STATEFUL
 
-    async def handle(self, record: SessionEventRecord) -> None:
-        event = record.event
-        event_type = record.event_type
+    async def admit(self, records: list[SessionEventRecord], positions: list[Position]) -> list[Work | None]:
+        """The batch step: a conversation's events of this batch are handled together, in order, in
+        its turn (an agent.message followed by its idle needs no write of its own); events that touch
+        no state are counted here. The work sits on the conversation's first record: later records
+        of the partition are acknowledged only after it."""
+        works: list[Work | None] = [None] * len(records)
+        groups: dict[str, list[int]] = {}
+        for index, record in enumerate(records):
+            if not self.handle_inline(record):
+                groups.setdefault(record.conversation_key, []).append(index)
+        for indexes in groups.values():
+            group = [(records[i], positions[i].partition) for i in indexes]
+            works[indexes[0]] = functools.partial(self._handle_group, group)
+        return works
+
+    async def handle(self, record: SessionEventRecord, partition: int = 0) -> None:
+        """One record (the batch path with a batch of one)."""
+        if not self.handle_inline(record):
+            await self._handle_group([(record, partition)])
+
+    async def _handle_group(self, group: list[tuple[SessionEventRecord, int]]) -> None:
+        last: tuple[str, str | None] | None = None  # an agent.message not yet written
+        for position, (record, partition) in enumerate(group):
+            self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
+            if record.event_type == "agent.message":
+                last = (message_text(record.event), record.event_id)
+                if position == len(group) - 1:  # its turn's end is not in this batch: keep it
+                    await self.state.conversations.update_conversation(
+                        record.conversation_key, last_message=last[0], last_message_id=last[1]
+                    )
+                continue
+            if last is not None and record.event_type in _TOOL_CALLS:
+                await self.state.conversations.update_conversation(
+                    record.conversation_key, last_message=last[0], last_message_id=last[1]
+                )
+            if record.event_type in _TOOL_CALLS:
+                await self._tool_call(record)
+            else:
+                await self._turn_end_event(record, partition, last)
+            last = None
+
+    async def _turn_end_event(
+        self, record: SessionEventRecord, partition: int, last: tuple[str, str | None] | None
+    ) -> None:
         conversation = record.conversation_key
-        if self.handle_inline(record):
+        idle = record.event_type == "session.status_idle"
+        # The idle ends the oldest turn sent to the session and not yet ended (bound once, so a
+        # replay binds the same turn): its reply goes to that turn's chat message, even when a later
+        # turn has replaced "the current turn" in the state meanwhile.
+        ends_turn = idle and _stop_reason(record) != "requires_action"
+        end = await self.state.conversations.bind_turn_end(conversation, record.event_id, bind=ends_turn)
+        if record.event_id and end.handled is not None:
+            # Handled before. A flush may still be owed (a crash after the end was written): its
+            # repeat is harmless.
+            if end.handled == "flush" and end.state.turn is not None:
+                await self._flush(record, end.state.turn.platform, end.state.turn.bot_id, end.state.turn)
             return
-        self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
-        if event_type == "agent.message":
-            await self.state.update_conversation(
-                conversation, last_message=message_text(event), last_message_id=record.event_id
-            )
-            return
-        if event_type in _TOOL_CALLS:
-            await self._tool_call(record)
-            return
-        # A turn's end is handled once. Marked after handling, so a crash in between replays it
-        # (egress then drops the duplicate outbound by its id).
-        state, handled = await self.state.conversation_and_marker(conversation, "turnend", record.event_id or "-")
-        if record.event_id and handled is not None:
-            return
-        if event_type == "session.status_idle" and _stop_reason(record) != "requires_action":
-            # The idle ends the oldest turn sent to the session and not yet ended (bound once, so
-            # a replay binds the same turn): its reply goes to that turn's chat message, even when
-            # a later turn has replaced "the current turn" in the state meanwhile.
-            turn = await self.state.bind_turn_end(conversation, record.event_id)
-            if turn is not None:
-                state = state.model_copy(update={"turn": turn})
+        state = end.state
+        if last is not None:
+            state = state.model_copy(update={"last_message": last[0], "last_message_id": last[1]})
+        if ends_turn:
+            if end.turn is not None:
+                state = state.model_copy(update={"turn": end.turn})
             elif state.status == "idle":
                 # No turn of ours is running: a turn whose send failed (and was answered with a
                 # notice) ran after all. Its answer would be a second one; count it and move on.
                 metrics.UNATTRIBUTED_TURN_ENDS.inc()
                 log.info("render: idle for %s matches no turn in flight; ignored", conversation)
                 if record.event_id:
-                    await self.state.set_marker("turnend", record.event_id)
+                    await self.state.markers.set_marker("turnend", record.event_id)
                 return
-        await self._turn_end(record, state)
+        await self._turn_end(record, state, partition, end.turn_id)
 
-    async def _turn_end(self, record: SessionEventRecord, state: ConversationState) -> None:
+    async def _turn_end(
+        self, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
+    ) -> None:
         event_type = record.event_type
         conversation = record.conversation_key
         bot = self._bot(conversation, state)
@@ -160,28 +231,35 @@ class RenderStage:
             if stop == "requires_action":
                 await self._requires_action(bot, record, state)
                 await self.outputs.delivered()
-                if record.event_id:
-                    await self.state.set_marker("turnend", record.event_id)
+                await self.state.conversations.finish_turn(
+                    conversation,
+                    partition,
+                    session_id=record.session_id,
+                    event_id=record.event_id,
+                    turn_id=None,
+                    waiting=True,
+                )
             elif stop == "end_turn":
                 await self._final_reply(bot, record, state)
+                await self._turn_over(bot, record, state, partition, turn_id)
             else:  # retries_exhausted, budget_reached, …: the turn ends, the session stays usable
                 notice = "retries_exhausted" if stop == "retries_exhausted" else "session_error"
                 await self._notice(bot, record, state, notice)
-                await self._turn_over(bot, record, state)
+                await self._turn_over(bot, record, state, partition, turn_id)
             return
         # Terminal: say so once, forget the session; the next message starts a new one.
         metrics.TURNS_FINISHED.labels(bot.platform, event_type.rsplit(".", 1)[-1]).inc()
         kind = "session_terminated" if event_type == "session.status_terminated" else "session_deleted"
         await self._notice(bot, record, state, kind)
-        await self.state.unmap_session(conversation, record.session_id)
+        await self.state.conversations.unmap_session(conversation, record.session_id)
         await self.outputs.delivered()
         if record.event_id:
-            await self.state.set_marker("turnend", record.event_id)
+            await self.state.markers.set_marker("turnend", record.event_id)
 
     # -- steps ---------------------------------------------------------------------------------
     async def _tool_call(self, record: SessionEventRecord) -> None:
         conversation = record.conversation_key
-        state = await self.state.conversation(conversation)
+        state = await self.state.conversations.conversation(conversation)
         updates: dict[str, Any] = {}
         pending = pending_from_tool_event(record.event, record.event_type)
         if pending is not None:
@@ -195,7 +273,7 @@ class RenderStage:
         if state.last_message:
             updates["last_message"] = None
         if updates:
-            await self.state.update_conversation(conversation, **updates)
+            await self.state.conversations.update_conversation(conversation, **updates)
 
     async def _requires_action(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
         stop = record.event.get("stop_reason") or {}
@@ -203,7 +281,7 @@ class RenderStage:
         pending = [state.tools.get(i) or PendingAction(event_id=i, kind="confirmation") for i in ids]
         confirmations = [p for p in pending if p.kind == "confirmation"]
         custom = [p for p in pending if p.kind == "custom_tool"]
-        await self.state.update_conversation(
+        await self.state.conversations.update_conversation(
             record.conversation_key, status="requires_action", pending=confirmations, last_message=None
         )
         if custom:
@@ -214,13 +292,21 @@ class RenderStage:
             if bot.confirm_policy == "anyone" or (turn is not None and turn.chat_type == "private"):
                 who = "anyone" if bot.confirm_policy == "anyone" else who
             names = ", ".join(sorted({p.name or "?" for p in confirmations}))
+            # The input is checked whole before it is shortened: a secret cut in two by the limit
+            # would otherwise leave a part no check can recognise. (Egress checks the prompt again.)
+            scanned = self.policies[(bot.platform, bot.bot_id)].leak_scanner.scan(
+                json.dumps(confirmations[0].input, ensure_ascii=False)
+            )
+            if scanned.hits:
+                metrics.LEAK_HITS.labels(bot.platform, "confirmation").inc(scanned.hits)
+            tool_input = _shortened(scanned.text, _TOOL_INPUT_CHARS)
             await self._notice(
                 bot,
                 record,
                 state,
                 "tool_confirmation_prompt",
                 kind="confirmation",
-                params={"tool_name": names, "who": who, "tool_input": json.dumps(confirmations[0].input)[:200]},
+                params={"tool_name": names, "who": who, "tool_input": tool_input},
             )
 
     async def _answer_custom_tools(
@@ -269,7 +355,6 @@ class RenderStage:
         metrics.observe_hop("render", record.hops, "stream", now_ms())
         if state.interrupted:
             await self._notice(bot, record, state, "stopped")
-            await self._turn_over(bot, record, state)
             return
         turn = state.turn
         ctx = ReplyContext(
@@ -293,9 +378,18 @@ class RenderStage:
         platform = bot.platform
         metrics.SEGMENTS.labels(platform, _segments_outcome(outcome)).inc()
         if outcome.leak_hits:
-            metrics.LEAK_HITS.labels(platform).inc(outcome.leak_hits)
-        if outcome.media_rejected:
-            metrics.MEDIA_REJECTED.labels(platform).inc(outcome.media_rejected)
+            metrics.LEAK_HITS.labels(platform, "reply").inc(outcome.leak_hits)
+        for media in outcome.media:
+            if not media.accepted:
+                reason = rejection_label(media.reason)
+                metrics.MEDIA_REJECTED.labels(platform, reason).inc()
+                log.info(
+                    "reply of %s: %s media (%s) unavailable: %s",
+                    record.conversation_key,
+                    media.segment_type,
+                    media.kind,
+                    reason,
+                )
         if outcome.unknown_mentions:
             metrics.UNKNOWN_MENTIONS.labels(platform).inc(outcome.unknown_mentions)
         if outcome.reason not in (contract.OutcomeReason.OK, contract.OutcomeReason.NO_REPLY):
@@ -307,33 +401,46 @@ class RenderStage:
             await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply")
         elif outcome.segments:
             await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply")
-        await self._turn_over(bot, record, state)
 
-    async def _turn_over(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
-        """The session is idle: clear the turn and let dispatch send what it held meanwhile."""
+    async def _turn_over(
+        self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
+    ) -> None:
+        """The turn is over: once its output is in the broker, write its end (one round trip) and
+        let dispatch send what it held meanwhile. A crash before the end is written replays this
+        idle (egress drops the repeated reply by its id); after it, the marker says whether the
+        flush is still owed."""
         await self.outputs.delivered()
-        held = await self.state.finish_turn(
-            record.conversation_key, None, last_message=None, pending=[], tools={}, interrupted=False
+        held = await self.state.conversations.finish_turn(
+            record.conversation_key,
+            partition,
+            session_id=record.session_id,
+            event_id=record.event_id,
+            turn_id=turn_id,
+            last_message=None,
+            last_message_id=None,
+            pending=[],
+            tools={},
+            interrupted=False,
         )
         if held > 0:
-            chat_id, chat_type = _chat_of(record.conversation_key, state.turn)
-            await self.outputs.session_command(
-                SessionCommand(
-                    kind="flush",
-                    conversation_key=record.conversation_key,
-                    platform=bot.platform,
-                    bot_id=bot.bot_id,
-                    chat_id=chat_id,
-                    chat_type=chat_type,
-                    session_id=record.session_id,
-                    trace_id=stable_id("flush-", record.event_id or record.conversation_key),
-                )
+            await self._flush(record, bot.platform, bot.bot_id, state.turn)
+            await self.outputs.delivered()
+
+    async def _flush(self, record: SessionEventRecord, platform: str, bot_id: str, turn: Any) -> None:
+        """Ask dispatch to send the messages held while the turn ran."""
+        chat_id, chat_type = _chat_of(record.conversation_key, turn)
+        await self.outputs.session_command(
+            SessionCommand(
+                kind="flush",
+                conversation_key=record.conversation_key,
+                platform=platform,
+                bot_id=bot_id,
+                chat_id=chat_id,
+                chat_type=chat_type,
+                session_id=record.session_id,
+                trace_id=stable_id("flush-", record.event_id or record.conversation_key),
             )
-        # Marked handled only once the flush is in the broker: a crash before that replays this
-        # turn end (its reply is dropped by egress as a duplicate) rather than strand held messages.
-        await self.outputs.delivered()
-        if record.event_id:
-            await self.state.set_marker("turnend", record.event_id)
+        )
 
     # -- output helpers ------------------------------------------------------------------------
     async def _notice(
@@ -347,7 +454,7 @@ class RenderStage:
         params: dict[str, str] | None = None,
     ) -> None:
         metrics.NOTICES.labels(bot.platform, notice).inc()
-        text = self.notices.text(bot, notice, **(params or {}))
+        text = self.notifier.text(bot, notice, **(params or {}))
         await self._emit(bot, record, state, kind, [_text(text)], suffix=notice)
 
     async def _emit(
@@ -395,8 +502,22 @@ class RenderStage:
     def _bot(self, conversation: str, state: ConversationState) -> BotConfig | None:
         if state.turn is not None:
             return self.settings.bot(state.turn.platform, state.turn.bot_id)
-        platform, bot_id = conversation.split(":", 2)[:2]
-        return self.settings.bot(platform, bot_id)
+        try:
+            ref = parse_conversation_key(conversation)
+        except ValueError:
+            return None
+        return self.settings.bot(ref.platform, ref.bot_id)
+
+
+_TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
+
+
+def _shortened(text: str, limit: int) -> str:
+    """`text` cut at `limit` characters, but never inside a redaction marker (it is kept whole)."""
+    if len(text) <= limit:
+        return text
+    at = text.find(REDACTION_MARKER, max(0, limit - len(REDACTION_MARKER) + 1), limit + len(REDACTION_MARKER))
+    return text[: at + len(REDACTION_MARKER)] if 0 <= at < limit else text[:limit]
 
 
 def _text(text: str) -> TextSegment:
@@ -407,8 +528,11 @@ def _chat_of(conversation: str, turn: Any) -> tuple[str, Any]:
     if turn is not None:
         return turn.chat_id, turn.chat_type
     # platform:bot:chat[:user] — without turn state (Redis lost) the chat id is still in the key.
-    parts = conversation.split(":")
-    return parts[2] if len(parts) > 2 else "", "group" if len(parts) > 3 else "private"
+    try:
+        ref = parse_conversation_key(conversation)
+    except ValueError:
+        return "", "private"
+    return ref.chat_id, "group" if ref.user_id is not None else "private"
 
 
 def _segments_outcome(outcome: contract.ReplyOutcome) -> str:

@@ -19,14 +19,39 @@ from pipeline.session import SessionClient
 from pipeline.session.exceptions import NotFoundError, SessionAPIError
 from pipeline.session.models import ServerEvent
 from pipeline.session.previews import Preview
-from pipeline.state import InflightStream, StateStore
+from pipeline.state import InflightStream, StreamStore
 
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
 
 # After these a stream is released: the turn is over (or waits on the chat), or the session is gone.
-_TURN_END = frozenset({"session.status_idle", "session.status_terminated", "session.deleted"})
+_TERMINAL = frozenset({"session.status_terminated", "session.deleted"})
+_TURN_END = frozenset({"session.status_idle", *_TERMINAL})
+# What render acts on; the rest of a turn's events (status, spans, usage, thinking, tool results,
+# thread events, the user's own events) stay out of Kafka: ten records per turn become two.
+FORWARDED = frozenset(
+    {
+        "agent.message",
+        "agent.tool_use",
+        "agent.mcp_tool_use",
+        "agent.custom_tool_use",
+        "session.error",
+        *_TURN_END,
+    }
+)
+
+
+def observe_unforwarded(event: ServerEvent) -> None:
+    """Metrics of the events not forwarded: tokens per model request."""
+    if event.type == "span.model_request_end":
+        usage = getattr(event, "model_usage", None)
+        if usage is None:
+            return
+        for kind in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            value = getattr(usage, kind, None)
+            if isinstance(value, int) and value > 0:
+                metrics.TOKENS.labels(kind).inc(value)
 
 
 def raw_event(event: ServerEvent) -> dict[str, Any]:
@@ -51,7 +76,7 @@ class _HeldStream:
 class StreamRegistry:
     def __init__(
         self,
-        state: StateStore,
+        state: StreamStore,
         client: SessionClient,
         outputs: Outputs,
         *,
@@ -128,7 +153,6 @@ class StreamRegistry:
         session_id = stream.session_id
         subscription = self.client.subscribe(session_id, after=stream.cursor, reconnect_max=self.reconnect_max)
         events = subscription.__aiter__()
-        self.outputs.begin()  # the cursor is saved only after the events before it are in the broker
         next_event: asyncio.Future[Any] | None = None
         reconnects = 0
         try:
@@ -148,26 +172,24 @@ class StreamRegistry:
                 if isinstance(event, Preview):
                     continue  # Switchboard shows only validated final replies (S13)
                 held.lingering = False
-                await self._produce(stream, raw_event(event), event.type, event.id)
-                if event.type not in _TURN_END:
+                if event.type not in FORWARDED:
+                    observe_unforwarded(event)
                     continue
-                # The cursor is saved once per turn: a resume replays at most this turn's events,
-                # which render and egress de-duplicate by their ids.
-                ends = event.type != "session.status_idle" or not held.queued_turns
-                await self.outputs.delivered()
-                if event.id:
-                    # Cursor and (when the stream is released) the in-flight entry in one round trip.
-                    await self.state.save_session_cursor(
-                        stream.conversation_key,
-                        session_id,
-                        event.id,
-                        release_partition=held.partition if ends else None,
-                    )
-                elif ends:
+                metrics.STREAM_EVENTS.labels(event.type).inc()
+                terminal = event.type in _TERMINAL
+                if terminal:
+                    self.outputs.begin()  # released below only once the broker has the event
+                await self._produce(stream, raw_event(event), event.type, event.id)
+                if terminal:
+                    await self.outputs.delivered()
                     await self.state.remove_inflight(held.partition, session_id)
+                    held.lingering = True  # released
+                    break  # nothing more will come
                 if event.type != "session.status_idle":
-                    held.lingering = True  # already released above
-                    break  # terminated or deleted: nothing more will come
+                    continue
+                # Render saves the cursor (the idle's id) and releases the in-flight entry once it
+                # has handled the turn's end: a resume replays at most this turn's events, which
+                # render and egress de-duplicate by their ids.
                 if held.queued_turns:
                     held.queued_turns -= 1
                     continue
@@ -215,7 +237,6 @@ class StreamRegistry:
     async def _produce(
         self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None
     ) -> None:
-        metrics.STREAM_EVENTS.labels(event_type).inc()
         await self.outputs.session_event(
             SessionEventRecord(
                 conversation_key=stream.conversation_key,

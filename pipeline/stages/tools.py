@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from pipeline.segments.models import Segment, TextData, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import StateStore, TurnContext
-from pipeline.state.store import PendingAction
+from pipeline.state import ConversationStore, PendingAction, TurnRecord
 
 
 @dataclass
@@ -26,14 +25,14 @@ class ToolResult:
 class ImTools:
     NAMES = ("im_send_message", "im_lookup_member", "im_recent_history")
 
-    def __init__(self, settings: Settings, state: StateStore) -> None:
+    def __init__(self, settings: Settings, conversations: ConversationStore) -> None:
         self.settings = settings
-        self.state = state
+        self.conversations = conversations
 
     def known(self, name: str) -> bool:
         return name in self.NAMES
 
-    async def run(self, bot: BotConfig, conversation: str, turn: TurnContext | None, call: PendingAction) -> ToolResult:
+    async def run(self, bot: BotConfig, conversation: str, turn: TurnRecord | None, call: PendingAction) -> ToolResult:
         if call.name == "im_send_message":
             text = call.input.get("text")
             if not isinstance(text, str) or not text.strip():
@@ -43,11 +42,13 @@ class ImTools:
             name = str(call.input.get("name") or "").strip().lower()
             if not name:
                 return ToolResult("im_lookup_member needs `name`", is_error=True)
-            window = await self.state.context(conversation, self.settings.group_context_size)
+            window = await self.conversations.context(conversation, self.settings.group_context_size)
             matches = {e.user_id: e.name for e in window if name in e.name.lower()}
             if turn is not None and matches:
                 known = list(dict.fromkeys([*turn.known_ids, *matches]))
-                await self.state.update_conversation(conversation, turn=turn.model_copy(update={"known_ids": known}))
+                await self.conversations.update_conversation(
+                    conversation, turn=turn.model_copy(update={"known_ids": known})
+                )
             return ToolResult(json.dumps([{"user_id": k, "name": v} for k, v in matches.items()], ensure_ascii=False))
         if call.name == "im_recent_history":
             limit = call.input.get("limit")
@@ -56,7 +57,7 @@ class ImTools:
                 if isinstance(limit, int) and limit > 0
                 else (self.settings.group_context_size)
             )
-            window = await self.state.context(conversation, size)
+            window = await self.conversations.context(conversation, size)
             return ToolResult(
                 json.dumps([{"user_id": e.user_id, "name": e.name, "text": e.text} for e in window], ensure_ascii=False)
             )

@@ -1,29 +1,87 @@
-"""Shared state in Redis: conversation ↔ session, turn state, held messages, streams in flight,
-de-duplication markers, the group-context window, the console's chats. All keys live under one
-prefix."""
+"""Shared state in Redis, one store per concern, all keys under one prefix (`keys.Keys`):
+
+- `conversations`: conversation ↔ session, turn state, the turns sent to a session, held
+  messages, the group-context window;
+- `markers`: de-duplication markers and ingest's batch admission;
+- `streams`: the streams in flight per partition;
+- `deliveries`: delivered outbound messages and the shared rate windows;
+- `console`: the console's chats.
+
+The hot steps are one Lua script each (`scripts/*.lua`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
 
 from pipeline.state.console import ConsoleStore, LiveMessage, message_seq
+from pipeline.state.conversations import ConversationStore, TurnMode
+from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
-from pipeline.state.store import (
+from pipeline.state.keys import Keys
+from pipeline.state.markers import MarkerStore
+from pipeline.state.models import (
     AdmissionResult,
     ContextEntry,
     ConversationState,
     InboundAdmission,
     InflightStream,
-    StateStore,
-    TurnContext,
+    PendingAction,
+    TurnEnd,
+    TurnRecord,
+    TurnStart,
 )
+from pipeline.state.streams import StreamStore
+
+
+@dataclass(frozen=True)
+class State:
+    """Every store, over one Redis client and key prefix."""
+
+    keys: Keys
+    conversations: ConversationStore
+    markers: MarkerStore
+    streams: StreamStore
+    deliveries: DeliveryStore
+    console: ConsoleStore
+
+    @classmethod
+    def open(cls, redis: Redis, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> State:
+        keys = Keys(prefix)
+        ttls = {"mapping_ttl": mapping_ttl, "dedup_ttl": dedup_ttl}
+        return cls(
+            keys=keys,
+            conversations=ConversationStore(redis, keys, **ttls),
+            markers=MarkerStore(redis, keys, **ttls),
+            streams=StreamStore(redis, keys),
+            deliveries=DeliveryStore(redis, keys, dedup_ttl=dedup_ttl),
+            console=ConsoleStore(redis, keys, **ttls),
+        )
+
 
 __all__ = [
     "AdmissionResult",
+    "Claim",
     "ConsoleStore",
     "ContextEntry",
     "ConversationState",
+    "ConversationStore",
+    "DeliveryStore",
     "InboundAdmission",
     "InflightStream",
+    "Keys",
     "LiveMessage",
+    "MarkerStore",
+    "PendingAction",
+    "RateWindow",
+    "State",
     "StateError",
-    "StateStore",
-    "TurnContext",
+    "StreamStore",
+    "TurnEnd",
+    "TurnMode",
+    "TurnRecord",
+    "TurnStart",
     "message_seq",
 ]

@@ -18,6 +18,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from . import scripts
+from ._codec import text
+from .keys import Keys
+
 # How many messages a console chat keeps.
 CHAT_CAP = 500
 
@@ -56,19 +60,19 @@ class ConsoleStore:
     side reads and subscribes through a client of its own, so viewers never take the pipeline's
     connections."""
 
-    def __init__(self, redis: Redis, prefix: str = "sb:", *, ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> None:
+    def __init__(self, redis: Redis, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
         self.redis = redis
-        self.prefix = prefix
-        self.ttl = ttl
+        self.keys = keys
+        self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
-        self._append = redis.register_script(_APPEND)
+        self._append = scripts.script(redis, "append_console")
 
     @property
     def channel(self) -> str:
-        return f"{self.prefix}console-live"
+        return f"{self.keys.prefix}console-live"
 
     def _chat_key(self, kind: str, bot_id: str, chat_id: str) -> str:
-        return f"{self.prefix}{kind}:{bot_id}:{chat_id}"
+        return self.keys.of(kind, f"{bot_id}:{chat_id}")
 
     async def append(self, bot_id: str, chat_id: str, message: dict[str, Any], *, message_id: str | None = None) -> int:
         """Append a message (a JSON object) to a console chat and publish it. With `message_id`, at
@@ -77,7 +81,7 @@ class ConsoleStore:
         payload = json.dumps({k: v for k, v in message.items() if k != "seq"}, ensure_ascii=False)
         if payload == "{}":
             raise ValueError("a console message is a non-empty JSON object")
-        posted = f"{self.prefix}console-posted:{message_id}" if message_id else ""
+        posted = self.keys.of("console-posted", message_id) if message_id else ""
         seq = await self._append(
             keys=[
                 self._chat_key("console", bot_id, chat_id),
@@ -85,27 +89,11 @@ class ConsoleStore:
                 self.channel,
                 posted,
             ],
-            args=[payload, CHAT_CAP, self.ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
+            args=[payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
         )
         return int(seq)
 
     async def messages(self, bot_id: str, chat_id: str) -> list[str]:
         """The chat's messages, oldest first, as stored (JSON objects with their `seq`)."""
         raw = await self.redis.lrange(self._chat_key("console", bot_id, chat_id), 0, -1)
-        return [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
-
-
-# KEYS: the chat's list, its sequence counter, the live channel, the posted marker ('' for none).
-# ARGV: the message (a JSON object), cap, list TTL, marker TTL, the header's `[bot, chat]` as JSON.
-# The sequence number goes first into the object (`{"seq":N,` + the rest of it).
-_APPEND = """
-if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[4]) then return 0 end
-local seq = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-local message = '{"seq":' .. seq .. ',' .. string.sub(ARGV[1], 2)
-redis.call('RPUSH', KEYS[1], message)
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', KEYS[3], string.sub(ARGV[5], 1, -2) .. ',' .. seq .. ']\\n' .. message)
-return seq
-"""
+        return [text(v) or "" for v in raw]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from pipeline.errors import ConfigurationError
 from pipeline.settings import Settings
 
 
@@ -16,29 +17,38 @@ def is_loopback(host: str) -> bool:
         return False  # a host name (or "", all interfaces): reachable from elsewhere
 
 
-def check_worker_settings(settings: Settings) -> None:
-    """Refuse what a worker must not run with: nothing to serve, a console bot while the console is
-    off, or a console anyone who reaches the port could read. ValueError says how to fix it."""
+def worker_problems(settings: Settings) -> list[str]:
+    """What a worker must not run with: nothing to serve, a console bot while the console is off,
+    or a console anyone who reaches the port could read. Each says how to fix it."""
+    problems = []
     console_bots = [b for b in settings.bots if b.platform == "console"]
     if not settings.bots:
-        raise ValueError(
+        problems.append(
             "no bots are configured: list them as [[bots]] in the TOML file named by SWITCHBOARD_CONFIG "
             "(see deploy/switchboard.toml), or try the development console with SWITCHBOARD_CONSOLE_ENABLED=true"
         )
     if console_bots and not settings.console_enabled:
         names = ", ".join(b.bot_id for b in console_bots)
-        raise ValueError(
+        problems.append(
             f"console bot(s) {names} are configured but the console is off: "
             "set SWITCHBOARD_CONSOLE_ENABLED=true, or remove them from the SWITCHBOARD_CONFIG file"
         )
     open_bots = [b.bot_id for b in console_bots if b.secret("token") is None]
     if settings.console_enabled and open_bots and not is_loopback(settings.web_host):
-        raise ValueError(
+        problems.append(
             f"the console is enabled on {settings.web_host or 'every interface'}:{settings.web_port} and "
             f"console bot(s) {', '.join(open_bots)} have no token, so anyone who reaches the port could "
             "read and write their chats. Set SWITCHBOARD_CONSOLE_TOKEN (the demo bot) or credentials.token "
             "of each console bot, or SWITCHBOARD_WEB_HOST=127.0.0.1, or SWITCHBOARD_CONSOLE_ENABLED=false"
         )
+    return problems
+
+
+def check_worker_settings(settings: Settings) -> None:
+    """`worker_problems` as a ConfigurationError (for code that starts a worker's web server)."""
+    problems = worker_problems(settings)
+    if problems:
+        raise ConfigurationError("; ".join(problems))
 
 
 def metrics_open(settings: Settings) -> bool:
@@ -47,37 +57,12 @@ def metrics_open(settings: Settings) -> bool:
     return settings.metrics_token is None and is_loopback(settings.web_host)
 
 
-def open_webhooks(settings: Settings) -> list[str]:
-    """Bots whose webhooks anyone can post to: their platform checks nothing without a secret
-    (Telegram without `webhook_secret`, OneBot without `secret`, a console bot without `token`)."""
-    from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
-
-    unsigned = WebhookRequest(headers={}, body=b"{}", query={})
-    found = []
-    for bot in settings.bots:
-        try:
-            get_platform(bot.platform).verify(bot, unsigned)
-        except WebhookRejected:
-            continue
-        found.append(f"{bot.platform}/{bot.bot_id}")
-    return found
-
-
 def exposure_warnings(settings: Settings) -> list[str]:
-    """What a worker beyond loopback should be told at start-up (allowed, but worth knowing)."""
-    if is_loopback(settings.web_host):
+    """What a worker beyond loopback should be told at start-up (allowed, but worth knowing). Open
+    webhooks are each platform's own start-up warnings (`Platform.startup_warnings`)."""
+    if is_loopback(settings.web_host) or settings.metrics_token is not None:
         return []
-    where = f"{settings.web_host or 'every interface'}:{settings.web_port}"
-    warnings = []
-    if settings.metrics_token is None:
-        warnings.append(
-            f"/metrics on {where} refuses every request: set SWITCHBOARD_METRICS_TOKEN (and the same bearer "
-            "token in the Prometheus scrape config)"
-        )
-    unchecked = open_webhooks(settings)
-    if unchecked:
-        warnings.append(
-            f"webhooks of {', '.join(unchecked)} on {where} are not authenticated: anyone can post messages "
-            "as any user (set the platform's secret in the bot's credentials)"
-        )
-    return warnings
+    return [
+        f"/metrics on {settings.web_host or 'every interface'}:{settings.web_port} refuses every request: "
+        "set SWITCHBOARD_METRICS_TOKEN (and the same bearer token in the Prometheus scrape config)"
+    ]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -22,10 +24,10 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.console import bearer_ok
-from pipeline.records import now_ms
+from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import ConsoleStore
+from pipeline.state import ConsoleStore, Keys
 from pipeline.topics import IM_INBOUND
 
 from ._console import add_console_routes
@@ -37,6 +39,9 @@ from ._hub import ConsoleHub
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
+# Which process answers /healthz: `switchboard up` gives each worker it starts an id and checks it,
+# so it never mistakes another program on the port for its own worker.
+INSTANCE_ID = os.environ.get("SWITCHBOARD_INSTANCE_ID") or uuid.uuid4().hex
 MAX_WEBHOOK_BYTES = 1024 * 1024
 # What a dead letter keeps of a webhook body it could not parse: the start of it, and its digest.
 DEAD_LETTER_EXCERPT_CHARS = 1000
@@ -91,7 +96,10 @@ class WebServer:
                 client_name="switchboard-console",
             )
             store = ConsoleStore(
-                Redis(connection_pool=pool), s.redis_prefix, ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+                Redis(connection_pool=pool),
+                Keys(s.redis_prefix),
+                mapping_ttl=s.mapping_ttl_seconds,
+                dedup_ttl=s.dedup_ttl_seconds,
             )
             hub = ConsoleHub(store, s.console_max_viewers)
             await hub.start()
@@ -174,17 +182,23 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     if result.messages:
         # Shielded: a client that hangs up does not cut the produce short (it retries, and ingest
         # drops the duplicate).
-        await asyncio.shield(
-            asyncio.gather(
-                *(deps.produce(IM_INBOUND, m.conversation_key, m.model_dump_json().encode()) for m in result.messages)
-            )
-        )
+        await asyncio.shield(_produce(deps, result.messages))
         metrics.INBOUND_ACCEPTED.labels(platform_name).inc(len(result.messages))
         metrics.WEBHOOKS.labels(platform_name, "accepted").inc()
     else:
         metrics.WEBHOOKS.labels(platform_name, result.ignored or "ignored").inc()
     body_out = result.body if result.body is not None else {}
     return web.json_response(body_out, status=result.status)
+
+
+async def _produce(deps: WebDeps, messages: list[InboundMessage]) -> None:
+    if len(messages) == 1:  # nearly always: no gather (its tasks cost more than the send)
+        (message,) = messages
+        await deps.produce(IM_INBOUND, message.conversation_key, message.model_dump_json().encode())
+        return
+    await asyncio.gather(
+        *(deps.produce(IM_INBOUND, m.conversation_key, m.model_dump_json().encode()) for m in messages)
+    )
 
 
 async def _dead_letter(deps: WebDeps, reason: str, body: bytes, error: str, key: str) -> None:
@@ -220,7 +234,7 @@ async def metrics_view(request: web.Request) -> web.Response:
 
 
 async def healthz(_: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", "instance": INSTANCE_ID})
 
 
 async def readyz(request: web.Request) -> web.Response:

@@ -1,23 +1,48 @@
-"""The `switchboard` command: topics apply/check against a real broker, fail-fast settings."""
+"""The `switchboard` command: help, topics apply/check, and settings problems reported before
+anything starts (each naming the variable or the bots-file entry, all of them at once)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import argparse
+from pathlib import Path
 
-from pipeline.embedded import TansuBroker
+import pytest
+
+from pipeline.cli import build_parser
+from pipeline.embedded import RedisServer, TansuBroker, free_port
+from tests.cli.support import run, worker_env
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def test_no_arguments_prints_help() -> None:
+    result = run()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: switchboard")
+    for command in ("up", "worker", "sim", "topics", "bench"):
+        assert f"    {command} " in result.stdout, f"{command} missing from:\n{result.stdout}"
+
+
+def test_every_option_and_argument_has_help() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    undocumented = [
+        f"{name} {action.dest}"
+        for name, sub in subparsers.choices.items()
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
+    assert not undocumented
+    assert all(choice.help for choice in subparsers._choices_actions), "every command has a one-line help"
+
+
+def test_command_help_explains_the_options() -> None:
+    up = run("up", "--help").stdout
+    assert "--web-port PORT" in up and "SWITCHBOARD_WEB_PORT" in up
+    worker = run("worker", "--help").stdout
+    assert "--stages" in worker and "ingest,dispatch,render,egress" in worker
+    topics = run("topics", "--help").stdout
+    for action, words in (("apply", "create missing topics"), ("check", "drift"), ("schemas", "JSON Schemas")):
+        line = next(line for line in topics.splitlines() if line.strip().startswith(action + "  "))
+        assert words in line, line
 
 
 def test_topics_check_reports_drift_until_apply(tansu_broker: TansuBroker) -> None:
@@ -32,22 +57,176 @@ def test_topics_check_reports_drift_until_apply(tansu_broker: TansuBroker) -> No
     assert "no drift" in after.stdout
 
 
-def test_bad_setting_fails_fast_naming_the_field() -> None:
+def test_bad_setting_is_named_by_its_variable() -> None:
     result = run("worker", env={"SWITCHBOARD_PARTITIONS": "0", "SWITCHBOARD_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
     assert result.returncode == 2
-    assert "partitions" in result.stderr and "greater than or equal to 1" in result.stderr
+    assert "SWITCHBOARD_PARTITIONS=0: Input should be greater than or equal to 1" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
-def test_worker_without_a_broker_setting_says_what_is_missing() -> None:
-    result = run("worker", env={"SWITCHBOARD_REDIS_URL": "redis://127.0.0.1:1/0"})
+def test_secret_values_are_not_echoed() -> None:
+    result = run("worker", env={"SWITCHBOARD_SESSION_API_KEY": "k" * 20, "SWITCHBOARD_SESSION_PROFILE": "nope"})
     assert result.returncode == 2
-    assert "SWITCHBOARD_KAFKA_BOOTSTRAP" in result.stderr
+    assert "SWITCHBOARD_SESSION_PROFILE=nope" in result.stderr
+    assert "k" * 20 not in result.stderr
 
 
-def test_bad_bot_file_fails_fast(tmp_path: os.PathLike[str]) -> None:
-    config = os.path.join(tmp_path, "bots.toml")
-    with open(config, "w") as handle:
-        handle.write('[[bots]]\nplatform = "console"\nbot_id = "has space"\n')
-    result = run("worker", env={"SWITCHBOARD_CONFIG": config, "SWITCHBOARD_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+def test_worker_with_nothing_set_lists_every_missing_variable() -> None:
+    result = run("worker")
     assert result.returncode == 2
-    assert "bot_id" in result.stderr
+    for name in (
+        "SWITCHBOARD_KAFKA_BOOTSTRAP",
+        "SWITCHBOARD_REDIS_URL",
+        "SWITCHBOARD_SESSION_BASE_URL",
+        "SWITCHBOARD_SESSION_API_KEY",
+    ):
+        assert f"{name} is not set" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_provisioner_credentials_are_required_up_front() -> None:
+    result = run("worker", env={"SWITCHBOARD_SESSION_PROVISIONER": "ark-openapi"})
+    assert result.returncode == 2
+    assert "SWITCHBOARD_ARK_ACCESS_KEY is not set" in result.stderr
+    assert "SWITCHBOARD_ARK_SECRET_KEY is not set" in result.stderr
+
+
+def test_topics_needs_only_the_bootstrap() -> None:
+    result = run("topics", "apply")
+    assert result.returncode == 2
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  ")]
+    assert problems == [
+        "  SWITCHBOARD_KAFKA_BOOTSTRAP is not set (the Kafka bootstrap servers, e.g. kafka-1:9092,kafka-2:9092)"
+    ]
+
+
+BAD_BOTS = """
+[[bots]]
+platform = "console"
+bot_id = "demo"
+
+[[bots]]
+platform = "whatsapp"
+bot_id = "wa"
+
+[[bots]]
+platform = "slack"
+bot_id = "support"
+credentials = { bot_token = "xoxb-1" }
+
+[[bots]]
+platform = "telegram"
+bot_id = "has space"
+credentials = { webhook_secret = "s" }
+
+[[bots]]
+platform = "lark"
+bot_id = "lk"
+credentials = { app_id = "cli_1", app_secret = "" }
+"""
+
+EXPECTED_BOT_PROBLEMS = [
+    "bots[1].platform: unknown platform 'whatsapp'; known: console, lark, onebot, slack, telegram",
+    "bots[2].credentials.signing_secret: required for slack (bot 'support')",
+    "bots[3].bot_id: String should match pattern",
+    "bots[3].credentials.token: required for telegram (bot 'has space')",
+    "bots[4].credentials.app_secret: required for lark (bot 'lk')",
+    "bots[4].credentials: verification_token or encrypt_key is required for lark (bot 'lk')",
+]
+
+
+@pytest.mark.parametrize("command", ["up", "worker"])
+def test_bad_bots_file_lists_every_problem_before_anything_starts(command: str, tmp_path: Path) -> None:
+    config = tmp_path / "bots.toml"
+    config.write_text(BAD_BOTS)
+    env = {"SWITCHBOARD_CONFIG": str(config)}
+    if command == "worker":
+        env |= worker_env("127.0.0.1:1", "redis://127.0.0.1:1/0", free_port())
+    result = run(command, "--run-dir", str(tmp_path / "run"), env=env) if command == "up" else run(command, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    problems = [line.strip() for line in result.stderr.splitlines()[1:]]
+    assert len(problems) == len(EXPECTED_BOT_PROBLEMS), result.stderr
+    for line, expected in zip(problems, EXPECTED_BOT_PROBLEMS, strict=True):
+        assert line.startswith(f"{config}: {expected}"), (line, expected)
+    assert "starting" not in result.stdout
+    assert not (tmp_path / "run").exists(), "nothing may start"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('[[bots]]\nplatform = "console"\nbot_id = "a"\n' * 2, ": bot console/a is configured twice"),
+        ("[[bots]\n", ": Expected ']]' at the end of an array declaration"),  # not TOML
+    ],
+    ids=["duplicate-bot", "not-toml"],
+)
+def test_whole_file_problems_name_the_file(content: str, expected: str, tmp_path: Path) -> None:
+    config = tmp_path / "bots.toml"
+    config.write_text(content)
+    result = run("up", env={"SWITCHBOARD_CONFIG": str(config)})
+    assert result.returncode == 2
+    assert f"SWITCHBOARD_CONFIG={config}{expected}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _one_line(result: object) -> str:
+    stderr: str = result.stderr  # type: ignore[attr-defined]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_unreachable_kafka_is_one_line(redis_server: RedisServer) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    result = run("worker", env=worker_env(dead, redis_server.url, free_port()))
+    assert result.returncode == 1
+    line = _one_line(result)
+    assert line.startswith(f"switchboard: cannot reach Kafka at {dead} (SWITCHBOARD_KAFKA_BOOTSTRAP)"), line
+
+
+def test_unresolvable_kafka_is_one_line(redis_server: RedisServer) -> None:
+    result = run("worker", env=worker_env("kafka.invalid:9092", redis_server.url, free_port()))
+    assert result.returncode == 1
+    assert "cannot resolve kafka.invalid" in _one_line(result)
+
+
+def test_topics_with_unreachable_kafka_is_one_line() -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    result = run("topics", "apply", env={"SWITCHBOARD_KAFKA_BOOTSTRAP": dead})
+    assert result.returncode == 1
+    assert "SWITCHBOARD_KAFKA_BOOTSTRAP" in _one_line(result)
+
+
+def test_unreachable_redis_is_one_line_without_its_password(tansu_broker: TansuBroker) -> None:
+    port = free_port()
+    url = f"redis://:hunter2-not-shown@127.0.0.1:{port}/0"
+    result = run("worker", env=worker_env(tansu_broker.bootstrap, url, free_port()))
+    assert result.returncode == 1
+    line = _one_line(result)
+    assert line.startswith(f"switchboard: cannot reach Redis at 127.0.0.1:{port}/0 (SWITCHBOARD_REDIS_URL)"), line
+    assert "hunter2" not in line
+
+
+def test_redis_refusing_the_password_is_one_line(tansu_broker: TansuBroker, redis_server: RedisServer) -> None:
+    url = f"redis://someone:wrong-password@127.0.0.1:{redis_server.port}/0"  # no such user on the test server
+    result = run("worker", env=worker_env(tansu_broker.bootstrap, url, free_port()))
+    assert result.returncode == 1
+    line = _one_line(result)
+    assert "(SWITCHBOARD_REDIS_URL) refused the connection" in line and "wrong-password" not in line
+
+
+def test_up_checks_a_given_kafka_before_starting_anything(tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    env = {"SWITCHBOARD_KAFKA_BOOTSTRAP": dead}
+    result = run("up", "--web-port", str(free_port()), "--run-dir", str(tmp_path / "run"), env=env)
+    assert result.returncode == 1
+    assert "SWITCHBOARD_KAFKA_BOOTSTRAP" in _one_line(result)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_stage_or_platform_is_named() -> None:
+    result = run("worker", "--stages", "ingest,rendr", "--platforms", "whatsapp")
+    assert result.returncode == 2
+    assert "--stages: unknown stage 'rendr'" in result.stderr
+    assert "--platforms: unknown platform 'whatsapp'" in result.stderr

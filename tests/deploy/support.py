@@ -42,13 +42,13 @@ class Metric:
 
     @property
     def series(self) -> set[str]:
-        """Sample names Prometheus stores for this metric."""
+        """Sample names Prometheus stores for this metric (no `_created`: pipeline/metrics.py disables it)."""
         if self.type == "counter":
-            return {self.name, self.name.removesuffix("_total") + "_created"}
+            return {self.name}
         if self.type == "histogram":
-            return {f"{self.name}_{s}" for s in ("bucket", "sum", "count", "created")}
+            return {f"{self.name}_{s}" for s in ("bucket", "sum", "count")}
         if self.type == "summary":
-            return {self.name, *(f"{self.name}_{s}" for s in ("sum", "count", "created"))}
+            return {self.name, *(f"{self.name}_{s}" for s in ("sum", "count"))}
         if self.type == "info":
             return {self.name + "_info"}
         return {self.name}

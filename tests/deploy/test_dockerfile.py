@@ -105,11 +105,13 @@ def test_env_and_port(final: list[Instruction]) -> None:
     assert any(w == "RUN" and "install -d -o" in a and "/app" in a for w, a in final)
 
 
-def test_topic_catalogue_ships_with_the_package() -> None:
-    """pipeline/topics.py reads `<package>/../topics`; the image must put topics/ there."""
+def test_topic_catalogue_ships_with_the_package(final: list[Instruction]) -> None:
+    """The catalogue is package data (pipeline/topics/): the image installs the package and nothing
+    beside it, and checks at build time that the installed package can read it."""
     build = stages()[0]
-    assert any(w == "COPY" and a.split()[0] == "topics" for w, a in build)
-    assert any(w == "RUN" and "cp -r topics" in a and "purelib" in a for w, a in build)
+    assert not any(w == "COPY" and a.split()[0] == "topics" for w, a in build), "topics/ is package data now"
+    assert any(w == "RUN" and "pip install" in a and "cp " not in a for w, a in build)
+    assert any(w == "RUN" and "from pipeline.topics import declarations" in a for w, a in final)
 
 
 def test_entrypoint_is_the_cli(final: list[Instruction]) -> None:

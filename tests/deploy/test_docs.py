@@ -47,3 +47,17 @@ def test_table_types_and_labels_match() -> None:
 
 def test_table_follows_the_catalogue_order() -> None:
     assert list(metric_rows()) == list(catalogue())
+
+
+def test_no_created_series_are_exposed() -> None:
+    """docs/operations.md says `*_created` series are off: the exposition must agree."""
+    from prometheus_client import generate_latest
+
+    from pipeline import metrics
+
+    metrics.WEBHOOKS.labels("console", "accepted").inc(0)
+    metrics.END_TO_END.labels("console").observe(0.0)
+    exposed = generate_latest().decode()
+    assert "switchboard_webhooks_total{" in exposed and "switchboard_end_to_end_seconds_count{" in exposed
+    names = {line.split("{")[0].split(" ")[0] for line in exposed.splitlines() if not line.startswith("#")}
+    assert not [name for name in names if name.endswith("_created")]

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.settings import Settings
-from pipeline.web import check_worker_settings, is_loopback, open_webhooks
+from pipeline.web import is_loopback, worker_problems
 from tests.deploy.support import COMPOSE_FILE, DEPLOY, K8S, PROMETHEUS_CONFIG, ROOT, load_yaml, load_yaml_all
 from tests.deploy.test_compose import bind_mounts, dockerfile_env, env_of, services, workers
 
@@ -91,11 +92,20 @@ def k8s_worker_settings(tmp_path: Path) -> Settings:
 
 def refusal(settings: Settings) -> str | None:
     """Why a worker with these settings refuses to start (None: it starts)."""
-    try:
-        check_worker_settings(settings)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return "; ".join(worker_problems(settings)) or None
+
+
+def open_webhooks(settings: Settings) -> list[str]:
+    """Bots whose webhooks take a request that carries no signature, secret or token at all."""
+    unsigned = WebhookRequest(headers={}, body=b"{}", query={})
+    found = []
+    for bot in settings.bots:
+        try:
+            get_platform(bot.platform).verify(bot, unsigned)
+        except WebhookRejected:
+            continue
+        found.append(f"{bot.platform}/{bot.bot_id}")
+    return found
 
 
 def assert_nothing_open(settings: Settings) -> None:

@@ -8,7 +8,15 @@ import time
 
 import pytest
 
-from pipeline.embedded import ManagedProcess, RedisServer, ServiceStartError, TansuBroker, port_open
+from pipeline.embedded import (
+    ManagedProcess,
+    PortInUseError,
+    RedisServer,
+    ServiceStartError,
+    TansuBroker,
+    free_port,
+    port_open,
+)
 
 
 class _Stubborn(ManagedProcess):
@@ -79,11 +87,54 @@ async def test_lost_port_race_is_retried(cls, listening):
             svc.cleanup()
 
 
-async def test_explicit_port_in_use_fails_fast():
+@pytest.mark.parametrize("listening", [True, False], ids=["listening", "bound-only"])
+async def test_explicit_port_in_use_is_a_port_in_use_error(listening):
+    """A port given by the caller is not replaced: taken, it is a PortInUseError naming it, whether
+    seen before spawning (``listening``) or from the service's own log line (``bound-only``)."""
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
-        squatter.listen()
-        svc = RedisServer(port=squatter.getsockname()[1])
-        with pytest.raises(ServiceStartError):
+        if listening:
+            squatter.listen()
+        port = squatter.getsockname()[1]
+        svc = RedisServer(port=port)
+        with pytest.raises(PortInUseError) as caught:
             await svc.start()
+        assert (caught.value.service, caught.value.host, caught.value.port) == ("redis", "127.0.0.1", port)
+        assert not svc.is_running
         svc.cleanup()
+
+
+class _LowercaseBinder(ManagedProcess):
+    """Fails the way aiohttp (the worker's web server) reports a taken port: lower case."""
+
+    name = "binder"
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self.port = port
+        self._port_is_ours = False
+
+    def _ports(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.port)]
+
+    def _command(self) -> list[str]:
+        message = f"OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', {self.port}): "
+        return [sys.executable, "-c", f"import sys; print({message + 'address already in use'!r}); sys.exit(1)"]
+
+    async def _probe(self) -> bool:
+        return False
+
+
+async def test_port_in_use_markers_ignore_case():
+    svc = _LowercaseBinder(free_port())
+    with pytest.raises(PortInUseError):
+        await svc.start()
+    svc.cleanup()
+
+
+async def test_exit_code_of_a_dead_service():
+    svc = _Crasher()
+    with pytest.raises(ServiceStartError):
+        await svc.start()
+    assert svc.exit_code == 3
+    svc.cleanup()

@@ -3,7 +3,9 @@ Slack Web API), served from a background thread with its own event loop, so a wh
 in other processes can call them while the tests (each on its own loop) read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
-`errors` (the test asserts there are none) and answered with a 400 in the platform's own format.
+`errors` (the test asserts there are none) and answered with a 400 in the platform's own format. The
+OneBot checker refuses any `file` field that is not `base64://` bytes or a OneBot file id (a scheme,
+a path or a URL would be read or fetched by the implementation itself).
 Per chat, a test can script answers (a 429 once, a permanent error every time) before the checker.
 """
 

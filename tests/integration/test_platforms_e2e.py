@@ -559,3 +559,55 @@ async def test_media_reply_is_uploaded(stack: Stack, standins: StandIns) -> None
     assert standins.slack_uploads[file_id] == [PNG]
     assert completed[0].seen.json["thread_ts"] == slack_payload["event"]["ts"]
     await standins.settle()
+
+
+async def test_onebot_never_gets_a_path_a_scheme_or_an_agent_chosen_url(stack: Stack, standins: StandIns) -> None:
+    """An agent reply naming local files and internal URLs in every media kind: the OneBot stand-in
+    (whose checker accepts only `base64://` bytes or OneBot-shaped file ids in a `file` field) gets the
+    notice in their place and the bytes of the one real image; the internal address is never asked."""
+    internal = f"{standins.url('telegram')}/internal/x.png"  # loopback: the guard refuses it
+    hostile = [
+        {"kind": "file", "value": "file:///etc/shadow"},
+        {"kind": "file", "value": "/etc/shadow"},
+        {"kind": "file", "value": "../../napcat/config/onebot11.json"},
+        {"kind": "url", "value": "file:///etc/passwd"},
+        {"kind": "url", "value": internal},
+        {"kind": "url", "value": "http://169.254.169.254/latest/meta-data/"},
+        {"kind": "path", "value": "/etc/passwd"},
+    ]
+    segments = [{"type": "image", "data": {"media": media}} for media in hostile]
+    segments.append({"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}})
+    reply = json.dumps({"segments": segments}, separators=(",", ":"))
+    request, chat, _ = ob_private(_n(), f"files please [sim:reply={reply}]")
+    assert (await post(stack, "onebot", request)).status_code == 200
+    [call] = await standins.wait_for("onebot", chat)
+    message = call.seen.json["message"]
+    body = call.seen.body.decode()
+    for media in hostile:
+        assert media["value"] not in body
+    assert "/etc/" not in body and "169.254" not in body and "internal" not in body
+    texts = [s["data"]["text"] for s in message if s["type"] == "text"]
+    assert "".join(texts).split() == ["[attachment", "unavailable]"] * len(hostile)
+    [image] = [s for s in message if s["type"] == "image"]
+    assert base64.b64decode(image["data"]["file"].removeprefix("base64://")) == PNG
+    assert not [c for c in standins.all_calls() if c.path.startswith("/internal")]
+    await standins.settle()
+
+
+async def test_another_bots_secret_is_cut_from_a_reply_in_any_form(stack: Stack, standins: StandIns) -> None:
+    """The Telegram bot's webhook secret, in an OneBot bot's reply: fullwidth in one segment, split
+    across two segments with a zero-width space in the other."""
+    secret = "s3cret-token"  # the Telegram bot's `webhook_secret` in this stack
+    fullwidth = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in secret)
+    segments = [
+        {"type": "text", "data": {"text": f"first {fullwidth}."}},
+        {"type": "text", "data": {"text": f" then {secret[:5]}"}},
+        {"type": "markdown", "data": {"content": f"**{secret[5:7]}\u200b{secret[7:]}** end"}},
+    ]
+    reply = json.dumps({"segments": segments}, separators=(",", ":"), ensure_ascii=False)
+    request, chat, _ = ob_private(_n(), f"tell me [sim:reply={reply}]")
+    assert (await post(stack, "onebot", request)).status_code == 200
+    [call] = await standins.wait_for("onebot", chat)
+    shown = reply_text(call)
+    assert shown == "first [redacted]. then [redacted][redacted]** end"  # each piece of the split one cut
+    await standins.settle()

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
+from prometheus_client import REGISTRY
 
+from pipeline.segments import MediaChecker, MediaSettings, SafeFetcher
 from pipeline.segments.models import Media
 
 
@@ -139,3 +141,63 @@ async def load_media(media: Media) -> tuple[bytes, str]:
 
 async def broken_loader(media: Media) -> tuple[bytes, str]:
     raise OSError("unreadable")
+
+
+PDF = b"%PDF-1.4 test\n"
+
+
+@dataclass
+class MediaServer:
+    """A web server on loopback with a PNG and a PDF; `requests` counts what it served."""
+
+    url: str = ""
+    requests: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+async def media_server() -> AsyncIterator[MediaServer]:
+    state = MediaServer()
+
+    async def serve(request: web.Request) -> web.Response:
+        state.requests.append(request.path)
+        body = {"/a.png": PNG, "/r.pdf": PDF}.get(request.path)
+        return web.Response(body=body) if body is not None else web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/{name}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def guarded_loader(tmp_path: Path) -> AsyncIterator[MediaChecker]:
+    """The media loader egress uses (`MediaChecker.load`): the SSRF-guarded fetcher (loopback allowed,
+    for the media server above) and paths inside `tmp_path` only."""
+    checker = MediaChecker(MediaSettings(media_root=tmp_path), SafeFetcher(allow_loopback_for_tests=True))
+    try:
+        yield checker
+    finally:
+        await checker.aclose()
+
+
+@pytest.fixture
+async def strict_loader() -> AsyncIterator[MediaChecker]:
+    """The production loader's defaults: no loopback, no media root (no `path` media at all)."""
+    checker = MediaChecker(MediaSettings(), SafeFetcher())
+    try:
+        yield checker
+    finally:
+        await checker.aclose()
+
+
+def rejected_count(platform: str, reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value("switchboard_media_rejected_total", {"platform": platform, "reason": reason}) or 0.0
+    )

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -22,10 +23,14 @@ from lark_oapi.core.utils.decryptor import AESCipher
 from pipeline.platforms import WebhookRejected, WebhookRequest
 from pipeline.platforms.lark import LarkPlatform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
+from pipeline.segments.prompt import turn_context_object
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks
 
-from .conftest import PNG, FakeApi, Seen, broken_loader, load_media
+from .conftest import PNG, FakeApi, Seen, broken_loader, load_media, rejected_count
 
 APP_ID, APP_SECRET = "cli_a1b2c3d4e5", "app-secret-xyz"
 VERIFY_TOKEN, ENCRYPT_KEY = "v-token-123", "e-key-456"
@@ -113,12 +118,17 @@ def encrypt(plaintext: str, key: str = ENCRYPT_KEY) -> str:
 
 
 def encrypted_request(
-    event: dict[str, Any], *, key: str = ENCRYPT_KEY, sign_key: str = ENCRYPT_KEY, signed: bool = True
+    event: dict[str, Any],
+    *,
+    key: str = ENCRYPT_KEY,
+    sign_key: str = ENCRYPT_KEY,
+    signed: bool = True,
+    sent_at: int | None = None,
 ) -> WebhookRequest:
     body = json.dumps({"encrypt": encrypt(json.dumps(event), key)}).encode()
     headers = {"content-type": "application/json"}
     if signed:
-        timestamp, nonce = str(int(time.time())), "a8bd7e2b"
+        timestamp, nonce = str(int(time.time()) if sent_at is None else sent_at), "a8bd7e2b"
         signature = hashlib.sha256((timestamp + nonce + sign_key).encode() + body).hexdigest()
         headers.update(
             {"x-lark-request-timestamp": timestamp, "x-lark-request-nonce": nonce, "x-lark-signature": signature}
@@ -245,6 +255,45 @@ def test_bad_signature_bad_encryption_and_ignored() -> None:
     assert exc.value.status == 400
 
 
+def test_a_signed_request_outside_the_replay_window_is_refused() -> None:
+    event = receive_event("text", {"text": "hi"})
+    now = int(time.time())
+    recorded = encrypted_request(event, sent_at=now - 3600)
+    assert sdk_accepts(recorded)  # the SDK checks only the signature: a recording passes it
+    for request in (recorded, encrypted_request(event, sent_at=now + 3600)):
+        with pytest.raises(WebhookRejected) as exc:
+            parse(request)
+        assert (exc.value.status, exc.value.reason) == (401, "stale_timestamp")
+    # Inside the default 300 s, and inside a bot's own longer window.
+    assert parse(encrypted_request(event, sent_at=now - 240)).messages
+    assert parse(encrypted_request(event, sent_at=now - 1800), replay_window_seconds=3600).messages
+    with pytest.raises(WebhookRejected) as exc:
+        parse(encrypted_request(event, sent_at=now - 1800))
+    assert exc.value.reason == "stale_timestamp"
+    # Signed, but without a timestamp to check.
+    unstamped = encrypted_request(event)
+    headers = {k: v for k, v in unstamped.headers.items() if k != "x-lark-request-timestamp"}
+    with pytest.raises(WebhookRejected) as exc:
+        parse(WebhookRequest(headers=headers, body=unstamped.body))
+    assert exc.value.status == 401
+
+
+def test_mention_names_reach_the_text_and_the_member_list() -> None:
+    bob = "ou_bob00000000000000000000000000003"
+    event = receive_event(
+        "text",
+        {"text": "@_user_1 please ask @_user_2 about it"},
+        mentions=[mention("@_user_1", BOT_OPEN_ID, "Switch"), mention("@_user_2", bob, "Bob Lee")],
+    )
+    [m] = parse(encrypted_request(event)).messages
+    assert m.mentions == [BOT_OPEN_ID, bob] and m.mention_names == {BOT_OPEN_ID: "Switch", bob: "Bob Lee"}
+    bot = bot_config()
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "please ask @Bob Lee about it"
+    ctx = reply_context(bot, m, [])  # Bob never spoke in the window, and is listed all the same
+    assert ctx.context_members == (Member(bob, "Bob Lee"),) and bob in ctx.mentionable_ids()
+    assert turn_context_object(ctx)["members"] == [{"user_id": bob, "name": "Bob Lee"}]
+
+
 # --- out -----------------------------------------------------------------------------------------
 
 
@@ -278,6 +327,10 @@ class LarkStandIn:
         content = json.loads(body["content"])
         if body["msg_type"] == "text":
             assert content["text"]
+        elif body["msg_type"] == "image":
+            assert set(content) == {"image_key"} and re.fullmatch(r"img_(v\d+_)?[\w-]+", content["image_key"])
+        elif body["msg_type"] == "file":
+            assert set(content) == {"file_key"} and re.fullmatch(r"file_(v\d+_)?[\w-]+", content["file_key"])
         elif body["msg_type"] == "post":
             [(locale, post)] = content.items()
             assert locale in ("zh_cn", "en_us") and post["content"]
@@ -436,3 +489,39 @@ async def test_bad_app_secret_is_permanent(api: FakeApi, http: httpx.AsyncClient
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason) == ("permanent", "unauthorized")
+
+
+@pytest.mark.parametrize(
+    ("segment", "value"),
+    [
+        ("image", "file:///etc/shadow"),
+        ("image", "https://example.com/a.png"),
+        ("image", "file_v2_not_an_image_key"),
+        ("file", "img_v2_not_a_file_key"),
+        ("video", "/data/v.mp4"),
+    ],
+)
+async def test_a_key_not_of_lark_shape_is_not_sent(
+    api: FakeApi, http: httpx.AsyncClient, segment: str, value: str
+) -> None:
+    LarkStandIn(api)
+    platform = LarkPlatform()
+    bot = bot_config(api, language="en")
+    before = rejected_count("lark", "file_id_shape")
+    message = outbound([{"type": segment, "data": {"media": {"kind": "file", "value": value}}}])
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    [sent] = [s for s in api.seen if s.path == "/open-apis/im/v1/messages"]
+    assert json.loads(sent.json["content"]) == {"text": "[attachment unavailable]"}
+    assert value not in sent.body.decode()
+    assert rejected_count("lark", "file_id_shape") == before + 1
+
+
+async def test_an_unreadable_upload_is_counted_with_its_reason(api: FakeApi, http: httpx.AsyncClient) -> None:
+    LarkStandIn(api)
+    platform = LarkPlatform()
+    bot = bot_config(api, language="en")
+    before = rejected_count("lark", "unreadable")
+    [call] = platform.render(bot, outbound([{"type": "file", "data": {"media": {"kind": "path", "value": "/x"}}}]))
+    assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
+    assert rejected_count("lark", "unreadable") == before + 1

@@ -8,6 +8,8 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
+import re
 from typing import Any
 
 import httpx
@@ -16,10 +18,14 @@ import pytest
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.onebot import cq_escape, parse_cq
 from pipeline.records import OutboundMessage
-from pipeline.segments import segment_list_adapter
+from pipeline.runtime import reply_context
+from pipeline.segments import MediaChecker, segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks, member_names
+from pipeline.state import ContextEntry
 
-from .conftest import PNG, FakeApi, Seen, broken_loader, load_media
+from .conftest import PDF, PNG, FakeApi, MediaServer, Seen, broken_loader, load_media, rejected_count
 
 SECRET = "ob-secret"
 TOKEN = "ob-access-token"
@@ -139,6 +145,27 @@ def test_group_array_format_other_mention_and_per_user_scope() -> None:
     assert m.conversation_key == "onebot:qq1:group_123456:12345678"
 
 
+def test_an_at_without_a_name_is_named_from_the_window() -> None:
+    message = [
+        {"type": "at", "data": {"qq": "10001000"}},
+        {"type": "text", "data": {"text": " ask "}},
+        {"type": "at", "data": {"qq": "222"}},
+        {"type": "text", "data": {"text": " and "}},
+        {"type": "at", "data": {"qq": "333", "name": "老王"}},  # some implementations send the name
+    ]
+    [m] = parse(group_event(message)).messages
+    assert m.mentions == ["10001000", "222", "333"] and m.mention_names == {"333": "老王"}
+    bot = bot_config()
+    window = [ContextEntry(message_id="1990", user_id="222", name="小明", text="hi")]
+    names = member_names(m, window)
+    assert content_blocks(m, bot, label_sender=False, names=names)[0]["text"] == "ask @小明 and @老王"
+    ctx = reply_context(bot, m, window)
+    assert ctx.context_members == (Member("222", "小明"), Member("333", "老王"))
+    # Nobody in the window has that number: the agent sees the id, and may still mention it back.
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @222 and @老王"
+    assert "222" in reply_context(bot, m, []).mentionable_ids()
+
+
 def test_signature_and_ignored_and_malformed() -> None:
     platform = get_platform("onebot")
     bot = bot_config()
@@ -198,6 +225,22 @@ _SEGMENT_FIELDS = {  # message/segment.md: the data fields each sendable segment
 }
 
 
+# What a `file` field may hold: bytes Switchboard read itself (`base64://…`) or a file id of the
+# implementations' own shape (NapCat: 32 hex digits, maybe with the image's extension; go-cqhttp: an
+# MD5 in hex with `.image`/`.video`). A scheme (`file://`, `http://`), a path or an agent-chosen URL
+# would be read or fetched by the implementation itself, on the operator's machine and network.
+ONEBOT_FILE_ID = re.compile(r"[0-9A-Fa-f]{32,128}(?:\.[A-Za-z0-9]{1,8})?")
+
+
+def check_file_field(value: Any) -> None:
+    assert isinstance(value, str)
+    if value.startswith("base64://"):
+        payload = value.removeprefix("base64://")
+        assert payload and base64.b64decode(payload, validate=True), "empty or invalid base64"
+        return
+    assert ONEBOT_FILE_ID.fullmatch(value), f"neither base64 bytes nor a OneBot file id: {value[:80]!r}"
+
+
 def check_onebot(seen: Seen) -> tuple[int, Any]:
     if seen.headers.get("authorization") != f"Bearer {TOKEN}":
         return 401 if "authorization" not in seen.headers else 403, ""
@@ -209,6 +252,10 @@ def check_onebot(seen: Seen) -> tuple[int, Any]:
     assert message, "empty message"
     for n, seg in enumerate(message):
         assert set(seg["data"]) == _SEGMENT_FIELDS[seg["type"]], seg
+        if "file" in seg["data"]:
+            check_file_field(seg["data"]["file"])
+        if "name" in seg["data"]:
+            assert seg["data"]["name"] and not set(seg["data"]["name"]) & set("/\\\0"), seg["data"]["name"]
         if seg["type"] == "reply":
             assert n == 0
         if seg["type"] in ("record", "video", "file", "forward", "dice", "rps", "share"):
@@ -234,23 +281,26 @@ def outbound(
     )
 
 
-async def test_every_segment_type(api: FakeApi, http: httpx.AsyncClient, tmp_path) -> None:
+async def test_every_segment_type(
+    api: FakeApi, http: httpx.AsyncClient, tmp_path, media_server: MediaServer, guarded_loader: MediaChecker
+) -> None:
     api.on("/send_group_msg", check_onebot)
     platform = get_platform("onebot")
     bot = bot_config(api)
     pic = tmp_path / "p.png"
     pic.write_bytes(PNG)
+    video_id = "6f1c2b0e9d8a4c3b8e7f6a5b4c3d2e1f.mp4"  # a NapCat file id
     message = outbound(
         [
             {"type": "mention", "data": {"target": "12345678"}},
             {"type": "text", "data": {"text": " 结果如下\uff1a"}},
             {"type": "markdown", "data": {"content": "**重点** 见 [文档](https://example.com)"}},
-            {"type": "image", "data": {"media": {"kind": "url", "value": "https://example.com/a.png"}}},
+            {"type": "image", "data": {"media": {"kind": "url", "value": f"{media_server.url}/a.png"}}},
             {"type": "image", "data": {"media": {"kind": "path", "value": str(pic)}}},
             {"type": "face", "data": {"id": 14}},
             {"type": "audio", "data": {"media": {"kind": "base64", "value": "AAAA"}}},
-            {"type": "video", "data": {"media": {"kind": "file", "value": "v.mp4"}}},
-            {"type": "file", "data": {"media": {"kind": "url", "value": "https://example.com/r.pdf"}}},
+            {"type": "video", "data": {"media": {"kind": "file", "value": video_id}}},
+            {"type": "file", "data": {"media": {"kind": "url", "value": f"{media_server.url}/r.pdf"}}},
             {"type": "forward", "data": {"forward_id": "fw-123"}},
             {"type": "dice", "data": {}},
             {"type": "rps", "data": {}},
@@ -260,7 +310,7 @@ async def test_every_segment_type(api: FakeApi, http: httpx.AsyncClient, tmp_pat
     )
     calls = platform.render(bot, message)
     for call in calls:
-        outcome = await platform.send(bot, call, http, load_media)
+        outcome = await platform.send(bot, call, http, guarded_loader.load)
         assert outcome.status == "delivered" and outcome.platform_message_id
     sent = [s.json["message"] for s in api.calls("/send_group_msg")]
     assert [[seg["type"] for seg in m] for m in sent] == [
@@ -274,15 +324,104 @@ async def test_every_segment_type(api: FakeApi, http: httpx.AsyncClient, tmp_pat
         ["share"],
     ]
     first = sent[0]
+    png_bytes = "base64://" + base64.b64encode(PNG).decode()
     assert first[0]["data"] == {"id": "2001"} and first[1]["data"] == {"qq": "12345678"}
     assert first[3]["data"]["text"] == "重点 见 文档 (https://example.com)"
-    assert first[4]["data"]["file"] == "https://example.com/a.png"
-    assert first[5]["data"]["file"] == "base64://" + base64.b64encode(PNG).decode()
+    # The URL was fetched here (through the SSRF guard), and OneBot got the bytes, not the URL.
+    assert first[4]["data"]["file"] == png_bytes and media_server.requests == ["/a.png", "/r.pdf"]
+    assert first[5]["data"]["file"] == png_bytes
     assert first[6]["data"] == {"id": "14"}
     assert sent[1][0]["data"]["file"] == "base64://AAAA"
-    assert sent[3][0]["data"] == {"file": "https://example.com/r.pdf", "name": "r.pdf"}
+    assert sent[2][0]["data"]["file"] == video_id
+    assert sent[3][0]["data"] == {"file": "base64://" + base64.b64encode(PDF).decode(), "name": "r.pdf"}
     assert sent[4][0]["data"] == {"id": "fw-123"}
     assert all(s.json["group_id"] == 123456 for s in api.calls("/send_group_msg"))
+
+
+# Values an agent could put in a `kind: file` reference that OneBot implementations would read or
+# fetch themselves (NapCat reads any existing local path, relative ones too).
+HOSTILE_FILE_IDS = [
+    "file:///etc/shadow",
+    "/etc/shadow",
+    "../../napcat/config/onebot11.json",
+    "config.json",
+    "C:\\Windows\\win.ini",
+    "http://10.0.0.1/admin.png",
+    "https://example.com/a.png",
+    "base64://AAAA",
+    "data:image/png;base64,AAAA",
+    "6f1c2b0e9d8a4c3b8e7f6a5b4c3d2e1f/../../etc/passwd",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_FILE_IDS)
+async def test_a_file_reference_not_shaped_like_a_onebot_file_id_never_reaches_onebot(
+    api: FakeApi, http: httpx.AsyncClient, guarded_loader: MediaChecker, caplog: pytest.LogCaptureFixture, value: str
+) -> None:
+    api.on("/send_group_msg", check_onebot)
+    platform = get_platform("onebot")
+    bot = bot_config(api, language="en")
+    before = rejected_count("onebot", "file_id_shape")
+    caplog.set_level(logging.INFO, logger="pipeline.platforms")
+    message = outbound(
+        [
+            {"type": "text", "data": {"text": "look:"}},
+            {"type": "image", "data": {"media": {"kind": "file", "value": value}}},
+            {"type": "file", "data": {"media": {"kind": "file", "value": value}}},
+        ]
+    )
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, guarded_loader.load)).status == "delivered"
+    [sent] = api.calls("/send_group_msg")
+    assert sent.json["message"] == [
+        {"type": "text", "data": {"text": "look:"}},
+        {"type": "text", "data": {"text": " [attachment unavailable]"}},
+        {"type": "text", "data": {"text": " [attachment unavailable]"}},
+    ]
+    assert value not in sent.body.decode()
+    assert rejected_count("onebot", "file_id_shape") == before + 2
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("file_id_shape" in line for line in lines) and not any(value in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("media", "reason"),
+    [
+        ({"kind": "url", "value": "{server}/a.png"}, "address_loopback"),
+        ({"kind": "url", "value": "http://169.254.169.254/latest/meta-data/iam/"}, "address_metadata"),
+        ({"kind": "url", "value": "http://[::ffff:10.0.0.1]/x.png"}, "address_private"),
+        ({"kind": "url", "value": "file:///etc/shadow"}, "scheme_not_allowed"),
+        ({"kind": "url", "value": "http://user:pw@example.com/x.png"}, "credentials_in_url"),
+        ({"kind": "path", "value": "/etc/shadow"}, "path_not_allowed"),
+        ({"kind": "base64", "value": "not base64!"}, "bad_base64"),
+    ],
+)
+async def test_urls_paths_and_bytes_are_read_by_switchboard_or_refused(
+    api: FakeApi,
+    http: httpx.AsyncClient,
+    media_server: MediaServer,
+    strict_loader: MediaChecker,
+    caplog: pytest.LogCaptureFixture,
+    media: dict[str, str],
+    reason: str,
+) -> None:
+    """With the production loader (no loopback, no media root), each of these is refused by
+    Switchboard: OneBot gets the notice, never the URL or path, and the media server no request."""
+    api.on("/send_group_msg", check_onebot)
+    platform = get_platform("onebot")
+    bot = bot_config(api, language="en")
+    value = media["value"].replace("{server}", media_server.url)
+    before = rejected_count("onebot", reason)
+    caplog.set_level(logging.INFO, logger="pipeline.platforms")
+    message = outbound([{"type": "image", "data": {"media": {"kind": media["kind"], "value": value}}}])
+    [call] = platform.render(bot, message)
+    assert (await platform.send(bot, call, http, strict_loader.load)).status == "delivered"
+    [sent] = api.calls("/send_group_msg")
+    assert sent.json["message"] == [{"type": "text", "data": {"text": "[attachment unavailable]"}}]
+    assert media_server.requests == []
+    assert rejected_count("onebot", reason) == before + 1
+    assert any(reason in r.getMessage() for r in caplog.records)
+    assert not any(value in r.getMessage() for r in caplog.records)
 
 
 async def test_private_long_text_split_and_unreadable_media(api: FakeApi, http: httpx.AsyncClient) -> None:
@@ -305,7 +444,26 @@ async def test_private_long_text_split_and_unreadable_media(api: FakeApi, http: 
     assert all(s.json["user_id"] == 12345678 for s in sent)
     joined = "".join(seg["data"]["text"] for s in sent for seg in s.json["message"] if seg["type"] == "text")
     assert joined.count("段落。") == 3000
-    assert sent[-1].json["message"][-1] == {"type": "text", "data": {"text": "[attachment unavailable]"}}
+    # Set apart from the text before it (a space), as the notice always is.
+    assert sent[-1].json["message"][-1] == {"type": "text", "data": {"text": " [attachment unavailable]"}}
+
+
+async def test_several_unavailable_attachments_in_a_row_are_set_apart(api: FakeApi, http: httpx.AsyncClient) -> None:
+    api.on("/send_group_msg", check_onebot)
+    platform = get_platform("onebot")
+    bot = bot_config(api, language="en")
+    image = {"type": "image", "data": {"media": {"kind": "path", "value": "/missing.png"}}}
+    message = outbound([{"type": "text", "data": {"text": "pictures:"}}, image, image, image, _text("done")])
+    [call] = platform.render(bot, message)
+    assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
+    [sent] = api.calls("/send_group_msg")
+    shown = "".join(seg["data"]["text"] for seg in sent.json["message"])
+    notice = "[attachment unavailable]"
+    assert shown == f"pictures: {notice} {notice} {notice} done"
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "data": {"text": text}}
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,13 @@ from slack_sdk.signature import SignatureVerifier
 
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks
 
-from .conftest import PNG, PNG_B64, FakeApi, Seen, load_media
+from .conftest import PNG, PNG_B64, FakeApi, Seen, load_media, rejected_count
 
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 BOT_TOKEN = "xoxb-17653672481-19874698323-pdFZKVeTuE8sk7oOcBrzbqgy"
@@ -114,6 +117,17 @@ def test_app_mention() -> None:
     assert m.route == {} and m.sent_at_ms == pytest.approx(1515449522000.016)
 
 
+def test_mention_names_where_the_payload_has_them() -> None:
+    # `<@U…|name>` carries the name; a bare `<@U…>` (what the Events API usually sends) only the id.
+    event = dict(APP_MENTION, text="<@U0LAN0Z89> ask <@U0BOB1234|bob> and <@U0CAROL12>")
+    [m] = parse(callback(event)).messages
+    assert m.mentions == [BOT_USER, "U0BOB1234", "U0CAROL12"] and m.mention_names == {"U0BOB1234": "bob"}
+    bot = bot_config()
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @bob and @U0CAROL12"
+    ctx = reply_context(bot, m, [])
+    assert ctx.context_members == (Member("U0BOB1234", "bob"), Member("U0CAROL12", ""))
+
+
 def test_dm_and_redelivery_keeps_event_id() -> None:
     [m] = parse(callback(DM, "Ev0PV52K21"), retry="1").messages
     assert m.chat_type == "private" and m.chat_id == "D024BE91L" and not m.mentions_bot
@@ -190,6 +204,9 @@ def check_slack(seen: Seen) -> tuple[int, Any]:
     assert seen.method == "POST"
     body = seen.json
     assert body["channel"].startswith(("C", "D"))
+    for block in body.get("blocks", []):
+        if "slack_file" in block:  # a Slack file id, never a URL of the agent's choosing
+            assert set(block["slack_file"]) == {"id"} and re.fullmatch(r"F[A-Z0-9]+", block["slack_file"]["id"])
     text = body["text"]
     assert 0 < len(text) <= 4000
     # Every `<` left after removing Slack's own tokens would be a broken message.
@@ -361,3 +378,33 @@ async def test_invalid_auth_is_permanent(api: FakeApi, http: httpx.AsyncClient) 
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason, outcome.detail) == ("permanent", "invalid_auth", "invalid_auth")
+
+
+@pytest.mark.parametrize(
+    ("segment", "value", "reason"),
+    [
+        ("image", "https://files.slack.com/files-pri/T0-F0/x.png", "file_id_shape"),
+        ("image", "file:///etc/shadow", "file_id_shape"),
+        ("image", "f0lowercase", "file_id_shape"),
+        ("file", "F0EXISTING", "unsupported_by_platform"),  # only images can be shown again by id
+    ],
+)
+async def test_a_file_reference_slack_cannot_take_becomes_the_notice(
+    api: FakeApi, http: httpx.AsyncClient, segment: str, value: str, reason: str
+) -> None:
+    api.on("/chat.postMessage", check_slack)
+    platform = get_platform("slack")
+    bot = bot_config(api, language="en")
+    before = rejected_count("slack", reason)
+    message = outbound(
+        [
+            {"type": "text", "data": {"text": "see"}},
+            {"type": segment, "data": {"media": {"kind": "file", "value": value}}},
+            {"type": "text", "data": {"text": "above"}},
+        ]
+    )
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    [sent] = api.calls("/chat.postMessage")
+    assert sent.json["text"] == "see [attachment unavailable] above" and "blocks" not in sent.json
+    assert rejected_count("slack", reason) == before + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import re
 from typing import Any
 
 import httpx
@@ -16,11 +17,14 @@ from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms._richtext import utf16_len
 from pipeline.platforms.telegram import TelegramPlatform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import reply_context
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.context import Member
 from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import content_blocks, trigger_reason
 
-from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
+from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media, rejected_count
 
 TOKEN = "123456:ABC-test"
 BOT = User(id=777, first_name="Switch", is_bot=True, username="switch_bot")
@@ -47,6 +51,12 @@ def request(update: Update, secret: str | None = "s3cret-token") -> WebhookReque
     if secret is not None:
         headers["x-telegram-bot-api-secret-token"] = secret
     return WebhookRequest(headers=headers, body=update.to_json().encode())
+
+
+def group_text(update_id: int, text: str, *entities: MessageEntity) -> Update:
+    """Alice's text message in the group, with its entities."""
+    message = Message(update_id, WHEN, GROUP, from_user=ALICE, text=text, entities=entities)
+    return Update(update_id, message=message)
 
 
 def parse(update: Update, **bot_extra: Any):
@@ -118,26 +128,49 @@ def test_reply_to_bot_and_bot_command() -> None:
     assert m.reply_to.text == "earlier answer" and m.segments[0].type == "reply"
     assert not m.mentions_bot  # ingest decides the reply trigger
 
-    cmd = Message(
-        46,
-        WHEN,
-        GROUP,
-        from_user=ALICE,
-        text="/ask@switch_bot hello",
-        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 15),),
-    )
-    [c] = parse(Update(9005, message=cmd)).messages
+    [c] = parse(group_text(9005, "/ask@switch_bot hello", MessageEntity(MessageEntity.BOT_COMMAND, 0, 15))).messages
     assert c.mentions_bot
-    other = Message(
-        47,
-        WHEN,
-        GROUP,
-        from_user=ALICE,
-        text="/ask@other_bot hello",
-        entities=(MessageEntity(MessageEntity.BOT_COMMAND, 0, 14),),
-    )
-    [o] = parse(Update(9006, message=other)).messages
+    [o] = parse(group_text(9006, "/ask@other_bot hello", MessageEntity(MessageEntity.BOT_COMMAND, 0, 14))).messages
     assert not o.mentions_bot
+
+
+def test_a_command_addressed_to_this_bot_loses_the_suffix() -> None:
+    command = MessageEntity(MessageEntity.BOT_COMMAND, 0, 18)
+    [m] = parse(group_text(9020, "/status@switch_bot deploy-42", command)).messages
+    assert m.text == "/status deploy-42" and m.mentions_bot
+    assert [s.data.text for s in m.segments] == ["/status deploy-42"]
+    # The command-prefix trigger still sees the command, and the agent gets the question.
+    prefixed = bot_config(trigger={"mention": False, "command_prefix": "/status"})
+    assert trigger_reason(m, prefixed) == "command"
+    assert content_blocks(m, prefixed, label_sender=False)[0]["text"] == "deploy-42"
+    # Case-insensitive, and the rest of the text sliced in UTF-16 units.
+    ask = MessageEntity(MessageEntity.BOT_COMMAND, 0, 15)
+    [a] = parse(group_text(9021, "/ask@Switch_Bot 👋 what now?", ask)).messages
+    assert a.text == "/ask 👋 what now?"
+    assert content_blocks(a, bot_config(), label_sender=False)[0]["text"] == "👋 what now?"
+    # Addressed to another bot: left as it is, and not a trigger.
+    other = MessageEntity(MessageEntity.BOT_COMMAND, 0, 14)
+    [o] = parse(group_text(9022, "/ask@other_bot x", other)).messages
+    assert o.text == "/ask@other_bot x" and not o.mentions_bot
+
+
+def test_mentions_of_other_users_reach_the_agent_with_their_names() -> None:
+    bob = User(2002, "Bob", False, last_name="Builder")  # no username: Telegram sends a text_mention
+    update = group_text(
+        9023,
+        "@switch_bot ask Bob and @carol_c",
+        MessageEntity(MessageEntity.MENTION, 0, 11),
+        MessageEntity(MessageEntity.TEXT_MENTION, 16, 3, user=bob),
+        MessageEntity(MessageEntity.MENTION, 24, 8),
+    )
+    [m] = parse(update).messages
+    assert m.mentions == ["777", "2002", "@carol_c"] and m.mention_names == {"2002": "Bob Builder"}
+    bot = bot_config()
+    # Not `@@carol_c`; an @username is written as is, and Telegram links it when the agent writes it back.
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @Bob Builder and @carol_c"
+    ctx = reply_context(bot, m, [])
+    assert ctx.context_members == (Member("2002", "Bob Builder"), Member("@carol_c", ""))
+    assert {"2002", "@carol_c"} <= ctx.mentionable_ids()
 
 
 def test_private_photo_with_caption_and_forum_topic() -> None:
@@ -212,6 +245,10 @@ def check_telegram_request(seen: Seen) -> tuple[int, dict[str, Any]]:
     assert seen.path.startswith(f"/bot{TOKEN}/"), seen.path
     body = seen.json if seen.json is not None else {k: _maybe_json(v) for k, v in seen.form.items()}
     assert "chat_id" in body
+    for field in ("photo", "audio", "video", "document"):
+        if isinstance(body.get(field), str):  # a file_id, or a URL for Telegram's servers to fetch
+            value = body[field]
+            assert re.fullmatch(r"[\w-]+", value) or value.startswith(("https://", "http://")), value
     for text_key, ent_key, limit in (("text", "entities", 4096), ("caption", "caption_entities", 1024)):
         if text_key in body:
             text = body[text_key]
@@ -454,3 +491,43 @@ async def test_url_telegram_cannot_fetch_is_uploaded(api: FakeApi, http: httpx.A
     by_url, uploaded = api.calls(f"/bot{TOKEN}/sendPhoto")
     assert by_url.json["photo"] == "https://intranet.example/cat.png"
     assert uploaded.files["photo"] == ("cat.png", PNG, "image/png") and uploaded.form["caption"] == "cap"
+
+
+@pytest.mark.parametrize("value", ["attach://photo", "file:///etc/shadow", "/tmp/x.png", "../x", "short"])
+async def test_a_reference_not_shaped_like_a_file_id_is_not_sent(
+    api: FakeApi, http: httpx.AsyncClient, value: str
+) -> None:
+    api.on(f"/bot{TOKEN}/sendMessage", check_telegram_request)
+    platform = get_platform("telegram")
+    bot = bot_config(api, language="en")
+    before = rejected_count("telegram", "file_id_shape")
+    message = outbound([{"type": "image", "data": {"media": {"kind": "file", "value": value}}}, _text("below")])
+    for call in platform.render(bot, message):
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    [sent] = api.calls(f"/bot{TOKEN}/sendMessage")
+    assert sent.json["text"] == "[attachment unavailable] below"
+    assert rejected_count("telegram", "file_id_shape") == before + 1
+
+
+async def test_an_unreadable_photo_keeps_its_caption(api: FakeApi, http: httpx.AsyncClient) -> None:
+    api.on(f"/bot{TOKEN}/sendMessage", check_telegram_request)
+    platform = get_platform("telegram")
+    bot = bot_config(api, language="en")
+    before = rejected_count("telegram", "unreadable")
+    message = outbound(
+        [
+            {"type": "image", "data": {"media": {"kind": "path", "value": "/nope.png"}}},
+            {"type": "markdown", "data": {"content": "**the** caption"}},
+        ]
+    )
+    [call] = platform.render(bot, message)
+    assert call.json is not None and call.json["caption"] == "the caption"
+    assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
+    [sent] = api.calls(f"/bot{TOKEN}/sendMessage")
+    assert sent.json["text"] == "[attachment unavailable]\nthe caption"
+    assert sent.json["entities"] == [{"type": "bold", "offset": 25, "length": 3}]
+    assert rejected_count("telegram", "unreadable") == before + 1
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "data": {"text": text}}

@@ -1,4 +1,4 @@
-"""`topics/` is the contract: its JSON Schemas match the record models (regenerate with
+"""`pipeline/topics/` is the contract: its JSON Schemas match the record models (regenerate with
 `switchboard topics schemas`), and every declared topic is consistent."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pipeline.records import InboundMessage, Sender
 
 
 def test_schema_files_match_the_models() -> None:
-    assert topics.schema_drift() == [], "run `switchboard topics schemas` and commit topics/"
+    assert topics.schema_drift() == [], "run `switchboard topics schemas` and commit pipeline/topics/"
 
 
 def test_every_schema_is_a_valid_json_schema() -> None:

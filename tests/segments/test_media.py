@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.segments import Capabilities, MediaChecker, MediaSettings, MediaUnavailable, OutcomeReason, finalize_reply
-from pipeline.segments.media import decode_base64_media
+from pipeline.segments import (
+    Capabilities,
+    Media,
+    MediaChecker,
+    MediaSettings,
+    MediaUnavailable,
+    OutcomeReason,
+    SafeFetcher,
+    finalize_reply,
+)
+from pipeline.segments.media import REJECTION_REASONS, decode_base64_media, rejection_label, with_placeholders
 from pipeline.segments.models import segment_list_adapter
 from pipeline.segments.sniff import mime_fits_segment, sniff_mime
 from tests.segments import media_samples as samples
@@ -191,3 +200,46 @@ async def test_empty_source_is_unavailable() -> None:
         capabilities=Capabilities(),
     )
     assert outcome.media[0].reason == "empty"
+
+
+def test_rejection_reasons_are_bounded_labels() -> None:
+    assert rejection_label("address_private") == "address_private"
+    assert rejection_label("http_404") == rejection_label("http_503") == "http_error"
+    assert rejection_label("something the fetcher invented") == "other"
+    assert {rejection_label(r) for r in REJECTION_REASONS} == REJECTION_REASONS
+
+
+def test_placeholders_are_set_apart_from_text_and_from_each_other() -> None:
+    segments = segment_list_adapter.validate_python(
+        [
+            {"type": "text", "data": {"text": "see"}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "a"}}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "b"}}},
+            {"type": "reply", "data": {"message_id": "m1"}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "c"}}},
+            {"type": "text", "data": {"text": "end "}},
+            {"type": "video", "data": {"media": {"kind": "path", "value": "d"}}},
+            {"type": "file", "data": {"media": {"kind": "path", "value": "e"}}},
+        ]
+    )
+    out = with_placeholders(segments, [1, 2, 4, 7], "[x]")
+    shown = "".join(s.data.text for s in out if s.type == "text")  # type: ignore[union-attr]
+    assert shown == "see [x] [x] [x] end [x]"  # after the video: nothing inline to run into
+    assert out[3].type == "reply" and out[6].type == "video"
+
+
+async def test_the_egress_loader_reads_through_the_same_guards() -> None:
+    checker = MediaChecker(MediaSettings(), SafeFetcher())
+    try:
+        data, mime = await checker.load(Media(kind="base64", value=base64.b64encode(samples.PNG).decode()))
+        assert data == samples.PNG and mime == "image/png"
+        for media, reason in (
+            (Media(kind="file", value="AgACAgIAAxkB"), "unsupported_by_platform"),
+            (Media(kind="path", value="/etc/passwd"), "path_not_allowed"),
+            (Media(kind="url", value="http://127.0.0.1:9/x.png"), "address_loopback"),
+        ):
+            with pytest.raises(MediaUnavailable) as refused:
+                await checker.load(media)
+            assert refused.value.reason == reason
+    finally:
+        await checker.aclose()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from pipeline.segments import (
+    SEGMENT_TYPES,
     Capabilities,
     CorrectionFailed,
     OutcomeReason,
@@ -174,7 +175,9 @@ def test_rejected_replies_never_yield_any_part_of_themselves(text: str, with_cor
     assert _DETAIL_SHAPE.match(outcome.detail)
     # The detail is built from positions and contract vocabulary only: no 6+ char run of the input that
     # is not itself contract vocabulary appears in it.
+    # The segment type names are contract vocabulary too (a detail may name the type at a position).
     vocabulary = "segments type data text content target media kind value message_id forward_id id url title"
+    vocabulary += " " + " ".join(SEGMENT_TYPES)
     for start in range(max(0, len(text) - 5)):
         window = text[start : start + 6]
         if window in outcome.detail:

@@ -6,16 +6,20 @@ broker (the broker path is covered by the integration suites).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from pipeline.records import InboundMessage, Sender, SessionCommand
-from pipeline.settings import Settings
+from pipeline.platforms import WebhookRequest
+from pipeline.platforms.console import ConsolePlatform
+from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
+from pipeline.settings import BotConfig, Settings
+from pipeline.stages._ids import inbound_dedup_id
 from pipeline.stages.ingest import IngestStage
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
-from pipeline.state import StateStore
+from pipeline.state import State
 from pipeline.topics import SESSION_INPUT
 
 
@@ -32,9 +36,9 @@ class Recorder:
 
 def stage(redis_url: str, prefix: str, **settings: Any) -> tuple[IngestStage, Recorder]:
     s = Settings(redis_prefix=prefix, console_enabled=True, **settings)  # the console bot `demo`
-    state = StateStore(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
+    state = State.open(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
     recorder = Recorder()
-    return IngestStage(s, state, Outputs(recorder), Notices(s), lambda bot, m, w: None), recorder
+    return IngestStage(s, state, Outputs(recorder), Notifier(s), lambda bot, m, w: None), recorder
 
 
 def msg(i: int, text: str = "chatting", *, chat: str = "g", chat_type: str = "group", **extra: Any) -> InboundMessage:
@@ -74,7 +78,7 @@ async def test_a_batch_settles_chatter_and_keeps_order_for_the_turn(redis_url: s
     assert [t.inbound_ids for t in turns] == [["m3"], ["m5"]]
     # The mention saw the two messages before it, not the one after.
     assert turns[0].known_ids == ["u3", "u1", "u2"]
-    window = await ingest.state.context("console:demo:g", 3)
+    window = await ingest.state.conversations.context("console:demo:g", 3)
     assert [e.message_id for e in window] == ["m2", "m3", "m4"]
 
 
@@ -82,9 +86,15 @@ async def test_duplicates_within_and_across_batches_are_dropped(redis_url: str, 
     ingest, recorder = stage(redis_url, redis_prefix)
     mention = msg(7, "@bot hi", mentions_bot=True)
     assert await run(ingest, [msg(6), msg(6), mention, mention]) == [False, False, True, False]
+    # Before dispatch has taken the turn, a redelivered mention produces it again: dispatch drops
+    # the copy by its stable id (and marks the message seen in the step that starts or holds it).
+    assert await run(ingest, [msg(6), mention]) == [False, True]
+    turns = recorder.turns()
+    assert [t.inbound_ids for t in turns] == [["m7"], ["m7"]]
+    assert turns[0].events[0]["id"] == turns[1].events[0]["id"]
+    await mark_as_dispatch_does(ingest, turns[:1])
     assert await run(ingest, [msg(6), mention]) == [False, False]
-    assert [t.inbound_ids for t in recorder.turns()] == [["m7"]]
-    window = await ingest.state.context("console:demo:g", 10)
+    window = await ingest.state.conversations.context("console:demo:g", 10)
     assert [e.message_id for e in window] == ["m6", "m7"]
 
 
@@ -99,4 +109,70 @@ async def test_chat_commands_leave_the_window_alone(redis_url: str, redis_prefix
     ingest, recorder = stage(redis_url, redis_prefix)
     assert await run(ingest, [msg(10, "/stop")]) == [True]
     assert [t.kind for t in recorder.turns()] == ["interrupt"]
-    assert await ingest.state.context("console:demo:g", 10) == []
+    assert await ingest.state.conversations.context("console:demo:g", 10) == []
+
+
+def console_message(bot: BotConfig, chat: str, user: str, message_id: str, text: str, **extra: Any) -> InboundMessage:
+    """Parsed by the console platform, as ingress does: the record carries its conversation key."""
+    body = {"chat_id": chat, "chat_type": "group", "user_id": user, "message_id": message_id, "text": text, **extra}
+    [message] = ConsolePlatform().parse(bot, WebhookRequest(headers={}, body=json.dumps(body).encode())).messages
+    return message
+
+
+async def test_ids_with_a_colon_keep_their_conversations_apart(redis_url: str, redis_prefix: str) -> None:
+    # Per-user sessions: chat "a:b" + user "c" and chat "a" + user "b:c" were both "console:demo:a:b:c",
+    # one session, one context window, one de-duplication id for the same message id.
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", session_scope="user")
+    ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
+    first = [console_message(bot, "a:b", "c", "m1", "chatting"), console_message(bot, "a", "b:c", "m1", "chatting")]
+    assert await run(ingest, first) == [False, False]  # two messages, not one and its duplicate
+    asks = [
+        console_message(bot, "a:b", "c", "m2", "@bot hi", mentions=["bot"]),
+        console_message(bot, "a", "b:c", "m2", "@bot hi", mentions=["bot"]),
+    ]
+    assert await run(ingest, asks) == [True, True]
+
+    one, other = recorder.turns()
+    assert one.conversation_key != other.conversation_key
+    assert parse_conversation_key(one.conversation_key) == ConversationRef("console", "demo", "a:b", "c")
+    assert parse_conversation_key(other.conversation_key) == ConversationRef("console", "demo", "a", "b:c")
+    # Each turn saw its own window only.
+    assert one.known_ids == ["c"] and other.known_ids == ["b:c"]
+    redis = ingest.state.markers.redis
+    windows = sorted(await redis.keys(f"{redis_prefix}ctx:*"))
+    assert windows == sorted(ingest.state.keys.window(t.conversation_key) for t in (one, other))
+    for turn in (one, other):
+        [entry_m1, entry_m2] = await ingest.state.conversations.context(turn.conversation_key, 10)
+        assert (entry_m1.message_id, entry_m2.message_id) == ("m1", "m2")
+        assert entry_m1.user_id == turn.sender.user_id  # type: ignore[union-attr]
+    assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 2  # the chatter; the asks: below
+    await mark_as_dispatch_does(ingest, recorder.turns())
+    assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 4
+
+
+async def mark_as_dispatch_does(ingest: IngestStage, turns: list[SessionCommand]) -> None:
+    """Dispatch marks a turn's inbound messages seen when it starts or holds the turn."""
+    for turn in turns:
+        for message_id in turn.inbound_ids:
+            await ingest.state.markers.set_marker(
+                "in", inbound_dedup_id(turn.platform, turn.bot_id, turn.chat_id, message_id)
+            )
+
+
+async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # Chat "g:1" + message "m" and chat "g" + message "1:m" shared the de-duplication id "console:demo:g:1:m".
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot")
+    ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
+    assert await run(ingest, [console_message(bot, "g:1", "u1", "m", "@bot one", mentions=["bot"])]) == [True]
+    assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [True]
+    assert [(t.chat_id, t.inbound_ids) for t in recorder.turns()] == [("g:1", ["m"]), ("g", ["1:m"])]
+    await mark_as_dispatch_does(ingest, recorder.turns())
+    markers = await ingest.state.markers.redis.keys(f"{redis_prefix}dedup:in:*")
+    assert sorted(markers) == [
+        f"{redis_prefix}dedup:in:console:demo:g%3A1:m",
+        f"{redis_prefix}dedup:in:console:demo:g:1%3Am",
+    ]
+    # The same message again is still a duplicate.
+    assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [False]

@@ -7,15 +7,16 @@ from __future__ import annotations
 import json
 
 import redis.asyncio as aioredis
+from prometheus_client import REGISTRY
 
-from pipeline.records import OutboundMessage, SessionEventRecord
-from pipeline.runtime import reply_policy
+from pipeline.records import OutboundMessage, Position, SessionEventRecord
+from pipeline.runtime import CountedConnection, reply_policy
 from pipeline.settings import Settings
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
-from pipeline.state import InflightStream, StateStore, TurnContext
+from pipeline.state import State, TurnRecord
 
 CONVERSATION = "console:demo:chat-1"
 REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
@@ -32,25 +33,30 @@ class Recorder:
         return [OutboundMessage.model_validate_json(v) for t, v in self.records if t.startswith("im.outbound.")]
 
 
+def round_trips() -> float:
+    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
+
+
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
     s = Settings(redis_prefix=prefix, console_enabled=True)  # the console bot `demo`
-    state = StateStore(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
+    redis = aioredis.from_url(redis_url, decode_responses=True, connection_class=CountedConnection)
+    state = State.open(redis, s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(
         s,
         state,
         Outputs(recorder),
-        Notices(s),
+        Notifier(s),
         {(b.platform, b.bot_id): reply_policy(b, s) for b in s.bots},
         {},
-        ImTools(s, state),
+        ImTools(s, state.conversations),
     )
     return stage, recorder
 
 
-async def send_turn(state: StateStore, message_id: str) -> None:
+async def send_turn(state: State, message_id: str) -> None:
     """What dispatch records when it sends a user message (a later turn replaces `turn`)."""
-    turn = TurnContext(
+    turn = TurnRecord(
         trace_id=f"t-{message_id}",
         platform="console",
         bot_id="demo",
@@ -59,12 +65,25 @@ async def send_turn(state: StateStore, message_id: str) -> None:
         starter_id="u1",
         reply_to_message_id=f"in-{message_id}",
     )
-    stream = InflightStream(session_id="s1", conversation_key=CONVERSATION)
-    await state.start_turn(CONVERSATION, 0, stream, turn_id=message_id, status="running", turn=turn, session_id="s1")
+    await state.conversations.map_session(CONVERSATION, "s1")
+    start = await state.conversations.begin_turn(
+        CONVERSATION, 0, turn_id=message_id, mode="interrupt", turn=turn, command_json="{}", trace_id=turn.trace_id
+    )
+    assert start.decision == "start"
 
 
-async def agent_says(state: StateStore) -> None:
-    await state.update_conversation(CONVERSATION, last_message=REPLY)
+async def agent_says(state: State) -> None:
+    await state.conversations.update_conversation(CONVERSATION, last_message=REPLY)
+
+
+def agent_message(event_id: str) -> SessionEventRecord:
+    return SessionEventRecord(
+        conversation_key=CONVERSATION,
+        session_id="s1",
+        event={"type": "agent.message", "id": event_id, "content": [{"type": "text", "text": REPLY}]},
+        event_type="agent.message",
+        event_id=event_id,
+    )
 
 
 def idle(event_id: str) -> SessionEventRecord:
@@ -84,11 +103,11 @@ async def test_each_idle_answers_the_oldest_turn_sent(redis_url: str, redis_pref
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-1"))
     assert [r.reply_to_message_id for r in recorder.replies()] == ["in-msg-A"]
-    assert (await stage.state.conversation(CONVERSATION)).status == "running"  # B still runs
+    assert (await stage.state.conversations.conversation(CONVERSATION)).status == "running"  # B still runs
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-2"))
     assert [r.reply_to_message_id for r in recorder.replies()] == ["in-msg-A", "in-msg-B"]
-    assert (await stage.state.conversation(CONVERSATION)).status == "idle"
+    assert (await stage.state.conversations.conversation(CONVERSATION)).status == "idle"
 
 
 async def test_a_replayed_idle_binds_the_same_turn(redis_url: str, redis_prefix: str) -> None:
@@ -98,33 +117,64 @@ async def test_a_replayed_idle_binds_the_same_turn(redis_url: str, redis_prefix:
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-1"))
     # A crash after the reply but before the handled marker: the idle comes again.
-    await stage.state.clear_marker("turnend", "sevt-idle-1")
+    await stage.state.markers.redis.delete(stage.state.keys.marker("turnend", "sevt-idle-1"))
     await stage.handle(idle("sevt-idle-1"))
     replies = recorder.replies()
     assert replies[0].reply_to_message_id == "in-msg-A"
     # The replay's output has the first one's outbound id: egress delivers it once.
     assert len({r.outbound_id for r in replies}) == 1
-    assert await stage.state.turns_in_session(CONVERSATION) == ["msg-B"]  # B was not taken
+    assert await stage.state.conversations.turns_in_session(CONVERSATION) == ["msg-B"]  # B was not taken
 
 
 async def test_an_idle_of_no_turn_in_flight_is_ignored(redis_url: str, redis_prefix: str) -> None:
     stage, recorder = render_stage(redis_url, redis_prefix)
     await send_turn(stage.state, "msg-A")
-    await stage.state.drop_turn(CONVERSATION, "msg-A")  # its send failed; the chat got a notice
-    await stage.state.update_conversation(CONVERSATION, status="idle")
+    await stage.state.conversations.drop_turn(CONVERSATION, "msg-A")  # its send failed; the chat got a notice
+    await stage.state.conversations.update_conversation(CONVERSATION, status="idle")
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-late"))  # the session ran it after all
     assert recorder.replies() == []
-    assert await stage.state.marker("turnend", "sevt-idle-late") == "1"
+    assert await stage.state.markers.marker("turnend", "sevt-idle-late") == "1"
 
 
 async def test_held_messages_wait_for_the_last_turn_sent(redis_url: str, redis_prefix: str) -> None:
-    stage, _ = render_stage(redis_url, redis_prefix)
+    stage, recorder = render_stage(redis_url, redis_prefix)
     await send_turn(stage.state, "msg-A")
     await send_turn(stage.state, "msg-B")
-    assert await stage.state.hold_if_busy(CONVERSATION, '{"held": 1}')
-    assert await stage.state.bind_turn_end(CONVERSATION, "i1") is not None
-    assert await stage.state.finish_turn(CONVERSATION, None) == -1  # B still runs: nothing to flush
-    assert await stage.state.bind_turn_end(CONVERSATION, "i2") is not None
-    assert await stage.state.finish_turn(CONVERSATION, None) == 1  # idle now: flush the one held
-    assert (await stage.state.conversation(CONVERSATION)).status == "idle"
+    start = await stage.state.conversations.begin_turn(
+        CONVERSATION, 0, turn_id="msg-C", mode="merge", turn=TURN_C, command_json="{}", trace_id="t-C"
+    )
+    assert start.decision == "held"
+    await agent_says(stage.state)
+    await stage.handle(idle("i1"))
+    assert flushes(recorder) == 0  # B still runs: nothing to flush yet
+    await agent_says(stage.state)
+    await stage.handle(idle("i2"))
+    assert flushes(recorder) == 1  # idle now: flush the one held
+    assert (await stage.state.conversations.conversation(CONVERSATION)).status == "idle"
+    # A crash after the end was written but before the flush reached the broker: the replayed
+    # idle finds the flush owed and asks for it again (a repeat is harmless).
+    await stage.handle(idle("i2"))
+    assert flushes(recorder) == 2
+
+
+async def test_a_message_and_its_idle_in_one_batch_need_no_write_of_their_own(
+    redis_url: str, redis_prefix: str
+) -> None:
+    stage, recorder = render_stage(redis_url, redis_prefix)
+    await send_turn(stage.state, "msg-A")
+    records = [agent_message("sevt-msg-1"), idle("sevt-idle-1")]
+    works = await stage.admit(records, [Position("session.events", 0, n) for n in range(2)])
+    assert works[1] is None and works[0] is not None  # one work for the conversation, on its first record
+    before = round_trips()
+    await works[0]()
+    (reply,) = recorder.replies()
+    assert reply.reply_to_message_id == "in-msg-A"
+    assert round_trips() - before == 2  # which turn it ends, then its end: no write for the message
+
+
+TURN_C = TurnRecord(trace_id="t-C", platform="console", bot_id="demo", chat_id="chat-1", chat_type="private")
+
+
+def flushes(recorder: Recorder) -> int:
+    return sum(1 for t, v in recorder.records if t == "session.input" and b'"flush"' in v)

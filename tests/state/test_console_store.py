@@ -8,12 +8,13 @@ import json
 
 import redis.asyncio as aioredis
 
-from pipeline.state import ConsoleStore, LiveMessage, message_seq
+from pipeline.state import ConsoleStore, Keys, LiveMessage, message_seq
 from pipeline.state.console import CHAT_CAP
 
 
 def store(redis_url: str, prefix: str) -> ConsoleStore:
-    return ConsoleStore(aioredis.from_url(redis_url, decode_responses=True), prefix, ttl=3600, dedup_ttl=600)
+    redis = aioredis.from_url(redis_url, decode_responses=True)
+    return ConsoleStore(redis, Keys(prefix), mapping_ttl=3600, dedup_ttl=600)
 
 
 async def test_append_is_once_per_message_id_and_numbered_per_chat(redis_url: str, redis_prefix: str) -> None:

@@ -14,8 +14,7 @@ import aiohttp
 from prometheus_client import REGISTRY
 
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand
-from pipeline.state import ConsoleStore, TurnContext
-from pipeline.state.store import PendingAction
+from pipeline.state import ConsoleStore, Keys, PendingAction, TurnRecord
 from pipeline.topics import IM_INBOUND, SESSION_INPUT, outbound_topic
 from pipeline.web._hub import VIEWER_QUEUE
 
@@ -31,7 +30,9 @@ def sample(name: str, **labels: str) -> float:
 def pipeline_console(worker: Worker) -> ConsoleStore:
     """What egress appends through: the pipeline's own Redis client."""
     s = worker.settings
-    return ConsoleStore(worker.runtime.redis, s.redis_prefix, ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds)
+    return ConsoleStore(
+        worker.runtime.redis, Keys(s.redis_prefix), mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+    )
 
 
 @contextlib.asynccontextmanager
@@ -245,11 +246,13 @@ async def test_is_admin_in_the_body_is_ignored_and_configured_admins_may_answer(
     worker = await start_worker()
     runtime = worker.runtime
     conversation = "console:locked:g1"
-    turn = TurnContext(
+    turn = TurnRecord(
         trace_id="t", platform="console", bot_id="locked", chat_id="g1", chat_type="group", starter_id="starter"
     )
     pending = [PendingAction(event_id="tool-1", kind="confirmation", name="rm")]
-    await runtime.state.update_conversation(conversation, status="requires_action", turn=turn, pending=pending)
+    await runtime.state.conversations.update_conversation(
+        conversation, status="requires_action", turn=turn, pending=pending
+    )
 
     async def post(user: str, text: str, **extra: Any) -> InboundMessage:
         body = {"chat_id": "g1", "chat_type": "group", "user_id": user, "text": text, **extra}
@@ -297,7 +300,7 @@ async def test_metrics_need_their_token_when_one_is_set(start_worker: StartWorke
 
 
 async def test_with_the_console_off_nothing_of_it_is_served(start_worker: StartWorker) -> None:
-    worker = await start_worker(console_enabled=False, bots=[console_bot("tg", platform="telegram", token=None)])
+    worker = await start_worker(console_enabled=False, bots=[console_bot("qq", platform="onebot", token=None)])
     assert worker.runtime.web is not None and worker.runtime.web.deps.console is None
     async with aiohttp.ClientSession() as http:
         for path in ("/console/", "/console/api/config", "/console/api/stream?chat_id=c", "/"):

@@ -1,4 +1,7 @@
-"""Topic names and declarations, read from `topics/topics.toml` (the contract of the streams)."""
+"""Topic names and declarations, read from `topics.toml` beside this module (the contract of the streams).
+
+The catalogue and the generated JSON Schemas are package data, so an installed wheel has them.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline import records
+from pipeline.kafka.declare import TopicSpec
+from pipeline.settings import Settings
 
 IM_INBOUND = "im.inbound"
 SESSION_INPUT = "session.input"
@@ -18,7 +23,7 @@ SESSION_EVENTS = "session.events"
 DEADLETTER = "im.deadletter"
 _OUTBOUND = "im.outbound.{platform}"
 
-TOPICS_DIR = Path(__file__).resolve().parent.parent / "topics"
+TOPICS_DIR = Path(__file__).resolve().parent
 
 
 def outbound_topic(platform: str) -> str:
@@ -37,6 +42,15 @@ class TopicDeclaration:
 
 def _catalogue(directory: Path = TOPICS_DIR) -> list[dict[str, Any]]:
     return list(tomllib.loads((directory / "topics.toml").read_text(encoding="utf-8"))["topic"])
+
+
+def cluster_specs(settings: Settings) -> list[TopicSpec]:
+    """What `topics apply` creates for these settings: every declared topic of the configured
+    platforms, with the settings' partition count and replication factor."""
+    return [
+        TopicSpec(name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config)
+        for d in declarations(settings.platforms, settings.partitions)
+    ]
 
 
 def declarations(platforms: list[str], default_partitions: int, directory: Path = TOPICS_DIR) -> list[TopicDeclaration]:

@@ -1,0 +1,305 @@
+"""The bare turn: a turn's real work with nothing else, measured in the same run as the pipeline.
+
+`pipeline.bench.bare_worker` does, per turn, the I/O a Switchboard worker does (webhook in over
+HTTP, the same four Kafka topics, one session POST, one SSE read, 2 records of session events, one
+platform POST) with aiohttp, aiokafka and json only. It runs against the same broker (its own fresh
+topics, the same partitions and fetch wait) and the same session simulator as the pipeline, driven
+by the same load generator and traffic profile. Its replies go to `PlatformStandIn` here, which
+checks each request and records the delivery with its hop timestamps, so the latency split, the
+steady-window turns/s and the CPU per turn are computed by the very code that measures the pipeline.
+
+Reported: the bare turn at the pipeline's offered rate and at its max (the `--mode max` ramp), and
+pipeline turns/s ÷ bare-turn turns/s and bare-turn CPU per turn ÷ pipeline CPU per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import secrets
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+
+from pipeline.bench.load import Delivery, TrafficMix
+from pipeline.bench.measure import profile_worker
+from pipeline.bench.runner import BenchStack, log, ramp, run_phase, warm_up
+from pipeline.embedded import ManagedProcess, free_port
+from pipeline.kafka import TopicSpec, apply_topics
+
+ROLES = ("inbound", "input", "events", "outbound")  # im.inbound, session.input, session.events, im.outbound.*
+
+
+class BareWorkerProcess(ManagedProcess):
+    name = "bare-worker"
+    start_timeout = 60.0
+    _port_in_use_markers = ("address already in use", "Address already in use")
+
+    def __init__(self, port: int, args: Sequence[str], env: dict[str, str], *, run_dir: Path | None = None) -> None:
+        super().__init__(run_dir=run_dir)
+        self.port = port
+        self.args = list(args)
+        self.env = env
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "pipeline.bench.bare_worker", "--port", str(self.port), *self.args]
+
+    def _env(self) -> dict[str, str]:
+        return self.env
+
+    def _ports(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.port)]
+
+    def _pick_new_port(self) -> None:
+        self.port = free_port()
+
+    async def _probe(self) -> bool:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            return (await client.get(self.url + "/healthz")).status_code == 200
+
+
+class _Watch:
+    def __init__(self, platform: PlatformStandIn, bot: str) -> None:
+        self.platform = platform
+        self.bot = bot
+        self.base = platform.count_by_bot[bot]
+
+    @property
+    def count(self) -> int:
+        return self.platform.count_by_bot[self.bot] - self.base
+
+    async def stop(self) -> None:
+        return None
+
+
+class PlatformStandIn:
+    """The platform API the bare worker posts replies to (`POST /bots/{bot}/messages`). Checks what a
+    platform checks (bearer token, a JSON body with id, kind, chat_id and a non-empty segments list),
+    answers 200 and keeps each delivery with its receive time and hop timestamps."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_urlsafe(24)
+        self.deliveries: list[Delivery] = []
+        self.count_by_bot: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.duplicates = 0
+        self._seen: set[str] = set()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=1024 * 1024)
+        app.router.add_post("/bots/{bot}/messages", self._post)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=4096)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _post(self, request: web.Request) -> web.Response:
+        delivered_at = time.time() * 1000
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            self.rejected["unauthorized"] += 1
+            return web.json_response({"ok": False, "error": "unauthorized"}, status=401)
+        try:
+            body = await request.json()
+            outbound_id, kind, chat_id = str(body["id"]), str(body["kind"]), str(body["chat_id"])
+            segments = body["segments"]
+            if not isinstance(segments, list) or not segments or not all(isinstance(s, dict) for s in segments):
+                raise ValueError("segments must be a non-empty list of objects")
+            hops = {str(k): float(v) for k, v in (body.get("hops") or {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.rejected["malformed"] += 1
+            return web.json_response({"ok": False, "error": f"malformed: {exc}"}, status=400)
+        if outbound_id in self._seen:
+            self.duplicates += 1
+            return web.json_response({"ok": True, "duplicate": True})
+        self._seen.add(outbound_id)
+        text = "".join(str((s.get("data") or {}).get("text", "")) for s in segments if s.get("type") == "text")
+        reply_to = body.get("reply_to")
+        self.deliveries.append(
+            Delivery(chat_id, kind, str(reply_to) if reply_to else None, text, hops, delivered_at, outbound_id)
+        )
+        self.count_by_bot[request.match_info["bot"]] += 1
+        return web.json_response({"ok": True})
+
+    async def watch(self, bot: str) -> _Watch:
+        return _Watch(self, bot)
+
+
+@dataclass
+class BareTurnTarget:
+    """The bare worker as a load target (`pipeline.bench.runner.LoadTarget`). The pipeline's
+    workers stay up, idle, during its phases: their CPU is reported as `pipeline_worker*`."""
+
+    bootstrap: str
+    worker: BareWorkerProcess
+    platform: PlatformStandIn
+    stack: BenchStack
+    kafka_prefixes: tuple[str, ...]
+    redis: Any = None
+    last_stats: dict[str, float] = field(default_factory=dict)
+
+    def urls(self) -> list[str]:
+        return [self.worker.url] if self.worker.is_running else []
+
+    def pids(self) -> dict[str, int | None]:
+        out: dict[str, int | None] = {"worker0": self.worker.pid}
+        for name, pid in self.stack.pids().items():
+            out[f"pipeline_{name}" if name.startswith("worker") else name] = pid
+        return out
+
+    async def counters(self, http: httpx.AsyncClient) -> dict[str, float]:
+        try:
+            stats = (await http.get(self.worker.url + "/stats")).json()
+        except (httpx.HTTPError, ValueError):
+            stats = {}
+        self.last_stats = {k: float(v) for k, v in stats.items()}
+        return {
+            "ingested": float(stats.get("ingested", 0)),
+            "streams_open": float(stats.get("streams_open", 0)),
+            "redis_round_trips": math.nan,
+        }
+
+    async def watch_deliveries(self, bot: str) -> _Watch:
+        return await self.platform.watch(bot)
+
+    async def deliveries(self, bot: str, chat_ids: Sequence[str]) -> list[Delivery]:
+        wanted = set(chat_ids)
+        return [d for d in self.platform.deliveries if d.chat_id in wanted]
+
+
+async def bare_turn_for(
+    bs: BenchStack,
+    mix: TrafficMix,
+    args: argparse.Namespace,
+    pipeline: dict[str, Any],
+    *,
+    out_dir: Path | None = None,
+    name: str = "bench",
+) -> dict[str, Any]:
+    """The bare turn at the pipeline's offered rate (`args.rate`) and at its max (the ramp of
+    `--mode max`), and its ratios to the pipeline's figures (`pipeline`: the run's result so far).
+    With `--profile S`, py-spy records the bare worker during the first phase (`<name>-bare-pyspy.txt`)."""
+    assert bs.stack is not None and bs.stack.sim is not None, "the bare turn needs the bench's own stack"
+    settings = bs.stack.settings()
+    api_key = settings.session_api_key.get_secret_value() if settings.session_api_key else ""
+    run_id = uuid.uuid4().hex[:6]
+    topics = [f"bare-{run_id}-{role}" for role in ROLES]
+    await apply_topics(bs.bootstrap, [TopicSpec(t, args.partitions) for t in topics])
+    platform = PlatformStandIn()
+    await platform.start()
+    worker = BareWorkerProcess(
+        free_port(),
+        [
+            "--bootstrap",
+            bs.bootstrap,
+            "--topics",
+            ",".join(topics),
+            "--partitions",
+            str(args.partitions),
+            "--session-base",
+            str(settings.session_base_url),
+            "--sim-admin",
+            bs.stack.sim.url,
+            "--platform-url",
+            platform.url,
+            "--fetch-wait-ms",
+            str(settings.kafka_fetch_max_wait_ms),
+            "--batch-max",
+            str(settings.batch_max),
+            "--linger-ms",
+            str(settings.kafka_linger_ms),
+            "--busy-policy",
+            "queue" if mix.bot == "queue" else "merge",
+            "--merge-window-max",
+            str(settings.merge_window_max),
+        ],
+        {"BARE_SESSION_API_KEY": api_key, "BARE_PLATFORM_TOKEN": platform.token},
+        run_dir=(bs.run_dir / "bare-worker") if bs.run_dir else None,
+    )
+    target = BareTurnTarget(bs.bootstrap, worker, platform, bs, kafka_prefixes=(f"bare-{run_id}-",))
+    out: dict[str, Any] = {"topics": topics, "partitions": args.partitions}
+    try:
+        await worker.start()
+        log(f"bare turn: worker pid {worker.pid}, topics bare-{run_id}-*; warm-up")
+        await warm_up(target, mix)
+        profile = None
+        if args.profile and out_dir is not None:
+            seconds = min(args.profile, max(2.0, args.duration - 2))
+            profile = asyncio.create_task(profile_worker(worker.pid or 0, seconds, out_dir / f"{name}-bare-pyspy.txt"))
+        same = await run_phase(target, mix, args.rate, args.duration, label="bare turn")
+        out["same_rate"] = {**same.data, "timeline": same.timeline, "worker_stats": dict(target.last_stats)}
+        if profile is not None:
+            out["profile"] = await profile
+        out["max"] = await ramp(target, mix, args, label="bare turn ramp")
+        out["worker_stats"] = dict(target.last_stats)
+    finally:
+        await worker.stop()
+        await platform.stop()
+    out["platform"] = {"rejected": dict(platform.rejected), "duplicates": platform.duplicates}
+    out.update(bare_turn_ratios(pipeline, out))
+    log(
+        f"bare turn: {out['bare_turn_turns_per_s']} turns/s at {args.rate:g} msg/s, max "
+        f"{out['bare_turn_max_turns_per_s']} turns/s, {out['bare_turn_cpu_ms_per_turn']} ms CPU/turn; pipeline / bare "
+        f"turns/s {out['ratio_turns_to_bare_turn_max']}, bare / pipeline CPU per turn {out['ratio_cpu_per_turn']}"
+    )
+    return out
+
+
+def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str, Any]:
+    """The ratios (targets ≥ 0.5): pipeline turns/s ÷ bare-turn max turns/s (the pipeline's own max
+    when `--mode max` ran, else its turns/s at the offered rate, a lower bound), and bare-turn CPU per
+    turn ÷ pipeline CPU per turn at the same offered rate."""
+    load = pipeline.get("load") or {}
+    same = bare.get("same_rate") or {}
+    pipeline_tps = (load.get("throughput") or {}).get("turns_per_s")
+    pipeline_max = (pipeline.get("max") or {}).get("max_turns_per_s")
+    bare_tps = (same.get("throughput") or {}).get("turns_per_s")
+    bare_ramp = bare.get("max") or {}
+    bare_max = bare_ramp.get("max_turns_per_s")
+    pipeline_cpu = (load.get("cpu") or {}).get("worker_ms_per_turn")
+    bare_cpu = (same.get("cpu") or {}).get("worker_ms_per_turn")
+    pipeline_best = pipeline_max if pipeline_max is not None else pipeline_tps
+    basis = (
+        "pipeline max (ramp) ÷ bare-turn max (ramp)"
+        if pipeline_max is not None
+        else "pipeline turns/s at the offered rate (not its max: run --mode max) ÷ bare-turn max (ramp)"
+    )
+    if bare_ramp and not bare_ramp.get("ceiling_found"):
+        basis += "; the bare turn passed every ramp step, so its max is a lower bound (more --ramp-steps)"
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    return {
+        "bare_turn_turns_per_s": bare_tps,
+        "bare_turn_max_turns_per_s": bare_max,
+        "bare_turn_cpu_ms_per_turn": bare_cpu,
+        "bare_turn_cpu_ms_per_turn_at_max": bare_ramp.get("max_worker_cpu_ms_per_turn"),
+        "pipeline_turns_per_s": pipeline_tps,
+        "pipeline_max_turns_per_s": pipeline_max,
+        "pipeline_cpu_ms_per_turn": pipeline_cpu,
+        "ratio_turns_at_same_rate": ratio(pipeline_tps, bare_tps),
+        "ratio_turns_to_bare_turn_max": ratio(pipeline_best, bare_max),
+        "ratio_turns_basis": basis,
+        "ratio_cpu_per_turn": ratio(bare_cpu, pipeline_cpu),
+    }

@@ -1,0 +1,131 @@
+"""Checks a command makes before it starts anything slow: each returns one plain line or None.
+
+A worker that cannot bind its port, reach Kafka or reach Redis otherwise fails seconds later with
+a library's traceback; these say what is wrong and which setting to change. A refused connection
+is tried again until the timeout, so a server restarting at that moment (a Redis restart while a
+replacement worker starts) does not stop the worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import time
+import urllib.request
+from urllib.parse import urlsplit
+
+DEFAULT_TIMEOUT = 3.0
+_RETRY_PAUSE = 0.25
+
+
+def port_problem(host: str, port: int, how_to_change: str) -> str | None:
+    """None when `host:port` can be bound now (as the web server binds it, with SO_REUSEADDR)."""
+    if port == 0:
+        return None  # any free port
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                holder = "another Switchboard" if _is_switchboard(host, port) else "another program"
+                # "address already in use": the phrase process supervisors look for (pipeline.embedded).
+                return f"port {port} on {host}: address already in use ({holder} holds it); {how_to_change}"
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}; {how_to_change}"
+    return None
+
+
+def _is_switchboard(host: str, port: int) -> bool:
+    """Whether the program on the port answers `/healthz` like a Switchboard worker."""
+    address = "127.0.0.1" if host in ("0.0.0.0", "") else host  # a wildcard bind answers on loopback
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/healthz", timeout=1.0) as response:
+            body = json.loads(response.read(4096))
+    except Exception:  # not HTTP, not JSON, no answer: someone else
+        return False
+    return isinstance(body, dict) and body.get("status") == "ok" and "instance" in body
+
+
+def kafka_problem(bootstrap: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """None when at least one bootstrap server accepts a TCP connection within `timeout`."""
+    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
+    if not servers:
+        return f"{variable} is empty"
+    reasons = []
+    for server in servers:
+        host, port = _host_port(server.split("://", 1)[-1], default_port=9092)
+        reason = _connect_problem(host, port, timeout)
+        if reason is None:
+            return None
+        reasons.append(reason)
+    return f"cannot reach Kafka at {bootstrap} ({variable}): {'; '.join(sorted(set(reasons)))}"
+
+
+def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """None when Redis at `url` answers PING within `timeout` (with the URL's credentials)."""
+    import redis
+    from redis.exceptions import AuthenticationError, ResponseError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    where = redis_address(url)
+    deadline = time.monotonic() + timeout
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    except ValueError as exc:  # not a Redis URL
+        return f"{variable} is not a Redis URL ({exc})"
+    try:
+        while True:
+            try:
+                client.ping()
+                return None
+            except (AuthenticationError, ResponseError) as exc:
+                return f"Redis at {where} ({variable}) refused the connection: {exc}"
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                if time.monotonic() >= deadline:
+                    return f"cannot reach Redis at {where} ({variable}): {_short(exc)}"
+            time.sleep(_RETRY_PAUSE)
+    finally:
+        client.close()
+
+
+def redis_address(url: str) -> str:
+    """`host:port/db` of a Redis URL, without its user name or password."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+
+
+def _host_port(server: str, default_port: int) -> tuple[str, int]:
+    if server.startswith("["):  # [::1]:9092
+        host, _, rest = server[1:].partition("]")
+        return host, int(rest.lstrip(":") or default_port)
+    host, sep, port = server.rpartition(":")
+    if not sep or not port.isdigit():
+        return server, default_port
+    return host, int(port)
+
+
+def _connect_problem(host: str, port: int, timeout: float) -> str | None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())):
+                return None
+        except socket.gaierror:
+            return f"cannot resolve {host}"
+        except TimeoutError:
+            return f"no answer from {host}:{port} within {timeout:g} s"
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                return f"{host}:{port}: {_short(exc)}"
+        time.sleep(_RETRY_PAUSE)
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,258 @@
+"""Conversations and their turns: the conversation ↔ session mapping, the turn state machine's
+state, the user turns sent to a session, messages held while it is busy, the group-context window.
+
+The two hot steps are one script each: dispatch's `begin_turn` (dedup, busy policy, claim, record)
+and render's `bind_turn_end` + `finish_turn` (which turn an idle ends; the end written once the
+turn's output is in the broker).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from . import scripts
+from ._codec import conversation_state, hash_fields, text, window
+from .keys import Keys
+from .models import ContextEntry, ConversationState, InflightStream, TurnEnd, TurnRecord, TurnStart
+
+TurnMode = Literal["merge", "queue", "interrupt", "flush", "resume"]
+
+
+class ConversationStore:
+    def __init__(self, redis: Redis, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.mapping_ttl = mapping_ttl
+        self.dedup_ttl = dedup_ttl
+        self._begin_turn = scripts.script(redis, "begin_turn")
+        self._bind_turn_end = scripts.script(redis, "bind_turn_end")
+        self._finish_turn = scripts.script(redis, "finish_turn")
+
+    # -- conversation ↔ session -------------------------------------------------------------
+    async def session_for(self, conversation: str) -> str | None:
+        return text(await self.redis.get(self.keys.session_of(conversation)))
+
+    async def conversation_for(self, session_id: str) -> str | None:
+        return text(await self.redis.get(self.keys.conversation_of(session_id)))
+
+    async def map_session(self, conversation: str, session_id: str) -> None:
+        k = self.keys
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(k.session_of(conversation), session_id, ex=self.mapping_ttl)
+            pipe.set(k.conversation_of(session_id), conversation, ex=self.mapping_ttl)
+            pipe.hset(k.conversation(conversation), "session_id", session_id)
+            pipe.expire(k.conversation(conversation), self.mapping_ttl)
+            await pipe.execute()
+
+    async def unmap_session(self, conversation: str, session_id: str | None = None) -> None:
+        """Forget the conversation's session (terminal, deleted, /reset): the next message starts
+        anew. Only when the mapping still names `session_id`: a newer session must survive a late
+        notice about an older one."""
+        k = self.keys
+        current = await self.session_for(conversation)
+        if session_id is not None and current is not None and current != session_id:
+            await self.redis.delete(k.conversation_of(session_id))
+            return
+        doomed = [k.session_of(conversation), k.conversation(conversation), k.held(conversation), k.turns(conversation)]
+        doomed += [k.conversation_of(s) for s in {current, session_id} if s]
+        await self.redis.delete(*doomed)
+
+    # -- conversation state -----------------------------------------------------------------
+    async def conversation(self, conversation: str) -> ConversationState:
+        return conversation_state(await self.redis.hgetall(self.keys.conversation(conversation)))
+
+    async def update_conversation(self, conversation: str, **fields: Any) -> None:
+        key = self.keys.conversation(conversation)
+        mapping, deletes = hash_fields(fields)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+            if deletes:
+                pipe.hdel(key, *deletes)
+            pipe.expire(key, self.mapping_ttl)
+            await pipe.execute()
+
+    async def resume_turn(self, conversation: str, partition: int, stream: InflightStream, **fields: Any) -> None:
+        """A turn continues (a confirmation or tool result was sent): write `fields` and hold the
+        session's stream again, in one round trip."""
+        key = self.keys.conversation(conversation)
+        mapping, deletes = hash_fields(fields)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if mapping:
+                pipe.hset(key, mapping=mapping)
+            if deletes:
+                pipe.hdel(key, *deletes)
+            pipe.expire(key, self.mapping_ttl)
+            pipe.hset(self.keys.inflight(partition), stream.session_id, inflight_entry(stream))
+            await pipe.execute()
+
+    # -- user turns ----------------------------------------------------------------------------
+    async def begin_turn(
+        self,
+        conversation: str,
+        partition: int,
+        *,
+        turn_id: str,
+        mode: TurnMode,
+        turn: TurnRecord,
+        command_json: str,
+        trace_id: str,
+        inbound_markers: Sequence[str] = (),
+    ) -> TurnStart:
+        """Decide what a user turn does, and record it when it starts, in one step (see
+        `scripts/begin_turn.lua`): a replay is recognised, a busy session holds it (merge, queue),
+        and a starting turn is recorded as running, listed among the session's turns, its record
+        kept under its id, its stream in flight on `partition`, its inbound messages marked seen."""
+        k = self.keys
+        turn_json = turn.model_dump_json()
+        stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
+        raw = await self._begin_turn(
+            keys=[
+                k.conversation(conversation),
+                k.held(conversation),
+                k.turns(conversation),
+                k.turn(turn_id),
+                k.inflight(partition),
+                k.marker("sent", turn_id),
+                k.session_of(conversation),
+                *(k.marker("in", m) for m in inbound_markers),
+            ],
+            args=[
+                turn_id,
+                f"{turn_id}\n{command_json}",
+                mode,
+                turn_json,
+                inflight_entry(stream),
+                self.mapping_ttl,
+                self.dedup_ttl,
+            ],
+        )
+        decision, session_id, cursor, interrupt = (text(v) or "" for v in raw)
+        return TurnStart(
+            decision=decision,  # type: ignore[arg-type]
+            session_id=session_id or None,
+            cursor=cursor.partition("|")[2] if cursor.partition("|")[0] == session_id and session_id else None,
+            interrupt=interrupt == "1",
+        )
+
+    async def drop_turn(self, conversation: str, turn_id: str) -> int:
+        """Forget a turn whose send failed; returns how many turns remain."""
+        key = self.keys.turns(conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lrem(key, 0, turn_id)
+            pipe.llen(key)
+            _, remaining = await pipe.execute()
+        return int(remaining)
+
+    async def turns_in_session(self, conversation: str) -> list[str]:
+        return [text(v) or "" for v in await self.redis.lrange(self.keys.turns(conversation), 0, -1)]
+
+    # -- turn ends (render) --------------------------------------------------------------------
+    async def bind_turn_end(self, conversation: str, event_id: str | None, *, bind: bool) -> TurnEnd:
+        """Whether this idle was handled before, the conversation's state and, with `bind`, the
+        turn it ends: the oldest sent and not yet ended (taken off the list), or the turn this same
+        idle was bound to before (a replay)."""
+        k = self.keys
+        handled, raw_state, turn_id, raw_turn = await self._bind_turn_end(
+            keys=[
+                k.conversation(conversation),
+                k.turns(conversation),
+                k.marker("turnbind", event_id) if event_id else "",
+                k.marker("turnend", event_id) if event_id else "",
+            ],
+            args=[k.turn_prefix(), self.dedup_ttl, "1" if bind else "0"],
+        )
+        return TurnEnd(
+            handled=text(handled),
+            state=conversation_state(raw_state or []),
+            turn_id=text(turn_id),
+            turn=TurnRecord.model_validate_json(raw_turn) if raw_turn else None,
+        )
+
+    async def finish_turn(
+        self,
+        conversation: str,
+        partition: int,
+        *,
+        session_id: str,
+        event_id: str | None,
+        turn_id: str | None,
+        waiting: bool = False,
+        **fields: Any,
+    ) -> int:
+        """Write a turn's end once its output is in the broker (see `scripts/finish_turn.lua`):
+        `fields`, the stream's cursor, the ended turn's send confirmed, the idle marked handled, and
+        the status idle and the stream released unless sent turns remain (`waiting`: the session
+        waits on the chat; the stream is released, the status is in `fields`). Returns how many
+        held messages to flush (-1: turns remain)."""
+        k = self.keys
+        mapping, deletes = hash_fields(fields)
+        flat = [v for pair in mapping.items() for v in pair]
+        result = await self._finish_turn(
+            keys=[
+                k.conversation(conversation),
+                k.turns(conversation),
+                k.held(conversation),
+                k.marker("turnend", event_id) if event_id else "",
+                k.marker("sent", turn_id) if turn_id else "",
+                k.inflight(partition),
+            ],
+            args=[
+                self.mapping_ttl,
+                self.dedup_ttl,
+                session_id,
+                event_id or "",
+                "wait" if waiting else "end",
+                len(mapping),
+                *flat,
+                *deletes,
+            ],
+        )
+        return int(result)
+
+    async def context(self, conversation: str, size: int) -> list[ContextEntry]:
+        """The group-context window, oldest first (kept by ingest's admission)."""
+        if size <= 0:
+            return []
+        return window(await self.redis.lrange(self.keys.window(conversation), 0, size - 1))
+
+    # -- held messages (busy policies merge / queue) ------------------------------------------
+    async def peek_held(self, conversation: str, limit: int | None = None) -> list[tuple[str, str]]:
+        """The oldest `limit` held commands (all when None) as (turn id, command JSON), left in
+        place until `drop_held`."""
+        end = -1 if limit is None else limit - 1
+        held = []
+        for raw in await self.redis.lrange(self.keys.held(conversation), 0, end):
+            turn_id, _, command = (text(raw) or "").partition("\n")
+            held.append((turn_id, command))
+        return held
+
+    async def drop_held(self, conversation: str, count: int) -> None:
+        """Remove the `count` oldest held commands (after the turn that carries them was sent)."""
+        if count <= 0:
+            return
+        key = self.keys.held(conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpop(key, count)
+            pipe.llen(key)
+            _, remaining = await pipe.execute()
+        await self.redis.hset(self.keys.conversation(conversation), "held", int(remaining))
+
+    async def clear_held(self, conversation: str) -> int:
+        """Drop every held command (/stop); returns how many there were."""
+        key = self.keys.held(conversation)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.llen(key)
+            pipe.delete(key)
+            pipe.hset(self.keys.conversation(conversation), "held", 0)
+            count, _, _ = await pipe.execute()
+        return int(count)
+
+
+def inflight_entry(stream: InflightStream) -> str:
+    """A stream's in-flight entry: its routing (the cursor is read from the conversation)."""
+    return json.dumps({"conversation_key": stream.conversation_key, "trace_id": stream.trace_id})

@@ -1,0 +1,61 @@
+"""The key layout: every key is `<prefix><kind>:<id>`, one kind per thing kept.
+
+Ids in keys are conversation keys, session ids, event ids and turn ids. A conversation key encodes
+its own ids (`pipeline.records.conversation_key`), so no two conversations share a key; the other
+ids are the session server's or Switchboard's own (`stable_id`), neither of which contains `:`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str
+
+    def of(self, kind: str, ident: str) -> str:
+        return f"{self.prefix}{kind}:{ident}"
+
+    # Conversations.
+    def conversation(self, conversation: str) -> str:
+        """Hash: status, session_id, turn, last_message, pending, tools, interrupted, held, cursor."""
+        return self.of("conv", conversation)
+
+    def session_of(self, conversation: str) -> str:
+        return self.of("c2s", conversation)
+
+    def conversation_of(self, session_id: str) -> str:
+        return self.of("s2c", session_id)
+
+    def held(self, conversation: str) -> str:
+        """List: commands held while the session is busy (`<turn id>\\n<command JSON>`)."""
+        return self.of("held", conversation)
+
+    def turns(self, conversation: str) -> str:
+        """List: ids of the user turns sent to the session and not yet ended, oldest first."""
+        return self.of("turns", conversation)
+
+    def turn(self, turn_id: str) -> str:
+        """A sent turn's record (what render needs to answer it)."""
+        return self.of("turn", turn_id)
+
+    def turn_prefix(self) -> str:
+        return self.of("turn", "")
+
+    def window(self, conversation: str) -> str:
+        """List: the group-context window, newest first."""
+        return self.of("ctx", conversation)
+
+    # Streams.
+    def inflight(self, partition: int) -> str:
+        """Hash per partition of session.input: session id → the stream a worker must hold."""
+        return self.of("inflight", str(partition))
+
+    # Markers.
+    def marker(self, kind: str, ident: str) -> str:
+        return self.of(f"dedup:{kind}", ident)
+
+    # Deliveries.
+    def rate_window(self, identifier: str) -> str:
+        return self.of("rate", identifier)

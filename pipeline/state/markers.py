@@ -1,0 +1,81 @@
+"""De-duplication markers (inbound messages seen, sends confirmed, turn ends handled, outbound
+messages delivered) and ingest's batch admission, which keeps the group-context window too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis
+
+from . import scripts
+from ._codec import text, window
+from .keys import Keys
+from .models import AdmissionResult, InboundAdmission
+
+
+class MarkerStore:
+    def __init__(self, redis: Redis, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.mapping_ttl = mapping_ttl
+        self.dedup_ttl = dedup_ttl
+        self._admit_inbound = scripts.script(redis, "admit_inbound")
+
+    async def marker(self, kind: str, ident: str) -> str | None:
+        return text(await self.redis.get(self.keys.marker(kind, ident)))
+
+    async def markers(self, kind: str, idents: list[str]) -> list[str | None]:
+        if not idents:
+            return []
+        return [text(v) for v in await self.redis.mget([self.keys.marker(kind, i) for i in idents])]
+
+    async def set_marker(self, kind: str, ident: str, value: str = "1", ttl: int | None = None) -> None:
+        await self.redis.set(self.keys.marker(kind, ident), value, ex=ttl or self.dedup_ttl)
+
+    async def set_markers(self, kind: str, idents: list[str], value: str = "1", ttl: int | None = None) -> None:
+        if not idents:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for ident in idents:
+                pipe.set(self.keys.marker(kind, ident), value, ex=ttl or self.dedup_ttl)
+            await pipe.execute()
+
+    async def first_time(self, kind: str, ident: str, ttl: int | None = None) -> bool:
+        """True the first time `ident` is seen (sets the marker atomically)."""
+        return bool(await self.redis.set(self.keys.marker(kind, ident), "1", nx=True, ex=ttl or self.dedup_ttl))
+
+    async def claim_send(self, marker_id: str) -> str | None:
+        """Before a send: the marker's previous value (None: first attempt, now marked `sending`)."""
+        key = self.keys.marker("sent", marker_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.get(key)
+            pipe.set(key, "sending", nx=True, ex=self.dedup_ttl)
+            previous, _ = await pipe.execute()
+        return text(previous)
+
+    async def admit_inbound(self, items: list[InboundAdmission], context_size: int) -> list[AdmissionResult]:
+        """De-duplicate a batch of inbound messages and keep the group-context window, in one
+        atomic round trip and in the given order (see `scripts/admit_inbound.lua`).
+
+        Per item: a duplicate (its marker exists) changes nothing. Otherwise the window before the
+        message is returned when asked for, the message is pushed onto its chat's window when it
+        carries an entry, and its marker is set when `mark` (a message that produces nothing is
+        marked at once; a user turn is marked by dispatch when it starts or is held).
+        """
+        if not items:
+            return []
+        keys: list[str] = []
+        args: list[Any] = [self.dedup_ttl, max(context_size, 0), self.mapping_ttl]
+        for item in items:
+            keys.append(self.keys.marker("in", item.dedup_id))
+            keys.append(self.keys.window(item.conversation))
+            push = item.entry is not None and context_size > 0
+            read = item.want_window and context_size > 0
+            args.append(("w" if read else "") + ("p" if push else "") + ("m" if item.mark else "") or "-")
+            args.append(item.entry.model_dump_json() if push and item.entry is not None else "")
+        raw = await self._admit_inbound(keys=keys, args=args)
+        results = []
+        for reply in raw:
+            duplicate = int(reply[0]) == 0
+            results.append(AdmissionResult(duplicate=duplicate, window=[] if duplicate else window(reply[1:])))
+        return results

@@ -1,0 +1,120 @@
+"""What the state stores hold and return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ConversationStatus = Literal["idle", "running", "requires_action"]
+
+
+class ContextEntry(BaseModel):
+    """One recent group message, for the agent's context and the known mention targets."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message_id: str
+    user_id: str
+    name: str = ""
+    text: str = ""
+    at_ms: float = 0.0
+
+
+class PendingAction(BaseModel):
+    """A tool waiting on the chat: a confirmation (`ask`) or a custom tool result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event_id: str
+    kind: Literal["confirmation", "custom_tool"]
+    name: str = ""
+    input: dict[str, Any] = Field(default_factory=dict)
+    session_thread_id: str | None = None
+
+
+class TurnRecord(BaseModel):
+    """A user turn dispatch sent: where its answer goes and what the agent may mention."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    trace_id: str
+    platform: str
+    bot_id: str
+    chat_id: str
+    chat_type: Literal["private", "group"]
+    starter_id: str | None = None
+    known_ids: list[str] = Field(default_factory=list)
+    reply_to_message_id: str | None = None
+    route: dict[str, str] = Field(default_factory=dict)
+    hops: dict[str, float] = Field(default_factory=dict)
+    inbound_ids: list[str] = Field(default_factory=list)
+
+
+class ConversationState(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    status: ConversationStatus = "idle"
+    session_id: str | None = None
+    turn: TurnRecord | None = None
+    last_message: str | None = None
+    last_message_id: str | None = None
+    pending: list[PendingAction] = Field(default_factory=list)
+    tools: dict[str, PendingAction] = Field(default_factory=dict)
+    interrupted: bool = False
+    held: int = 0
+    # The last event id processed on this conversation's session stream (saved once per turn).
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class InboundAdmission:
+    """One inbound message for `MarkerStore.admit_inbound`."""
+
+    dedup_id: str
+    conversation: str
+    entry: ContextEntry | None = None  # pushed onto the group-context window
+    want_window: bool = False  # return the window as it was before this message
+    mark: bool = False  # set the de-duplication marker now
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    duplicate: bool
+    window: list[ContextEntry] = field(default_factory=list)
+
+
+@dataclass
+class InflightStream:
+    """A session whose stream a worker must hold: routing and where to resume."""
+
+    session_id: str
+    conversation_key: str
+    cursor: str | None = None
+    trace_id: str | None = None
+
+
+Decision = Literal["start", "held", "done", "resume", "no_session"]
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """What `ConversationStore.begin_turn` decided for a user turn."""
+
+    decision: Decision
+    session_id: str | None = None
+    cursor: str | None = None
+    # The session was busy and the bot's policy is `interrupt`: send user.interrupt first.
+    interrupt: bool = False
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """What render learns when an idle arrives: whether it was handled before, the conversation's
+    state, and the turn it ends (bound once: a replayed idle binds the same turn)."""
+
+    handled: str | None
+    state: ConversationState
+    turn_id: str | None = None
+    turn: TurnRecord | None = None

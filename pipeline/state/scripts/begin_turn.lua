@@ -1,0 +1,58 @@
+-- Dispatch, one user turn: decide and record it in one step.
+-- KEYS: 1 conversation hash, 2 held list, 3 the session's turns, 4 this turn's record, 5 the
+-- partition's in-flight hash, 6 this turn's sent marker, 7 conversation → session, 8… the markers
+-- of the inbound messages the turn carries.
+-- ARGV: 1 turn id, 2 held entry, 3 mode (merge | queue | interrupt | flush | resume), 4 turn record,
+-- 5 in-flight entry, 6 state TTL, 7 marker TTL.
+-- Returns {decision, session id, cursor, interrupt}: 'done' (sent before: a replay), 'resume' (a
+-- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'busy' (a
+-- flush while another turn runs), 'no_session' (create one, then call again), 'start' (recorded;
+-- send it now).
+local conv, held, turns, turn_key, inflight, sent_key, c2s = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local turn_id, held_entry, mode, turn_json, stream_json = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local ttl, marker_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+
+local function mark_inbound()
+  for i = 8, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', marker_ttl) end
+end
+
+local sent = redis.call('GET', sent_key)
+local status = redis.call('HGET', conv, 'status')
+local session = redis.call('HGET', conv, 'session_id') or redis.call('GET', c2s)
+local cursor = redis.call('HGET', conv, 'cursor') or ''
+if sent == '1' then
+  mark_inbound()
+  return {'done', session or '', cursor, '0'}
+end
+if sent == 'sending' and mode ~= 'resume' then return {'resume', session or '', cursor, '0'} end
+local busy = status and status ~= 'idle' and session
+if busy and mode == 'flush' then return {'busy', session, cursor, '0'} end
+if busy and (mode == 'merge' or mode == 'queue') then
+  local prefix = turn_id .. '\n'
+  for _, item in ipairs(redis.call('LRANGE', held, 0, -1)) do
+    if string.sub(item, 1, #prefix) == prefix then
+      mark_inbound()
+      return {'held', session, cursor, '0'}
+    end
+  end
+  redis.call('RPUSH', held, held_entry)
+  redis.call('EXPIRE', held, ttl)
+  redis.call('HINCRBY', conv, 'held', 1)
+  mark_inbound()
+  return {'held', session, cursor, '0'}
+end
+if not session then return {'no_session', '', cursor, '0'} end
+redis.call('SET', sent_key, 'sending', 'EX', marker_ttl)
+redis.call('HSET', conv, 'status', 'running', 'session_id', session, 'turn', turn_json, 'interrupted', '0', 'pending', '[]')
+redis.call('HDEL', conv, 'last_message', 'last_message_id')
+redis.call('EXPIRE', conv, ttl)
+redis.call('HSET', inflight, session, stream_json)
+local listed = false
+for _, id in ipairs(redis.call('LRANGE', turns, 0, -1)) do
+  if id == turn_id then listed = true break end
+end
+if not listed then redis.call('RPUSH', turns, turn_id) end
+redis.call('EXPIRE', turns, ttl)
+redis.call('SET', turn_key, turn_json, 'EX', ttl)
+mark_inbound()
+return {'start', session, cursor, (busy and mode == 'interrupt') and '1' or '0'}

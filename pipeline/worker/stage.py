@@ -1,0 +1,135 @@
+"""A stage's runner: what the driver delivers one topic's fetched records to.
+
+Each record's value is parsed once (pydantic, from JSON). The stage's batch step then sees every
+parsed record of the batch at once (one Redis round trip for all of them, where the stage can),
+and returns per record the work that remains, or None when the record is settled. Remaining work
+runs in the stage's keyed executor: in order per conversation, concurrently across them; each
+record is acknowledged when it and every earlier record of its partition are done, so a committed
+offset never passes unfinished work.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from faust.types import Message
+from pydantic import BaseModel, ValidationError
+
+from pipeline.executor import KeyedExecutor
+from pipeline.records import Position
+from pipeline.stages.outputs import Outputs
+
+from .handling import Handling
+
+log = logging.getLogger(__name__)
+
+Work = Callable[[], Awaitable[None]]
+
+
+R = TypeVar("R", bound=BaseModel)
+
+# A stage's batch step, given the records and where each came from: per record, the work that
+# remains (None: settled).
+BatchStep = Callable[[list[R], list[Position]], Awaitable[list[Work | None]]]
+
+
+@dataclass(frozen=True)
+class Stage(Generic[R]):
+    """One stage on one topic."""
+
+    name: str  # the metric label: ingest, dispatch, render, egress
+    topic: str
+    record_type: type[R]
+    step: BatchStep[R]
+
+
+class StageRunner(Generic[R]):
+    def __init__(
+        self,
+        stage: Stage[R],
+        executor: KeyedExecutor,
+        outputs: Outputs,
+        ack: Callable[[Message], Any],
+        *,
+        handling: Handling | None = None,
+    ) -> None:
+        self.stage = stage
+        self.executor = executor
+        self.outputs = outputs
+        self._ack = ack
+        self.handling = handling or Handling(stage.name)
+
+    async def deliver(self, messages: Sequence[Message]) -> None:
+        stage = self.stage
+        parsed: list[R | None] = []
+        records: list[R] = []
+        positions: list[Position] = []
+        for message in messages:
+            try:
+                record = stage.record_type.model_validate_json(message.value or b"")
+            except ValidationError as exc:
+                parsed.append(None)
+                await self._dead_letter(message, "invalid_record", str(exc)[:500])
+                continue
+            parsed.append(record)
+            records.append(record)
+            positions.append(Position(message.topic, message.partition, message.offset))
+        works: list[Work | None] | None = None
+        if records:
+            try:
+                works = await self.handling.retrying(lambda: stage.step(records, positions))
+            except Exception:
+                log.exception("%s: batch step failed; handling the records one at a time", stage.name)
+            if works is not None and len(works) != len(records):
+                log.error("%s: batch step gave %d results for %d records", stage.name, len(works), len(records))
+                works = None
+        planned = iter(works) if works is not None else None
+        executor = self.executor
+        for message, parsed_record in zip(messages, parsed, strict=True):
+            ack = functools.partial(self._ack, message)
+            if parsed_record is None:
+                await executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
+                continue
+            work = next(planned) if planned is not None else self._alone(parsed_record, message)
+            if work is None:
+                await executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
+                continue
+            dead_letter = functools.partial(self._dead_letter, message)
+            await executor.submit(
+                getattr(parsed_record, "conversation_key", None) or message.partition,
+                functools.partial(self.handling.run, work, dead_letter),
+                partition=message.tp,
+                offset=message.offset,
+                ack=ack,
+            )
+
+    def _alone(self, record: R, message: Message) -> Work:
+        """The batch step for one record, run in its conversation's turn (after a batch failed:
+        a record that breaks the step is dead-lettered without taking the others with it)."""
+        position = Position(message.topic, message.partition, message.offset)
+
+        async def work() -> None:
+            (remaining,) = await self.stage.step([record], [position])
+            if remaining is not None:
+                await remaining()
+
+        return work
+
+    async def _dead_letter(self, message: Message, reason: str, error: str) -> None:
+        raw = message.value
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        key = message.key.decode("utf-8", "replace") if isinstance(message.key, bytes) else None
+        await self.outputs.dead_letter(
+            self.stage.name,
+            reason,
+            text,
+            error=error,
+            key=key,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+        )

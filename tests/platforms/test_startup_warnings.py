@@ -1,0 +1,51 @@
+"""A bot whose webhook anyone may call is named in a warning when the worker starts its runtime."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from pipeline.runtime import Runtime
+from pipeline.settings import BotConfig, Settings
+
+# What a Lark bot needs to load at all (its `required_credentials`), besides the webhook's own.
+LARK_APP = {"app_id": "cli_app", "app_secret": "app-secret"}
+
+
+async def _nowhere(topic: str, key: str | None, value: bytes) -> None:
+    raise AssertionError("nothing is produced at start-up")
+
+
+async def test_secret_less_bots_are_named_at_start_up(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(
+        redis_url=redis_url,
+        bots=[
+            BotConfig(platform="telegram", bot_id="tg-open", credentials={"token": "123:TOKEN-VALUE"}),
+            BotConfig(platform="telegram", bot_id="tg-closed", credentials={"token": "1:t", "webhook_secret": "s"}),
+            BotConfig(platform="onebot", bot_id="qq-open", credentials={"access_token": "ACCESS-VALUE"}),
+            BotConfig(platform="onebot", bot_id="qq-closed", credentials={"secret": "s"}),
+            BotConfig(
+                platform="lark", bot_id="lk-token-only", credentials={**LARK_APP, "verification_token": "VERIFY-VALUE"}
+            ),
+            BotConfig(platform="lark", bot_id="lk-signed", credentials={**LARK_APP, "encrypt_key": "e"}),
+            BotConfig(platform="slack", bot_id="sl1", credentials={"signing_secret": "s", "bot_token": "xoxb-1"}),
+        ],
+    )
+    runtime = Runtime(settings, _nowhere)
+    with caplog.at_level(logging.WARNING, logger="pipeline.runtime"):
+        await runtime.start()
+    try:
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        # The leak check's own warnings (these test credentials are short) are tested elsewhere.
+        warnings = [w for w in warnings if not w.startswith("leak check:")]
+        assert len(warnings) == 3, warnings
+        telegram, onebot, lark = warnings  # in the order of the bots
+        assert telegram.startswith("telegram bot 'tg-open': no webhook_secret credential: its webhook accepts any")
+        assert "secret_token to setWebhook" in telegram
+        assert onebot.startswith("onebot bot 'qq-open': no secret credential: its webhook accepts any request")
+        assert lark.startswith("lark bot 'lk-token-only': no encrypt_key credential: Lark does not sign")
+        # A warning names what is missing, never a credential's value.
+        assert not any(v in w for w in warnings for v in ("TOKEN-VALUE", "ACCESS-VALUE", "VERIFY-VALUE"))
+    finally:
+        await runtime.stop()

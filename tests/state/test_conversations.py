@@ -1,0 +1,193 @@
+"""Conversations and turns, against a real redis-server."""
+
+from __future__ import annotations
+
+from pipeline.state import ContextEntry, InboundAdmission, PendingAction, State, TurnRecord
+
+TURN = TurnRecord(trace_id="t", platform="console", bot_id="b", chat_id="c", chat_type="group", starter_id="u1")
+
+
+async def begin(state: State, turn_id: str, mode: str = "merge", *, markers: list[str] | None = None) -> str:
+    start = await state.conversations.begin_turn(
+        "k",
+        2,
+        turn_id=turn_id,
+        mode=mode,  # type: ignore[arg-type]
+        turn=TURN.model_copy(update={"trace_id": turn_id}),
+        command_json=f'{{"turn": "{turn_id}"}}',
+        trace_id=turn_id,
+        inbound_markers=markers or [],
+    )
+    return start.decision
+
+
+async def test_mapping_is_two_way_and_expires(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("console:b:c", "sess-1")
+    assert await conversations.session_for("console:b:c") == "sess-1"
+    assert await conversations.conversation_for("sess-1") == "console:b:c"
+    ttl = await conversations.redis.ttl(state.keys.session_of("console:b:c"))
+    assert 0 < ttl <= 600
+    assert all(k.startswith(state.keys.prefix) for k in await conversations.redis.keys("*"))
+
+
+async def test_unmap_keeps_a_newer_session(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "old")
+    await conversations.map_session("k", "new")
+    await conversations.unmap_session("k", "old")  # a late notice about the old session
+    assert await conversations.session_for("k") == "new"
+    await conversations.unmap_session("k", "new")
+    assert await conversations.session_for("k") is None
+    assert await conversations.conversation_for("new") is None
+
+
+async def test_conversation_state_round_trip(state: State) -> None:
+    conversations = state.conversations
+    assert (await conversations.conversation("k")).status == "idle"
+    pending = [PendingAction(event_id="e1", kind="confirmation", name="bash")]
+    await conversations.update_conversation(
+        "k", status="requires_action", turn=TURN, pending=pending, interrupted=True, last_message="hello"
+    )
+    got = await conversations.conversation("k")
+    assert got.status == "requires_action" and got.turn == TURN and got.pending == pending
+    assert got.interrupted and got.last_message == "hello"
+    await conversations.update_conversation("k", last_message=None, interrupted=False)
+    got = await conversations.conversation("k")
+    assert got.last_message is None and not got.interrupted
+
+
+async def test_begin_turn_needs_a_session_then_starts_and_records_everything(state: State) -> None:
+    conversations = state.conversations
+    assert await begin(state, "t1", markers=["in-1"]) == "no_session"
+    assert await state.markers.marker("in", "in-1") is None  # nothing written yet
+    await conversations.map_session("k", "s1")
+    start = await conversations.begin_turn(
+        "k", 2, turn_id="t1", mode="merge", turn=TURN, command_json="{}", trace_id="t1", inbound_markers=["in-1"]
+    )
+    assert (start.decision, start.session_id, start.interrupt) == ("start", "s1", False)
+    got = await conversations.conversation("k")
+    assert got.status == "running" and got.turn == TURN and got.session_id == "s1"
+    assert await conversations.turns_in_session("k") == ["t1"]
+    assert await state.markers.marker("sent", "t1") == "sending"
+    assert await state.markers.marker("in", "in-1") == "1"
+    (stream,) = await state.streams.inflight(2)
+    assert (stream.session_id, stream.conversation_key, stream.trace_id) == ("s1", "k", "t1")
+
+
+async def test_a_replayed_turn_is_resumed_or_skipped_never_started_twice(state: State) -> None:
+    await state.conversations.map_session("k", "s1")
+    assert await begin(state, "t1") == "start"
+    assert await begin(state, "t1") == "resume"  # the send may have been cut short: look it up
+    assert await begin(state, "t1", "resume") == "start"  # not posted: record and send it again
+    assert await state.conversations.turns_in_session("k") == ["t1"]  # listed once
+    await state.markers.set_marker("sent", "t1")
+    assert await begin(state, "t1") == "done"
+
+
+async def test_busy_session_holds_the_turn_once_and_its_end_flushes_it(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1") == "start"
+    assert await begin(state, "t2", markers=["in-2"]) == "held"
+    assert await begin(state, "t2") == "held"  # a replay is not held twice
+    assert await state.markers.marker("in", "in-2") == "1"
+    assert [t for t, _ in await conversations.peek_held("k")] == ["t2"]
+    assert (await conversations.conversation("k")).held == 1
+    assert await begin(state, "t3", "flush") == "busy"
+    end = await conversations.bind_turn_end("k", "idle-1", bind=True)
+    assert end.handled is None and end.turn_id == "t1" and end.turn is not None
+    held = await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-1", turn_id="t1")
+    assert held == 1  # the end sees it: flush
+    assert (await conversations.conversation("k")).status == "idle"
+    assert await state.markers.marker("turnend", "idle-1") == "flush"
+    assert await state.markers.marker("sent", "t1") == "1"
+    assert await state.streams.inflight(2) == []
+    assert await begin(state, "t4") == "start"  # after the end: a new turn starts
+
+
+async def test_interrupt_policy_starts_at_once_and_says_to_interrupt(state: State) -> None:
+    await state.conversations.map_session("k", "s1")
+    assert await begin(state, "t1", "interrupt") == "start"
+    start = await state.conversations.begin_turn(
+        "k", 2, turn_id="t2", mode="interrupt", turn=TURN, command_json="{}", trace_id="t2"
+    )
+    assert start.decision == "start" and start.interrupt
+    assert await state.conversations.turns_in_session("k") == ["t1", "t2"]
+
+
+async def test_an_idle_is_bound_to_one_turn_once_and_replays_see_it_handled(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    await begin(state, "t1", "interrupt")
+    await begin(state, "t2", "interrupt")
+    first = await conversations.bind_turn_end("k", "idle-1", bind=True)
+    again = await conversations.bind_turn_end("k", "idle-1", bind=True)  # a replay before the end
+    assert first.turn_id == again.turn_id == "t1"
+    # turns remain: the status stays running and nothing is flushed yet
+    assert await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-1", turn_id="t1") == -1
+    assert (await conversations.conversation("k")).status == "running"
+    assert (await conversations.bind_turn_end("k", "idle-1", bind=True)).handled == "1"
+    second = await conversations.bind_turn_end("k", "idle-2", bind=True)
+    assert second.turn_id == "t2"
+    assert await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-2", turn_id="t2") == 0
+    assert (await conversations.conversation("k")).status == "idle"
+    assert (await conversations.conversation("k")).cursor == "idle-2"
+
+
+async def test_waiting_on_the_chat_releases_the_stream_and_keeps_the_status(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    await begin(state, "t1")
+    end = await conversations.bind_turn_end("k", "idle-ra", bind=False)
+    assert end.turn_id is None and end.state.status == "running"
+    await conversations.update_conversation("k", status="requires_action")
+    await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-ra", turn_id=None, waiting=True)
+    assert (await conversations.conversation("k")).status == "requires_action"
+    assert await state.streams.inflight(2) == []
+    assert await conversations.turns_in_session("k") == ["t1"]  # the turn is not over
+
+
+async def test_turn_scripts_survive_a_script_flush(state: State) -> None:
+    conversations = state.conversations
+    redis = conversations.redis
+    await conversations.map_session("k", "s1")
+    await redis.script_flush()  # as after a restart without AOF
+    assert await begin(state, "t1") == "start"
+    await redis.script_flush()
+    assert (await conversations.bind_turn_end("k", "idle-1", bind=True)).turn_id == "t1"
+    await redis.script_flush()
+    assert await conversations.finish_turn("k", 0, session_id="s1", event_id="idle-1", turn_id="t1") == 0
+
+
+async def test_unmap_forgets_turns_and_held_messages(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    await begin(state, "t1")
+    await begin(state, "t2")
+    await conversations.unmap_session("k")
+    assert await conversations.turns_in_session("k") == []
+    assert await conversations.peek_held("k") == []
+
+
+async def test_held_messages_are_taken_oldest_first(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    await begin(state, "t0")
+    for i in range(1, 4):
+        await begin(state, f"t{i}")
+    assert [t for t, _ in await conversations.peek_held("k", 2)] == ["t1", "t2"]
+    await conversations.drop_held("k", 2)
+    assert [c for _, c in await conversations.peek_held("k")] == ['{"turn": "t3"}']
+    assert (await conversations.conversation("k")).held == 1
+    assert await conversations.clear_held("k") == 1
+    assert await conversations.peek_held("k") == []
+
+
+async def test_context_window_is_capped_and_oldest_first(state: State) -> None:
+    for i in range(7):
+        entry = ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i))
+        await state.markers.admit_inbound([InboundAdmission(f"d{i}", "k", entry=entry, mark=True)], context_size=5)
+    window = await state.conversations.context("k", 5)
+    assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
+    assert await state.conversations.context("k", 0) == []

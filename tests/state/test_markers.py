@@ -1,0 +1,62 @@
+"""De-duplication markers and ingest's batch admission, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pipeline.state import ContextEntry, InboundAdmission, State
+
+
+def _entry(i: int) -> ContextEntry:
+    return ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i))
+
+
+async def test_first_time_is_atomic_under_concurrency(state: State) -> None:
+    results = await asyncio.gather(*(state.markers.first_time("in", "msg-1") for _ in range(50)))
+    assert results.count(True) == 1
+
+
+async def test_claim_send_tells_a_replay_from_a_first_attempt(state: State) -> None:
+    assert await state.markers.claim_send("answer-1") is None
+    assert await state.markers.claim_send("answer-1") == "sending"
+    await state.markers.set_marker("sent", "answer-1")
+    assert await state.markers.claim_send("answer-1") == "1"
+
+
+async def test_admit_inbound_keeps_the_window_in_batch_order(state: State) -> None:
+    markers = state.markers
+    # m0..m3 settle (pushed and marked); m4 triggers: it sees the window before itself.
+    items = [InboundAdmission(f"d{i}", "g", entry=_entry(i), mark=True) for i in range(4)]
+    items.append(InboundAdmission("d4", "g", entry=_entry(4), want_window=True))
+    results = await markers.admit_inbound(items, context_size=3)
+    assert [r.duplicate for r in results] == [False] * 5
+    assert [e.message_id for e in results[4].window] == ["m1", "m2", "m3"]
+    assert [r.window for r in results[:4]] == [[], [], [], []]
+    assert [e.message_id for e in await state.conversations.context("g", 3)] == ["m2", "m3", "m4"]
+    # Settled messages are duplicates from now on; the triggering one is not (dispatch marks it).
+    again = await markers.admit_inbound(
+        [InboundAdmission("d0", "g", entry=_entry(0), mark=True), InboundAdmission("d4", "g", want_window=True)],
+        context_size=3,
+    )
+    assert [r.duplicate for r in again] == [True, False]
+    assert [e.message_id for e in again[1].window] == ["m2", "m3", "m4"]
+    ttl = await markers.redis.ttl(state.keys.marker("in", "d0"))
+    assert 0 < ttl <= markers.dedup_ttl
+    assert await markers.redis.exists(state.keys.marker("in", "d4")) == 0
+
+
+async def test_admit_inbound_without_a_window(state: State) -> None:
+    results = await state.markers.admit_inbound(
+        [InboundAdmission("p1", "private", mark=True), InboundAdmission("g1", "g", entry=_entry(1), want_window=True)],
+        context_size=0,
+    )
+    assert [(r.duplicate, r.window) for r in results] == [(False, []), (False, [])]
+    assert await state.markers.redis.exists(state.keys.window("g")) == 0
+    assert await state.markers.admit_inbound([], context_size=5) == []
+
+
+async def test_window_shows_a_replayed_message_once(state: State) -> None:
+    # A triggering message replayed before dispatch marked it is pushed again.
+    for _ in range(2):
+        await state.markers.admit_inbound([InboundAdmission("d7", "g", entry=_entry(7), want_window=True)], 5)
+    assert [e.message_id for e in await state.conversations.context("g", 5)] == ["m7"]
