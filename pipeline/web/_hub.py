@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from pipeline import metrics
@@ -77,8 +78,9 @@ def sse_frame(seq: int, message: str) -> bytes:
 
 
 class ConsoleHub:
-    def __init__(self, store: ConsoleStore, max_viewers: int) -> None:
+    def __init__(self, store: ConsoleStore, subscriber: Redis, max_viewers: int) -> None:
         self.store = store
+        self.subscriber = subscriber  # its own connection, without retries: a break is seen here
         self.max_viewers = max_viewers
         self._chats: dict[tuple[str, str], set[Viewer]] = {}
         self._count = 0
@@ -163,7 +165,7 @@ class ConsoleHub:
     async def _listen(self) -> None:
         backoff = 0.2
         while not self._closed:
-            pubsub: PubSub = self.store.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub: PubSub = self.subscriber.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.store.channel)
                 self.subscribed.set()

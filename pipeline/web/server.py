@@ -19,7 +19,11 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
@@ -84,24 +88,32 @@ class WebServer:
         if s.console_enabled:
             assert s.redis_url, "redis_url is required"
             # Never the pipeline's pool: a crowd of viewers waits here (up to 5 s, then 503)
-            # instead of starving the stages of connections.
-            pool = BlockingConnectionPool.from_url(
+            # instead of starving the stages of connections. Reads retry a connection that broke
+            # (a Redis restart); the subscription does not, so the hub sees every break and has its
+            # viewers catch up.
+            common = {
+                "decode_responses": True,
+                "socket_connect_timeout": 5,
+                "health_check_interval": 15,
+                "client_name": "switchboard-console",
+            }
+            reads = BlockingConnectionPool.from_url(
                 s.redis_url,
-                max_connections=s.console_redis_max_connections,
+                max_connections=s.console_redis_max_connections - 1,
                 timeout=5,
-                decode_responses=True,
                 socket_timeout=10,
-                socket_connect_timeout=5,
-                health_check_interval=15,
-                client_name="switchboard-console",
+                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+                retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                **common,
             )
+            subscription = ConnectionPool.from_url(s.redis_url, max_connections=1, **common)
             store = ConsoleStore(
-                Redis(connection_pool=pool),
+                Redis(connection_pool=reads),
                 Keys(s.redis_prefix),
                 mapping_ttl=s.mapping_ttl_seconds,
                 dedup_ttl=s.dedup_ttl_seconds,
             )
-            hub = ConsoleHub(store, s.console_max_viewers)
+            hub = ConsoleHub(store, Redis(connection_pool=subscription), s.console_max_viewers)
             await hub.start()
             self.deps.console = ConsoleDeps(store=store, hub=hub)
         self._runner = GuardedAppRunner(
@@ -134,8 +146,9 @@ class WebServer:
             await self._runner.cleanup()
             self._runner = None
         if console is not None:
-            await console.store.redis.aclose()
-            await console.store.redis.connection_pool.disconnect()
+            for client in (console.store.redis, console.hub.subscriber):
+                await client.aclose()
+                await client.connection_pool.disconnect()
             self.deps.console = None
 
 

@@ -337,3 +337,30 @@ async def test_an_idle_stream_gets_keep_alive_comments(start_worker: StartWorker
             assert await r.content.readline() == b": keep-alive\n"
         await pipeline_console(worker).append("locked", "quiet", {"id": "out-1"}, message_id="out-1")
         assert (await next_event(r))["data"]["id"] == "out-1"  # keep-alives did not get in the way
+
+
+async def test_a_lost_subscription_ends_the_streams_and_they_catch_up(
+    start_worker: StartWorker, redis_server_factory: Any
+) -> None:
+    """Redis restarts: deliveries published meanwhile never reach this worker's subscription, so
+    its viewers are ended (`resync`), and a stream opened again from the last seq has them."""
+    redis = await redis_server_factory(aof=True)
+    worker = await start_worker(redis_url=redis.url)
+    assert worker.runtime.web is not None and worker.runtime.web.deps.console is not None
+    hub = worker.runtime.web.deps.console.hub
+    before = sample("switchboard_console_streams_ended_total", reason="resync")
+    async with aiohttp.ClientSession() as http:
+        async with stream(http, worker, "c") as r:
+            await pipeline_console(worker).append("locked", "c", {"id": "out-1"}, message_id="out-1")
+            assert (await next_event(r))["id"] == 1
+            await redis.stop()
+            async with asyncio.timeout(10):
+                assert await r.content.read() == b""  # ended by the worker
+        await redis.start()
+        async with asyncio.timeout(20):
+            await hub.subscribed.wait()
+        # Delivered while no viewer was connected, then seen by a stream that resumes after seq 1.
+        await pipeline_console(worker).append("locked", "c", {"id": "out-2"}, message_id="out-2")
+        async with stream(http, worker, "c", after=1) as r:
+            assert (await next_event(r))["data"]["id"] == "out-2"
+    assert sample("switchboard_console_streams_ended_total", reason="resync") - before == 1
