@@ -26,7 +26,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import message_seq
 
 from ._deps import DEPS, STATIC_DIR, ConsoleDeps
-from ._hub import Viewer, ViewerLimit, sse_frame
+from ._hub import KEEPALIVE_FRAME, Viewer, ViewerLimit, sse_frame
 
 # How long a new stream waits for the worker's subscription (after a Redis outage) before 503.
 SUBSCRIBE_WAIT_SECONDS = 5.0
@@ -151,6 +151,8 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
     bot = _authorized_bot(request)
     chat_id = _chat_id(request)
     after = _after(request)
+    if request.version < (1, 1):
+        raise _reject(400, "bad_request", "the stream needs HTTP/1.1 (chunked)")
     console = _console(request)
     try:
         viewer = console.hub.join(bot.bot_id, chat_id)
@@ -167,9 +169,12 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         )
+        response.enable_chunked_encoding()  # the hub writes chunks to the connection itself
         await response.prepare(request)
+        viewer.connection = request.transport
+        viewer.last = after
         with contextlib.suppress(ConnectionError):  # the client left while we wrote
-            await _stream(response, viewer, backlog, after)
+            await _stream(request, response, viewer, backlog)
             # Ended by the worker (shutdown, a slow reader, a lost subscription): the client
             # reconnects with the last seq it has.
             await response.write_eof()
@@ -179,31 +184,33 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
         console.hub.leave(viewer)
 
 
-async def _stream(response: web.StreamResponse, viewer: Viewer, backlog: list[str], after: int) -> None:
-    last = after
+async def _stream(request: web.Request, response: web.StreamResponse, viewer: Viewer, backlog: list[str]) -> None:
+    """The backlog after `viewer.last`, what arrived meanwhile, then live (the hub writes each
+    delivery itself); this handler then only waits for the end."""
     frames = []
     for message in backlog:
         seq = message_seq(message)
-        if seq > last:
+        if seq > viewer.last:
             frames.append(sse_frame(seq, message))
-            last = seq
-    if frames:
-        await response.write(b"".join(frames))
-    while not viewer.ended:
-        frames = []
-        while viewer.pending:
+            viewer.last = seq
+    while True:
+        while viewer.pending:  # delivered since we joined (while reading or writing the backlog)
             seq, frame = viewer.pending.popleft()
-            if seq > last:  # a delivery the backlog already had
+            if seq > viewer.last:
                 frames.append(frame)
-                last = seq
-        if viewer.keepalive and not frames:
-            frames.append(b": keep-alive\n\n")
+                viewer.last = seq
+        if not frames and not viewer.keepalive:
+            break
+        await response.write(b"".join(frames) or KEEPALIVE_FRAME)
         viewer.keepalive = False
-        if frames:
-            await response.write(b"".join(frames))
+        frames = []
+    transport = request.transport
+    if transport is None or viewer.ended:
+        return
+    viewer.go_live(transport)  # nothing is pending, and no await since we looked: nothing is lost
+    while not viewer.ended:
         viewer.wake.clear()
-        if not (viewer.pending or viewer.ended or viewer.keepalive):
-            await viewer.wake.wait()
+        await viewer.wake.wait()
 
 
 async def redirect_to_console(_: web.Request) -> web.StreamResponse:

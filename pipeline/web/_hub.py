@@ -23,12 +23,15 @@ from pipeline.state import ConsoleStore, LiveMessage
 
 log = logging.getLogger(__name__)
 
-# Deliveries a viewer may have waiting before it counts as too slow and is ended.
+# Deliveries a viewer may have waiting before it counts as too slow and is ended (while its backlog
+# is written), and bytes its connection may have unsent (after).
 VIEWER_QUEUE = 256
+VIEWER_BUFFER_BYTES = 1024 * 1024
 # The subscription's read returns this often when nothing arrives (to notice a shutdown).
 POLL_SECONDS = 1.0
 # A stream with nothing to send gets a `: keep-alive` comment about this often.
 KEEPALIVE_SECONDS = 15.0
+KEEPALIVE_FRAME = b": keep-alive\n\n"
 
 
 class ViewerLimit(Exception):
@@ -36,9 +39,11 @@ class ViewerLimit(Exception):
 
 
 class Viewer:
-    """One open console stream: the deliveries of its chat waiting to be written."""
+    """One open console stream. Until its handler has written the backlog, deliveries of its chat
+    wait in `pending`; from then on (`sink` set) each is written to its connection at once, here,
+    with no task to wake: a delivery to ten viewers is ten socket writes."""
 
-    __slots__ = ("chat", "ended", "idle", "keepalive", "pending", "reason", "wake")
+    __slots__ = ("chat", "connection", "ended", "idle", "keepalive", "last", "pending", "reason", "sink", "wake")
 
     def __init__(self, chat: tuple[str, str]) -> None:
         self.chat = chat
@@ -46,30 +51,61 @@ class Viewer:
         self.wake = asyncio.Event()
         self.ended = False
         self.reason = "client_left"
-        self.idle = True  # nothing was offered since the last keep-alive tick
-        self.keepalive = False  # a keep-alive comment is due
+        self.idle = True  # nothing was sent since the last keep-alive tick
+        self.keepalive = False  # a keep-alive comment is due (before the stream went live)
+        self.last = 0  # the seq of the last message sent
+        self.sink: asyncio.WriteTransport | None = None
+        # Its connection, to drop when the client does not read (a write to it would wait forever).
+        self.connection: asyncio.Transport | None = None
+
+    def go_live(self, sink: asyncio.WriteTransport) -> None:
+        """The backlog and `pending` are written: from now on deliveries go straight to `sink`."""
+        self.sink = sink
 
     def tick(self) -> None:
         """The hub's keep-alive clock (one timer for every viewer, not one per wait)."""
         if self.idle:
-            self.keepalive = True
-            self.wake.set()
+            if self.sink is not None:
+                self._write(KEEPALIVE_FRAME)
+            else:
+                self.keepalive = True
+                self.wake.set()
         self.idle = True
 
     def offer(self, seq: int, frame: bytes) -> None:
-        if self.ended:
+        if self.ended or seq <= self.last:
+            return
+        self.idle = False
+        if self.sink is not None:
+            if self._write(frame):
+                self.last = seq
             return
         if len(self.pending) >= VIEWER_QUEUE:
             self.end("slow")
             return
         self.pending.append((seq, frame))
-        self.idle = False
         self.wake.set()
+
+    def _write(self, frame: bytes) -> bool:
+        sink = self.sink
+        assert sink is not None
+        if sink.is_closing():
+            self.end("client_left")
+            return False
+        if sink.get_write_buffer_size() > VIEWER_BUFFER_BYTES:
+            self.end("slow")
+            return False
+        # The response is chunked (HTTP/1.1): one chunk per frame, as aiohttp's writer frames them.
+        sink.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        return True
 
     def end(self, reason: str) -> None:
         if not self.ended:
             self.ended = True
             self.reason = reason
+            self.sink = None
+            if reason == "slow" and self.connection is not None:
+                self.connection.abort()  # what it has not read is dropped; its page reconnects
             self.wake.set()
 
 

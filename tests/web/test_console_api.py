@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -364,3 +365,32 @@ async def test_a_lost_subscription_ends_the_streams_and_they_catch_up(
         async with stream(http, worker, "c", after=1) as r:
             assert (await next_event(r))["data"]["id"] == "out-2"
     assert sample("switchboard_console_streams_ended_total", reason="resync") - before == 1
+
+
+async def test_a_live_viewer_that_stops_reading_is_ended(start_worker: StartWorker) -> None:
+    """Once live, deliveries are written straight to the connection; one that stops reading fills
+    its buffers and is ended (`slow`) instead of growing the worker's memory."""
+    worker = await start_worker()
+    assert worker.runtime.web is not None and worker.runtime.web.deps.console is not None
+    hub = worker.runtime.web.deps.console.hub
+    before = sample("switchboard_console_streams_ended_total", reason="slow")
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no receive-window autotuning
+    client.connect(("127.0.0.1", worker.port))
+    reader, writer = await asyncio.open_connection(sock=client)
+    writer.write(
+        b"GET /console/api/stream?chat_id=c&bot_id=locked HTTP/1.1\r\nHost: w\r\n"
+        + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    await wait_until(lambda: hub.viewers == 1, "the viewer")
+    console = pipeline_console(worker)
+    big = "x" * 4000
+    for i in range(2000):  # 8 MB: more than the socket buffers and the viewer's allowance
+        await console.append("locked", "c", {"id": f"out-{i}", "text": big})
+        if hub.viewers == 0:
+            break
+    await wait_until(lambda: hub.viewers == 0, "the slow viewer ended")
+    assert sample("switchboard_console_streams_ended_total", reason="slow") - before == 1
+    writer.close()
