@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from tests.deploy.support import (
     load_yaml,
     run,
     settings_default,
+    switchboard_environment,
     tool,
 )
 
@@ -155,16 +155,8 @@ def test_worker_settings_validate() -> None:
     config = env.pop("SWITCHBOARD_CONFIG")
     source, target = next((s, t) for s, t in bind_mounts(worker) if config.startswith(t))
     bots_file = ROOT / source / Path(config).relative_to(target) if Path(source).is_dir() else ROOT / source
-    mp = pytest.MonkeyPatch()
-    try:
-        for key in [k for k in os.environ if k.startswith("SWITCHBOARD_")]:
-            mp.delenv(key)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        mp.setenv("SWITCHBOARD_CONFIG", str(bots_file))
+    with switchboard_environment({**env, "SWITCHBOARD_CONFIG": str(bots_file)}):
         settings = Settings()
-    finally:
-        mp.undo()
     assert settings.kafka_bootstrap and settings.redis_url
     assert settings.metrics_token is not None and settings.metrics_token.get_secret_value() == "from-dotenv"
 

@@ -9,11 +9,8 @@ bot's webhooks are authenticated; nothing else is published beyond loopback.
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +19,20 @@ import pytest
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.settings import Settings
 from pipeline.web import is_loopback, worker_problems
-from tests.deploy.support import COMPOSE_FILE, DEPLOY, K8S, PROMETHEUS_CONFIG, ROOT, load_yaml, load_yaml_all
+from tests.deploy.support import (
+    COMPOSE_FILE,
+    DEPLOY,
+    K8S,
+    PROMETHEUS_CONFIG,
+    ROOT,
+    load_yaml,
+    load_yaml_all,
+    switchboard_environment,
+)
 from tests.deploy.test_compose import bind_mounts, dockerfile_env, env_of, services, workers
 
 BOTS_FILE = DEPLOY / "switchboard.toml"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
-
-
-@contextmanager
-def environment(env: dict[str, str]) -> Iterator[None]:
-    """Exactly `env` as the SWITCHBOARD_* environment (the developer's own kept out)."""
-    mp = pytest.MonkeyPatch()
-    try:
-        for key in [k for k in os.environ if k.startswith("SWITCHBOARD_")]:
-            mp.delenv(key)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        yield
-    finally:
-        mp.undo()
 
 
 def compose_value(value: str, dotenv: dict[str, str]) -> str:
@@ -64,7 +56,7 @@ def compose_worker_settings(dotenv: dict[str, str]) -> Settings:
     config = env["SWITCHBOARD_CONFIG"]
     source = next(s for s, t in bind_mounts(worker) if config.startswith(t))
     env["SWITCHBOARD_CONFIG"] = str(ROOT / source)  # the file compose mounts there
-    with environment({**dockerfile_env(), **env}):
+    with switchboard_environment({**dockerfile_env(), **env}):
         return Settings()
 
 
@@ -86,7 +78,7 @@ def k8s_worker_settings(tmp_path: Path) -> Settings:
             env[item["name"]] = secret[ref["key"]]
     (tmp_path / "switchboard.toml").write_text(bots["data"]["switchboard.toml"])
     env["SWITCHBOARD_CONFIG"] = str(tmp_path / "switchboard.toml")
-    with environment({**dockerfile_env(), **env}):
+    with switchboard_environment({**dockerfile_env(), **env}):
         return Settings()
 
 
@@ -170,7 +162,7 @@ def test_k8s_workers_serve_nothing_unauthenticated(tmp_path: Path) -> None:
 
 
 def test_the_image_alone_serves_nothing_unauthenticated() -> None:
-    with environment(dockerfile_env()):
+    with switchboard_environment(dockerfile_env()):
         settings = Settings()
     assert not is_loopback(settings.web_host)
     assert not settings.console_enabled
@@ -202,6 +194,6 @@ def test_every_bot_the_files_ship_or_show_has_authenticated_webhooks(tmp_path: P
         shipped = tomllib.loads(path.read_text()).get("bots", [])
         examples = _example_bots(path)
         assert examples, f"{path.name}: no example bot"
-        with environment({}):
+        with switchboard_environment({}):
             settings = Settings(bots=[*shipped, *examples])
         assert open_webhooks(settings) == [], f"{path.name}: bots anyone could post to"

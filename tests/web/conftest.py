@@ -8,13 +8,14 @@ instead of going to a broker. Stopped at the end of the test.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from pipeline.runtime import Runtime
 from pipeline.settings import BotConfig, Settings
+from tests.platforms.test_ingress_checks import Produced  # records what would go to the broker
 
 TOKEN = "console-token-for-tests"
 ADMIN = "boss"
@@ -26,17 +27,6 @@ def console_bot(bot_id: str = "locked", token: str | None = TOKEN, **extra: Any)
         {"platform": "console", "bot_id": bot_id, "self_id": "bot", "language": "en", "credentials": credentials}
         | extra
     )
-
-
-@dataclass
-class Produced:
-    records: list[tuple[str, str | None, bytes]] = field(default_factory=list)
-
-    async def __call__(self, topic: str, key: str | None, value: bytes) -> None:
-        self.records.append((topic, key, value))
-
-    def on(self, topic: str) -> list[bytes]:
-        return [v for t, _, v in self.records if t == topic]
 
 
 @dataclass
