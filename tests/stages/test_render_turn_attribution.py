@@ -81,8 +81,6 @@ def agent_message(event_id: str) -> SessionEventRecord:
         conversation_key=CONVERSATION,
         session_id="s1",
         event={"type": "agent.message", "id": event_id, "content": [{"type": "text", "text": REPLY}]},
-        event_type="agent.message",
-        event_id=event_id,
     )
 
 
@@ -91,8 +89,6 @@ def idle(event_id: str) -> SessionEventRecord:
         conversation_key=CONVERSATION,
         session_id="s1",
         event={"type": "session.status_idle", "id": event_id, "stop_reason": {"type": "end_turn"}},
-        event_type="session.status_idle",
-        event_id=event_id,
     )
 
 
