@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import httpx
 from aiohttp import web
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import Connection, ConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -64,6 +64,7 @@ from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State
+from pipeline.state.connection import RedisConnection
 from pipeline.web import WebDeps, build_web_app
 
 log = logging.getLogger(__name__)
@@ -152,15 +153,6 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
     )
 
 
-class CountedConnection(Connection):
-    """A Redis connection that counts its round trips (one packed send each: a command, a
-    pipeline or a script call), for `switchboard_redis_round_trips_total`."""
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        metrics.REDIS_ROUND_TRIPS.inc()
-        await super().send_packed_command(command, check_health)
-
-
 class Runtime:
     def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
         self.settings = settings
@@ -190,7 +182,7 @@ class Runtime:
             health_check_interval=15,
             socket_timeout=10,
             socket_connect_timeout=5,
-            connection_class=CountedConnection,
+            connection_class=RedisConnection,
         )
         self.redis = Redis(connection_pool=pool)
         self.state = State.open(
