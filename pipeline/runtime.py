@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import httpx
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import Connection, ConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -63,6 +63,7 @@ from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State
+from pipeline.state.connection import RedisConnection
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 
 log = logging.getLogger(__name__)
@@ -151,15 +152,6 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
     )
 
 
-class CountedConnection(Connection):
-    """A Redis connection that counts its round trips (one packed send each: a command, a
-    pipeline or a script call), for `switchboard_redis_round_trips_total`."""
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        metrics.REDIS_ROUND_TRIPS.inc()
-        await super().send_packed_command(command, check_health)
-
-
 class Runtime:
     def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
         self.settings = settings
@@ -190,7 +182,7 @@ class Runtime:
             socket_timeout=10,
             socket_connect_timeout=5,
             client_name="switchboard",
-            connection_class=CountedConnection,
+            connection_class=RedisConnection,
         )
         self.redis = Redis(connection_pool=pool)
         self.state = State.open(

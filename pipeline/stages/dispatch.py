@@ -213,21 +213,25 @@ class DispatchStage:
     async def _begin(
         self, bot: BotConfig, command: SessionCommand, partition: int, turn_id: str, mode: TurnMode
     ) -> TurnStart:
-        # Held: the time from here to its release is the busy policy's wait, which latency
-        # reports keep apart from the pipeline's own overhead.
-        held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
-        return await self.state.conversations.begin_turn(
+        begin = functools.partial(
+            self.state.conversations.begin_turn,
             command.conversation_key,
             partition,
             turn_id=turn_id,
             mode=mode,
             turn=self._turn_record(command),
-            command_json=held.model_dump_json(),
             trace_id=command.trace_id,
             inbound_markers=[
                 inbound_dedup_id(command.platform, command.bot_id, command.chat_id, i) for i in command.inbound_ids
             ],
         )
+        start = await begin(command_json=None)
+        if start.decision != "hold":
+            return start
+        # Held: the time from here to its release is the busy policy's wait, which latency reports
+        # keep apart from the pipeline's own overhead.
+        held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
+        return await begin(command_json=held.model_dump_json())
 
     @staticmethod
     def _turn_record(command: SessionCommand) -> TurnRecord:

@@ -99,14 +99,16 @@ class ConversationStore:
         turn_id: str,
         mode: TurnMode,
         turn: TurnRecord,
-        command_json: str,
+        command_json: str | None,
         trace_id: str,
         inbound_markers: Sequence[str] = (),
     ) -> TurnStart:
         """Decide what a user turn does, and record it when it starts, in one step (see
         `scripts/begin_turn.lua`): a replay is recognised, a busy session holds it (merge, queue),
         and a starting turn is recorded as running, listed among the session's turns, its record
-        kept under its id, its stream in flight on `partition`, its inbound messages marked seen."""
+        kept under its id, its stream in flight on `partition`, its inbound messages marked seen.
+        `command_json` is what a busy session holds; without it, a turn that would be held comes
+        back as `hold` (call again with it: most turns are never held, and the command is large)."""
         k = self.keys
         turn_json = turn.model_dump_json()
         stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
@@ -123,7 +125,7 @@ class ConversationStore:
             ],
             args=[
                 turn_id,
-                f"{turn_id}\n{command_json}",
+                f"{turn_id}\n{command_json}" if command_json is not None else "",
                 mode,
                 turn_json,
                 inflight_entry(stream),

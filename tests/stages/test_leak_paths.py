@@ -194,8 +194,6 @@ def event(conversation: str, event_type: str, event_id: str, **fields: Any) -> S
         conversation_key=conversation,
         session_id="s1",
         event={"type": event_type, "id": event_id, **fields},
-        event_type=event_type,
-        event_id=event_id,
     )
 
 

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from pipeline.records import OutboundMessage, SessionEventRecord
 from pipeline.runtime import Runtime, deployment_secrets, reply_policy
 from pipeline.segments import Capabilities, MediaChecker, MediaSettings, SafeFetcher
+from pipeline.session.models import SessionError
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
@@ -92,14 +93,13 @@ async def _discard(topic: str, key: str | None, value: bytes) -> None:
         ({"type": "billing_error", "retry_status": {"type": "terminal"}}, ("billing_error", "terminal")),
         ({"type": "unknown_error", "retry_status": {"type": "exhausted"}}, ("unknown_error", "exhausted")),
         ({"type": "x" * 500, "retry_status": {"type": "retry in 5s, id 93f1"}}, ("other", "other")),
-        ({"type": 7, "retry_status": "retrying"}, ("other", "other")),
-        ({}, ("other", "other")),
+        ({"type": "malformed", "retry_status": {"type": "malformed"}}, ("other", "other")),
     ],
 )
 def test_session_error_labels_stay_in_the_protocols_vocabulary(
     error: dict[str, object], labels: tuple[str, str]
 ) -> None:
-    assert session_error_labels({"type": "session.error", "error": error}) == labels
+    assert session_error_labels(SessionError.model_validate({"type": "session.error", "error": error})) == labels
 
 
 def test_session_error_metric_counts_unknown_values_as_other() -> None:
@@ -109,8 +109,6 @@ def test_session_error_metric_counts_unknown_values_as_other() -> None:
         conversation_key="console:demo:c",
         session_id="s1",
         event={"type": "session.error", "error": {"type": "session 93f1 rejected", "retry_status": {"type": "??"}}},
-        event_type="session.error",
-        event_id="e-err",
     )
     assert RenderStage.handle_inline(record)
     assert REGISTRY.get_sample_value("switchboard_session_errors_total", labels) == before + 1
@@ -168,8 +166,6 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
                     conversation_key=conversation,
                     session_id="s1",
                     event=event,
-                    event_type=str(event["type"]),
-                    event_id=str(event["id"]),
                 )
             )
     finally:

@@ -10,13 +10,14 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, Position, SessionEventRecord
-from pipeline.runtime import CountedConnection, reply_policy
+from pipeline.runtime import reply_policy
 from pipeline.settings import Settings
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
 from pipeline.state import State, TurnRecord
+from pipeline.state.connection import RedisConnection
 
 CONVERSATION = "console:demo:chat-1"
 REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
@@ -39,7 +40,7 @@ def round_trips() -> float:
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
     s = Settings(redis_prefix=prefix, console_enabled=True)  # the console bot `demo`
-    redis = aioredis.from_url(redis_url, decode_responses=True, connection_class=CountedConnection)
+    redis = aioredis.from_url(redis_url, decode_responses=True, connection_class=RedisConnection)
     state = State.open(redis, s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(
@@ -81,8 +82,6 @@ def agent_message(event_id: str) -> SessionEventRecord:
         conversation_key=CONVERSATION,
         session_id="s1",
         event={"type": "agent.message", "id": event_id, "content": [{"type": "text", "text": REPLY}]},
-        event_type="agent.message",
-        event_id=event_id,
     )
 
 
@@ -91,8 +90,6 @@ def idle(event_id: str) -> SessionEventRecord:
         conversation_key=CONVERSATION,
         session_id="s1",
         event={"type": "session.status_idle", "id": event_id, "stop_reason": {"type": "end_turn"}},
-        event_type="session.status_idle",
-        event_id=event_id,
     )
 
 

@@ -191,3 +191,22 @@ async def test_context_window_is_capped_and_oldest_first(state: State) -> None:
     window = await state.conversations.context("k", 5)
     assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
     assert await state.conversations.context("k", 0) == []
+
+
+async def test_a_busy_session_asks_for_the_command_before_holding_it(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1") == "start"
+    asked = await conversations.begin_turn(
+        "k", 2, turn_id="t2", mode="queue", turn=TURN, command_json=None, trace_id="t2", inbound_markers=["in-2"]
+    )
+    assert asked.decision == "hold"
+    assert await conversations.peek_held("k") == [] and await state.markers.marker("in", "in-2") is None
+    held = await conversations.begin_turn(
+        "k", 2, turn_id="t2", mode="queue", turn=TURN, command_json='{"n": 2}', trace_id="t2", inbound_markers=["in-2"]
+    )
+    assert held.decision == "held" and await conversations.peek_held("k") == [("t2", '{"n": 2}')]
+    idle = await conversations.begin_turn(  # a turn that needs no holding never sends its command
+        "k2", 2, turn_id="t3", mode="queue", turn=TURN, command_json=None, trace_id="t3"
+    )
+    assert idle.decision == "no_session"
