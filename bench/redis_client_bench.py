@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 
-from pipeline.state.connection import RedisConnection
+from pipeline.state.client import RedisClient, Script
 
 
 def _cpu() -> float:
@@ -51,6 +51,23 @@ async def _measure(pool: Any, calls: int, concurrency: int, *, script: bool = Fa
     return cpu / (per_task * concurrency) * 1e6, per_task * concurrency / wall
 
 
+async def _measure_stores_client(url: str, calls: int, concurrency: int) -> tuple[float, float]:
+    client = RedisClient(url)
+    script = Script(_SCRIPT)
+    per_task = calls // concurrency
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            await client.run_script(script, _KEYS, _ARGS)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cpu0, t0 = _cpu(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cpu, wall = _cpu() - cpu0, time.perf_counter() - t0
+    await client.aclose()
+    return cpu / (per_task * concurrency) * 1e6, per_task * concurrency / wall
+
+
 async def main(url: str, calls: int, concurrency: int) -> None:
     variants = {
         "blocking pool, socket_timeout=10, health check 15 s (before)": lambda: BlockingConnectionPool.from_url(
@@ -66,14 +83,11 @@ async def main(url: str, calls: int, concurrency: int) -> None:
     for name, make in variants.items():
         us, rate = await _measure(make(), calls, concurrency)
         print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  {name}")
-    packers = {
-        "redis-py's packer (before)": {},
-        "hiredis's packer (RedisConnection, the worker's)": {"connection_class": RedisConnection},
-    }
-    for name, extra in packers.items():
-        pool = ConnectionPool.from_url(url, max_connections=1024, socket_timeout=10, decode_responses=True, **extra)
-        us, rate = await _measure(pool, calls, concurrency, script=True)
-        print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  script call of a turn's size, {name}")
+    pool = ConnectionPool.from_url(url, max_connections=1024, socket_timeout=10, decode_responses=True)
+    us, rate = await _measure(pool, calls, concurrency, script=True)
+    print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  script call of a turn's size, redis-py's client (before)")
+    us, rate = await _measure_stores_client(url, calls, concurrency)
+    print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  script call of a turn's size, the stores' client (pipelining)")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,6 @@ from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State
-from pipeline.state.connection import RedisConnection
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 
 log = logging.getLogger(__name__)
@@ -182,11 +181,12 @@ class Runtime:
             socket_timeout=10,
             socket_connect_timeout=5,
             client_name="switchboard",
-            connection_class=RedisConnection,
         )
         self.redis = Redis(connection_pool=pool)
-        self.state = State.open(
-            self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+        # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
+        # serves the console's pub/sub and what is not on a turn's path.
+        self.state = State.connect(
+            s.redis_url, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
         )
         self.notifier = Notifier(s)
         self.session_client = SessionClient(
@@ -288,13 +288,14 @@ class Runtime:
         await self.media.aclose()
         if self.corrector is not None:
             await self.corrector.aclose()
+        await self.state.redis.aclose()
         await self.redis.aclose()
         self.started = False
 
     async def ready(self) -> dict[str, bool]:
         checks = {"started": self.started}
         try:
-            checks["redis"] = bool(await self.redis.ping()) if self.started else False
+            checks["redis"] = (await self.state.redis.execute("PING")) == "PONG" if self.started else False
         except Exception:
             checks["redis"] = False
         return checks

@@ -156,9 +156,6 @@ class Settings(BaseSettings):
     console_token: SecretStr | None = None
     # Open console streams per worker at most; one more gets 429.
     console_max_viewers: int = Field(default=256, ge=1)
-    # The console's own Redis connections per worker (never the pipeline's pool); one is its
-    # subscription to deliveries.
-    console_redis_max_connections: int = Field(default=8, ge=2, le=256)
 
     # State.
     mapping_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)

@@ -16,14 +16,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-
 from . import scripts
 from ._codec import text
+from .client import RedisClient
 from .keys import Keys
 
 # How many messages a console chat keeps.
 CHAT_CAP = 500
+_APPEND = scripts.script("append_console")
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,15 @@ def message_seq(message: str) -> int:
 
 
 class ConsoleStore:
-    """Console chats on one Redis client. Egress appends through the pipeline's client; the web
-    side reads and subscribes through a client of its own, so viewers never take the pipeline's
-    connections."""
+    """Console chats on one Redis client. Egress appends through the stores' client; the web side
+    reads through a client of its own (and subscribes on a connection of its own), so viewers
+    never wait behind the pipeline's commands nor take its connections."""
 
-    def __init__(self, redis: Redis, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
         self.redis = redis
         self.keys = keys
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
-        self._append = scripts.script(redis, "append_console")
 
     @property
     def channel(self) -> str:
@@ -82,18 +81,19 @@ class ConsoleStore:
         if payload == "{}":
             raise ValueError("a console message is a non-empty JSON object")
         posted = self.keys.of("console-posted", message_id) if message_id else ""
-        seq = await self._append(
-            keys=[
+        seq = await self.redis.run_script(
+            _APPEND,
+            [
                 self._chat_key("console", bot_id, chat_id),
                 self._chat_key("console-seq", bot_id, chat_id),
                 self.channel,
                 posted,
             ],
-            args=[payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
+            [payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
         )
         return int(seq)
 
     async def messages(self, bot_id: str, chat_id: str) -> list[str]:
         """The chat's messages, oldest first, as stored (JSON objects with their `seq`)."""
-        raw = await self.redis.lrange(self._chat_key("console", bot_id, chat_id), 0, -1)
+        raw = await self.redis.execute("LRANGE", self._chat_key("console", bot_id, chat_id), 0, -1)
         return [text(v) or "" for v in raw]

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from aiohttp import web
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from pipeline import metrics
@@ -134,7 +135,7 @@ async def console_messages(request: web.Request) -> web.Response:
     chat_id = _chat_id(request)
     console = _console(request)
     try:
-        raw = await console.store.messages(bot.bot_id, chat_id)
+        raw = await _read(console, bot.bot_id, chat_id)
     except RedisError as exc:
         raise _reject(503, "unavailable", f"Redis: {type(exc).__name__}") from None
     body = "[" + ",".join(raw) + "]"  # stored JSON objects, passed through
@@ -163,7 +164,7 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
         try:
             async with asyncio.timeout(SUBSCRIBE_WAIT_SECONDS):
                 await console.hub.subscribed.wait()
-            backlog = await console.store.messages(bot.bot_id, chat_id)
+            backlog = await _read(console, bot.bot_id, chat_id)
         except (TimeoutError, RedisError):
             raise _reject(503, "unavailable", "the console's Redis is unavailable", **{"Retry-After": "3"}) from None
         response = web.StreamResponse(
@@ -211,6 +212,15 @@ async def _stream(request: web.Request, response: web.StreamResponse, viewer: Vi
     while not viewer.ended:
         viewer.wake.clear()
         await viewer.wake.wait()
+
+
+async def _read(console: ConsoleDeps, bot_id: str, chat_id: str) -> list[str]:
+    """A chat's messages; once more when the connection broke (after a Redis restart the next call
+    connects again)."""
+    try:
+        return await console.store.messages(bot_id, chat_id)
+    except RedisConnectionError:
+        return await console.store.messages(bot_id, chat_id)
 
 
 async def redirect_to_console(_: web.Request) -> web.StreamResponse:

@@ -19,11 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.asyncio import ConnectionPool, Redis
 
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
@@ -31,7 +27,7 @@ from pipeline.platforms.console import bearer_ok
 from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import ConsoleStore, Keys
+from pipeline.state import ConsoleStore, Keys, RedisClient
 from pipeline.topics import IM_INBOUND
 
 from ._console import add_console_routes
@@ -51,6 +47,8 @@ MAX_WEBHOOK_BYTES = 1024 * 1024
 DEAD_LETTER_EXCERPT_CHARS = 1000
 # Handlers still running this long after the streams were ended are cancelled at shutdown.
 SHUTDOWN_SECONDS = 3.0
+# The console's Redis connections are named so in CLIENT LIST.
+CONSOLE_CLIENT_NAME = "switchboard-console"
 
 
 def build_web_app(deps: WebDeps) -> web.Application:
@@ -87,31 +85,23 @@ class WebServer:
         s = self.settings
         if s.console_enabled:
             assert s.redis_url, "redis_url is required"
-            # Never the pipeline's pool: a crowd of viewers waits here (up to 5 s, then 503)
-            # instead of starving the stages of connections. Reads retry a connection that broke
-            # (a Redis restart); the subscription does not, so the hub sees every break and has its
-            # viewers catch up.
-            common = {
-                "decode_responses": True,
-                "socket_connect_timeout": 5,
-                "health_check_interval": 15,
-                "client_name": "switchboard-console",
-            }
-            reads = BlockingConnectionPool.from_url(
-                s.redis_url,
-                max_connections=s.console_redis_max_connections - 1,
-                timeout=5,
-                socket_timeout=10,
-                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
-                retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                **common,
-            )
-            subscription = ConnectionPool.from_url(s.redis_url, max_connections=1, **common)
+            # Never the pipeline's connections: the console reads through a client of its own (one
+            # connection, every read of a loop turn in one write) and subscribes on a connection of
+            # its own, without redis-py's retries, so the hub sees every break and has its viewers
+            # catch up.
             store = ConsoleStore(
-                Redis(connection_pool=reads),
+                RedisClient(s.redis_url, name=CONSOLE_CLIENT_NAME),
                 Keys(s.redis_prefix),
                 mapping_ttl=s.mapping_ttl_seconds,
                 dedup_ttl=s.dedup_ttl_seconds,
+            )
+            subscription = ConnectionPool.from_url(
+                s.redis_url,
+                max_connections=1,
+                decode_responses=True,
+                socket_connect_timeout=5,
+                health_check_interval=15,
+                client_name=CONSOLE_CLIENT_NAME,
             )
             hub = ConsoleHub(store, Redis(connection_pool=subscription), s.console_max_viewers)
             await hub.start()
@@ -146,9 +136,9 @@ class WebServer:
             await self._runner.cleanup()
             self._runner = None
         if console is not None:
-            for client in (console.store.redis, console.hub.subscriber):
-                await client.aclose()
-                await client.connection_pool.disconnect()
+            await console.store.redis.aclose()
+            await console.hub.subscriber.aclose()
+            await console.hub.subscriber.connection_pool.disconnect()
             self.deps.console = None
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import redis.asyncio as aioredis
-
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.records import InboundMessage, SessionCommand
 from pipeline.runtime import reply_context, reply_policy
@@ -25,7 +23,7 @@ from .test_ingest_admit import Recorder, run
 
 def ingest_for(bot: BotConfig, redis_url: str, prefix: str) -> tuple[IngestStage, Recorder]:
     settings = Settings(redis_prefix=prefix, bots=[bot])
-    state = State.open(aioredis.from_url(redis_url, decode_responses=True), settings.redis_prefix)
+    state = State.connect(redis_url, settings.redis_prefix)
     recorder = Recorder()
 
     def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:  # type: ignore[type-arg]

@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, SessionEventRecord
@@ -154,8 +153,7 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
     await api.start()
     api.on("/send_group_msg", check_onebot)
     settings = settings_for(api, request.param)
-    client = aioredis.from_url(redis_url, decode_responses=True)
-    state = State.open(client, redis_prefix)
+    state = State.connect(redis_url, redis_prefix)
     produced: list[tuple[str, bytes]] = []
 
     async def record(topic: str, key: str | None, value: bytes) -> None:
@@ -181,7 +179,7 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
             yield Pipeline(render, egress, state, produced, api, settings, itertools.count(1))
         finally:
             await api.stop()
-            await client.aclose()
+            await state.redis.aclose()
 
 
 def event(conversation: str, event_type: str, event_id: str, **fields: Any) -> SessionEventRecord:

@@ -7,7 +7,6 @@ import json
 import logging
 
 import pytest
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, SessionEventRecord
@@ -125,8 +124,7 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
     redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = Settings(bots=[BotConfig(platform="onebot", bot_id="qq1", language="en")])
-    client = aioredis.from_url(redis_url, decode_responses=True)
-    state = State.open(client, redis_prefix)
+    state = State.connect(redis_url, redis_prefix)
     produced: list[bytes] = []
 
     async def record(topic: str, key: str | None, value: bytes) -> None:
@@ -170,7 +168,7 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
             )
     finally:
         await media.aclose()
-        await client.aclose()
+        await state.redis.aclose()
     [message] = [OutboundMessage.model_validate_json(v) for v in produced if b'"kind":"reply"' in v]
     shown = "".join(s.data.text for s in message.segments)  # type: ignore[union-attr]
     assert shown == "two pictures: [attachment unavailable] [attachment unavailable]"

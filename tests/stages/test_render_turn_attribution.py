@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, Position, SessionEventRecord
@@ -17,7 +16,6 @@ from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
 from pipeline.state import State, TurnRecord
-from pipeline.state.connection import RedisConnection
 
 CONVERSATION = "console:demo:chat-1"
 REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
@@ -40,8 +38,7 @@ def round_trips() -> float:
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
     s = Settings(redis_prefix=prefix, console_enabled=True)  # the console bot `demo`
-    redis = aioredis.from_url(redis_url, decode_responses=True, connection_class=RedisConnection)
-    state = State.open(redis, s.redis_prefix)
+    state = State.connect(redis_url, s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(
         s,
@@ -114,7 +111,7 @@ async def test_a_replayed_idle_binds_the_same_turn(redis_url: str, redis_prefix:
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-1"))
     # A crash after the reply but before the handled marker: the idle comes again.
-    await stage.state.markers.redis.delete(stage.state.keys.marker("turnend", "sevt-idle-1"))
+    await stage.state.markers.redis.execute("DEL", stage.state.keys.marker("turnend", "sevt-idle-1"))
     await stage.handle(idle("sevt-idle-1"))
     replies = recorder.replies()
     assert replies[0].reply_to_message_id == "in-msg-A"

@@ -8,13 +8,12 @@ import json
 
 import redis.asyncio as aioredis
 
-from pipeline.state import ConsoleStore, Keys, LiveMessage, message_seq
+from pipeline.state import ConsoleStore, Keys, LiveMessage, RedisClient, message_seq
 from pipeline.state.console import CHAT_CAP
 
 
 def store(redis_url: str, prefix: str) -> ConsoleStore:
-    redis = aioredis.from_url(redis_url, decode_responses=True)
-    return ConsoleStore(redis, Keys(prefix), mapping_ttl=3600, dedup_ttl=600)
+    return ConsoleStore(RedisClient(redis_url), Keys(prefix), mapping_ttl=3600, dedup_ttl=600)
 
 
 async def test_append_is_once_per_message_id_and_numbered_per_chat(redis_url: str, redis_prefix: str) -> None:
@@ -31,14 +30,15 @@ async def test_append_is_once_per_message_id_and_numbered_per_chat(redis_url: st
         {"seq": 3, "n": 3},
     ]
     assert [message_seq(m) for m in stored] == [1, 2, 3]
-    ttl = await console.redis.ttl(f"{redis_prefix}console-posted:out-1")
+    ttl = await console.redis.execute("TTL", f"{redis_prefix}console-posted:out-1")
     assert 0 < ttl <= 600
-    assert 0 < await console.redis.ttl(f"{redis_prefix}console:demo:c1") <= 3600
+    assert 0 < await console.redis.execute("TTL", f"{redis_prefix}console:demo:c1") <= 3600
 
 
 async def test_each_append_is_published_once_with_its_chat_and_seq(redis_url: str, redis_prefix: str) -> None:
     console = store(redis_url, redis_prefix)
-    pubsub = console.redis.pubsub(ignore_subscribe_messages=True)
+    subscriber = aioredis.from_url(redis_url, decode_responses=True)
+    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
     await pubsub.subscribe(console.channel)
     try:
         chat = 'odd "chat"\nid'
@@ -58,6 +58,7 @@ async def test_each_append_is_published_once_with_its_chat_and_seq(redis_url: st
         assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3) is None
     finally:
         await pubsub.aclose()
+        await subscriber.aclose()
 
 
 async def test_the_chat_keeps_its_newest_messages(redis_url: str, redis_prefix: str) -> None:

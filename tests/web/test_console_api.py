@@ -15,7 +15,7 @@ import aiohttp
 from prometheus_client import REGISTRY
 
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand
-from pipeline.state import ConsoleStore, Keys, PendingAction, TurnRecord
+from pipeline.state import ConsoleStore, PendingAction, TurnRecord
 from pipeline.topics import IM_INBOUND, SESSION_INPUT, outbound_topic
 from pipeline.web._hub import VIEWER_QUEUE
 
@@ -29,11 +29,8 @@ def sample(name: str, **labels: str) -> float:
 
 
 def pipeline_console(worker: Worker) -> ConsoleStore:
-    """What egress appends through: the pipeline's own Redis client."""
-    s = worker.settings
-    return ConsoleStore(
-        worker.runtime.redis, Keys(s.redis_prefix), mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
-    )
+    """What egress appends through: the stores' own Redis client."""
+    return worker.runtime.state.console
 
 
 @contextlib.asynccontextmanager
@@ -196,11 +193,11 @@ async def test_viewer_cap_gives_429_and_a_client_that_leaves_frees_its_slot(star
 
 
 async def test_one_redis_subscription_per_worker_and_never_the_pipeline_pool(start_worker: StartWorker) -> None:
-    worker = await start_worker(console_max_viewers=100, console_redis_max_connections=4)
+    worker = await start_worker(console_max_viewers=100)
     redis = worker.runtime.redis
     assert worker.runtime.web is not None and worker.runtime.web.deps.console is not None
-    console_redis = worker.runtime.web.deps.console.store.redis
-    assert console_redis.connection_pool is not redis.connection_pool
+    console = worker.runtime.web.deps.console
+    assert console.store.redis is not worker.runtime.state.redis  # a client of its own
     channel = pipeline_console(worker).channel
 
     async def subscriptions() -> int:
@@ -220,8 +217,8 @@ async def test_one_redis_subscription_per_worker_and_never_the_pipeline_pool(sta
         responses = [await stack.enter_async_context(stream(http, worker, f"c{i % 5}")) for i in range(60)]
         assert {r.status for r in responses} == {200}
         assert await subscriptions() == 1
-        # The viewers' reads went through the console's few connections, never the pipeline's.
-        assert await clients("switchboard-console") <= 4
+        # The viewers' reads went through the console's two connections, never the pipeline's.
+        assert await clients("switchboard-console") == 2
         assert await clients("switchboard") == pipeline_before
         await pipeline_console(worker).append("locked", "c3", {"id": "out-1"}, message_id="out-1")
         got = await asyncio.gather(*(next_event(r) for r in responses[3::5]))
