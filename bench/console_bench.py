@@ -28,6 +28,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -408,6 +409,7 @@ async def main(args: argparse.Namespace) -> None:
         await replies.stop()
         await redis.aclose()
         await stack.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
     print(json.dumps(results, default=str))
 
 
