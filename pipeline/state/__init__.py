@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.state.client import RedisClient
-from pipeline.state.console import ConsoleStore
+from pipeline.state.console import ConsoleStore, LiveMessage, message_seq
 from pipeline.state.conversations import ConversationStore, TurnMode
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
@@ -80,6 +80,7 @@ __all__ = [
     "InboundAdmission",
     "InflightStream",
     "Keys",
+    "LiveMessage",
     "MarkerStore",
     "PendingAction",
     "RateWindow",
@@ -91,4 +92,5 @@ __all__ = [
     "TurnMode",
     "TurnRecord",
     "TurnStart",
+    "message_seq",
 ]
