@@ -8,6 +8,7 @@ Retries follow :class:`RetryPolicy`. Sends are made safe to retry: a send whose 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -30,8 +31,11 @@ from pipeline.session.exceptions import (
     TransportError,
 )
 from pipeline.session.models import (
+    SERVER_EVENT_TYPES,
+    TERMINAL_TYPES,
     ClientEvent,
     ServerEvent,
+    UnparsedEvent,
     UserMessage,
     parse_server_event_json,
     parse_server_events,
@@ -106,10 +110,12 @@ class EventStream:
     that point will be delivered (there is no replay). Pings are skipped; ``event: error`` raises.
     """
 
-    def __init__(self, http: httpx.AsyncClient, request: httpx.Request) -> None:
+    def __init__(self, http: httpx.AsyncClient, request: httpx.Request, *, parse: frozenset[str] | None = None) -> None:
         self._http = http
         self._request = request
         self._response: httpx.Response | None = None
+        # Known types outside `parse` come as `UnparsedEvent`s (type and id only); None: parse all.
+        self._skip = SERVER_EVENT_TYPES - parse - TERMINAL_TYPES if parse is not None else frozenset()
 
     async def __aenter__(self) -> EventStream:
         response = await self._http.send(self._request, stream=True)
@@ -131,15 +137,28 @@ class EventStream:
             await self._response.aclose()
             self._response = None
 
-    async def __aiter__(self) -> AsyncIterator[ServerEvent]:
+    async def __aiter__(self) -> AsyncIterator[ServerEvent | UnparsedEvent]:
         if self._response is None:
             raise RuntimeError("EventStream used outside 'async with'")
+        skip = self._skip
         async for sse in EventSource(self._response).aiter_sse():
             if sse.event == "ping" or not sse.data:
                 continue
             if sse.event == "error":
                 raise ProtocolError(f"stream error: {sse.data}", body=sse.data)
-            yield parse_server_event_json(sse.data)
+            if sse.event in skip:  # the SSE event name is the event's type (a server that names
+                yield _unparsed(sse.event, sse.data)  # no type gets "message": parsed in full)
+            else:
+                yield parse_server_event_json(sse.data)
+
+
+def _unparsed(event_type: str, data: str) -> UnparsedEvent | ServerEvent:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return parse_server_event_json(data)  # an UnknownEvent with the error
+    event_id = body.get("id") if isinstance(body, dict) else None
+    return UnparsedEvent(type=event_type, id=event_id if isinstance(event_id, str) else None)
 
 
 class SessionClient:
@@ -169,6 +188,7 @@ class SessionClient:
         self.assign_message_ids = assign_message_ids
         self.history_lookup_limit = history_lookup_limit
         self._headers = {"Accept": "application/json", **self.profile.auth_headers(api_key)}
+        self._urls: dict[str, httpx.URL] = {}
         self._transport = transport
         # One TLS context for every pool: building one costs tens of milliseconds.
         self._ssl_context = httpx.create_ssl_context()
@@ -282,15 +302,15 @@ class SessionClient:
     # ------------------------------------------------------------------ events
 
     async def send(
-        self, session_id: str, events: Sequence[ClientEvent | BaseModel | Mapping[str, Any]]
+        self, session_id: str, events: Sequence[ClientEvent | BaseModel | Mapping[str, Any]], *, echo: bool = True
     ) -> list[ServerEvent]:
         """Send client events, split into the requests the profile allows (Ark: one event per request,
         except a user.message with its system.message, P5). Returns the server's echo of each event
-        (``[]`` when the server answers without a body)."""
+        (``[]`` when the server answers without a body, or with ``echo=False``: not parsed)."""
         wire = [self._to_wire(e) for e in events]
         echoed: list[ServerEvent] = []
         for batch in self.profile.split_batch(wire):
-            echoed.extend(await self._send_batch(session_id, batch))
+            echoed.extend(await self._send_batch(session_id, batch, echo=echo))
         return echoed
 
     def _to_wire(self, event: ClientEvent | BaseModel | Mapping[str, Any]) -> dict[str, Any]:
@@ -300,8 +320,9 @@ class SessionClient:
             body["id"] = f"sevt-cli-{uuid.uuid4().hex}"
         return body
 
-    async def _send_batch(self, session_id: str, batch: list[dict[str, Any]]) -> list[ServerEvent]:
+    async def _send_batch(self, session_id: str, batch: list[dict[str, Any]], *, echo: bool) -> list[ServerEvent]:
         path = f"/sessions/{session_id}/events"
+        url = self._events_url(session_id)
         keys = [k for k in (delivery_key(e) for e in batch) if k is not None]
         maybe_delivered = False
         attempt = 0
@@ -316,7 +337,7 @@ class SessionClient:
                         return found
                     maybe_delivered = False
                 async with self._request_slots:
-                    response = await self._http.post(path, json={"events": batch})
+                    response = await self._http.post(url, json={"events": batch})
             except _NOT_SENT as exc:
                 error = TransportError(f"POST {path}: {exc!r}")
             except _OUTCOME_UNKNOWN as exc:
@@ -328,7 +349,7 @@ class SessionClient:
                 error = exc
             else:
                 if response.status_code < 400:
-                    return self._echo_of(response)
+                    return self._echo_of(response) if echo else []
                 retry_after = parse_retry_after(response.headers.get("retry-after"))
                 error = error_for_status(response.status_code, _decode_body(response), retry_after)
                 if response.status_code == 409 and keys:
@@ -344,6 +365,16 @@ class SessionClient:
             if attempt >= self.retry.max_attempts:
                 raise error
             await asyncio.sleep(self.retry.delay(attempt - 1, retry_after))
+
+    def _events_url(self, session_id: str) -> httpx.URL:
+        """The session's events URL, parsed once (httpx's URL parsing costs more than the rest of
+        building a request); a bounded memory of the sessions in use."""
+        url = self._urls.get(session_id)
+        if url is None:
+            if len(self._urls) >= 16_384:
+                self._urls.clear()
+            url = self._urls[session_id] = httpx.URL(f"{self.base_url}/sessions/{session_id}/events")
+        return url
 
     @staticmethod
     def _echo_of(response: httpx.Response) -> list[ServerEvent]:
@@ -405,9 +436,12 @@ class SessionClient:
                 return
             params["page"] = str(next_page)
 
-    def stream(self, session_id: str, *, deltas: Sequence[str] = ()) -> EventStream:
+    def stream(
+        self, session_id: str, *, deltas: Sequence[str] = (), parse: frozenset[str] | None = None
+    ) -> EventStream:
         """Raw SSE stream of the session (no resume: see :func:`subscribe` for that). ``deltas`` lists the
-        event types to preview (``agent.message``, ``agent.thinking``)."""
+        event types to preview (``agent.message``, ``agent.thinking``); with ``parse``, events of other
+        known types come as `UnparsedEvent` (type and id) instead of being parsed."""
         pool = self._stream_pool(session_id)
         request = pool.build_request(
             "GET",
@@ -415,7 +449,7 @@ class SessionClient:
             params=self.profile.delta_params(deltas),
             headers={"Accept": "text/event-stream"},
         )
-        return EventStream(pool, request)
+        return EventStream(pool, request, parse=parse)
 
     def subscribe(
         self,
@@ -427,8 +461,10 @@ class SessionClient:
         reconnect_max: float = 5.0,
         max_reconnects: int | None = None,
         dedup_window: int = 512,
+        parse: frozenset[str] | None = None,
     ) -> Subscription:
-        """Resumable subscription (see :class:`pipeline.session.subscription.Subscription`)."""
+        """Resumable subscription (see :class:`pipeline.session.subscription.Subscription`). With
+        ``parse``, live events of other known types come as `UnparsedEvent` (type and id)."""
         from pipeline.session.subscription import Subscription  # circular at import time
 
         return Subscription(
@@ -440,6 +476,7 @@ class SessionClient:
             reconnect_max=reconnect_max,
             max_reconnects=max_reconnects,
             dedup_window=dedup_window,
+            parse=parse,
         )
 
     @staticmethod

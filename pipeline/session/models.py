@@ -564,6 +564,16 @@ CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
     }
 )
 
+
+class UnparsedEvent(BaseModel):
+    """A server event whose caller asked only for its type and id (`SessionClient.subscribe(...,
+    parse=...)`): on a busy stream most events are only counted and passed over, and a full parse
+    costs more than everything else done with them."""
+
+    type: str
+    id: str | None = None
+
+
 PREVIEW_TYPES: frozenset[str] = frozenset({"event_start", "event_delta"})
 TERMINAL_TYPES: frozenset[str] = frozenset({"session.deleted", "session.status_terminated"})
 

@@ -32,6 +32,7 @@ from pipeline.session.models import (
     EventDelta,
     EventStart,
     ServerEvent,
+    UnparsedEvent,
 )
 from pipeline.session.previews import Preview, PreviewAccumulator
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SubscriptionItem = ServerEvent | Preview
+SubscriptionItem = ServerEvent | UnparsedEvent | Preview
 
 # Failures after which the subscription reconnects; anything else (auth, 404, 400) is raised.
 _RECONNECTABLE = (TransportError, ServerError, RateLimitedError, ProtocolError, httpx.HTTPError)
@@ -68,6 +69,7 @@ class Subscription:
         max_reconnects: int | None = None,
         dedup_window: int = 512,
         rng: random.Random | None = None,
+        parse: frozenset[str] | None = None,
     ) -> None:
         self._client = client
         self.session_id = session_id
@@ -82,6 +84,7 @@ class Subscription:
         self._reconnect_max = reconnect_max
         self._max_reconnects = max_reconnects
         self._dedup_window = dedup_window
+        self._parse = parse
         self._rng = rng or random.Random()
         self._previews = PreviewAccumulator()
         self._overlap: OrderedDict[str, None] = OrderedDict()
@@ -99,7 +102,7 @@ class Subscription:
         failures = 0
         while not self.finished:
             try:
-                async with self._client.stream(self.session_id, deltas=self._delta_types) as stream:
+                async with self._client.stream(self.session_id, deltas=self._delta_types, parse=self._parse) as stream:
                     self._overlap.clear()
                     async for event in self._client.list(self.session_id, after=self._cursor):
                         if event.id is not None and event.id in self._overlap:
@@ -110,8 +113,8 @@ class Subscription:
                         if self.finished:
                             return
                     failures = 0  # connected and caught up
-                    async for event in stream:
-                        for item in self._accept_live(event):
+                    async for live in stream:
+                        for item in self._accept_live(live):
                             yield item
                         if self.finished:
                             return
@@ -132,7 +135,7 @@ class Subscription:
         if len(self._overlap) > self._dedup_window:
             self._overlap.popitem(last=False)
 
-    def _accept_live(self, event: ServerEvent) -> list[SubscriptionItem]:
+    def _accept_live(self, event: ServerEvent | UnparsedEvent) -> list[SubscriptionItem]:
         if event.type in PREVIEW_TYPES:
             target = event.event.id if isinstance(event, EventStart) else getattr(event, "event_id", None)
             if target is not None and target in self._overlap:
@@ -144,7 +147,7 @@ class Subscription:
             self._overlap.clear()  # first event past the history head: overlap is over
         return self._accept(event)
 
-    def _accept(self, event: ServerEvent) -> list[SubscriptionItem]:
+    def _accept(self, event: ServerEvent | UnparsedEvent) -> list[SubscriptionItem]:
         if isinstance(event, EventStart | EventDelta):
             if not self._delta_types:
                 return []

@@ -317,7 +317,7 @@ class DispatchStage:
         return False
 
     async def _send(self, session_id: str, events: list[dict[str, Any]], *, call: str) -> None:
-        await self.client.send(session_id, events)
+        await self.client.send(session_id, events, echo=False)
         metrics.SESSION_CALLS.labels(call, "ok").inc()
 
     async def _notice(self, bot: BotConfig, command: SessionCommand, kind: str) -> None:

@@ -28,6 +28,7 @@ from pipeline.session.models import (
     SessionStatusTerminated,
     UnknownEvent,
     UnknownStopReason,
+    UnparsedEvent,
 )
 from pipeline.session.previews import Preview
 from pipeline.state import InflightStream, StreamStore
@@ -45,11 +46,16 @@ _TURN_END = frozenset({"session.status_idle", *_TERMINAL})
 FORWARDED = FORWARDED_EVENT_TYPES
 
 
-def forwardable(event: ServerEvent) -> ForwardedEvent | None:
+# Parsed in full on the stream: what is forwarded, and what its metrics read. The rest of a turn's
+# events are read for their type and id only (see `UnparsedEvent`).
+PARSED = FORWARDED | {"span.model_request_end"}
+
+
+def forwardable(event: ServerEvent | UnparsedEvent) -> ForwardedEvent | None:
     """The event as render takes it, or None when render has nothing to do with it. A known type
     the server sent malformed (the client keeps it as an `UnknownEvent`) still ends its turn: an
     idle with a stop reason nobody can read, an error of an unknown kind."""
-    if event.type not in FORWARDED:
+    if event.type not in FORWARDED or isinstance(event, UnparsedEvent):
         return None
     if not isinstance(event, UnknownEvent):
         return cast(ForwardedEvent, event)
@@ -66,7 +72,7 @@ def forwardable(event: ServerEvent) -> ForwardedEvent | None:
     return None  # a malformed message or tool call: nothing render could act on
 
 
-def observe_unforwarded(event: ServerEvent) -> None:
+def observe_unforwarded(event: ServerEvent | UnparsedEvent) -> None:
     """Metrics of the events not forwarded: tokens per model request."""
     if event.type == "span.model_request_end":
         usage = getattr(event, "model_usage", None)
@@ -167,7 +173,9 @@ class StreamRegistry:
     async def _run(self, held: _HeldStream) -> None:
         stream = held.stream
         session_id = stream.session_id
-        subscription = self.client.subscribe(session_id, after=stream.cursor, reconnect_max=self.reconnect_max)
+        subscription = self.client.subscribe(
+            session_id, after=stream.cursor, reconnect_max=self.reconnect_max, parse=PARSED
+        )
         events = subscription.__aiter__()
         next_event: asyncio.Future[Any] | None = None
         reconnects = 0

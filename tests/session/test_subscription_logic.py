@@ -200,3 +200,37 @@ async def test_resume_property_no_loss_no_duplicates_order_kept(
     async with make_client(server) as client:
         items, _ = await collect(client)
     assert [i.id for i in items] == [e["id"] for e in events]
+
+
+async def test_events_outside_parse_come_with_their_type_and_id_only() -> None:
+    server = ScriptedServer(
+        [
+            (
+                [],
+                sse(
+                    ev("e1", "session.status_running"),
+                    message("e2", "hi"),
+                    ev("e3", "session.usage", usage={"input_tokens": 3}),
+                    ev("e4", "session.status_idle", stop_reason={"type": "end_turn"}),
+                    ev("e5", "session.deleted"),  # terminal: always parsed, so the subscription ends
+                ),
+            )
+        ]
+    )
+    async with make_client(server) as client:
+        items, subscription = await collect(client, parse=frozenset({"agent.message", "session.status_idle"}))
+    assert [(type(i).__name__, i.type, i.id) for i in items] == [
+        ("UnparsedEvent", "session.status_running", "e1"),
+        ("AgentMessage", "agent.message", "e2"),
+        ("UnparsedEvent", "session.usage", "e3"),
+        ("SessionStatusIdle", "session.status_idle", "e4"),
+        ("SessionDeleted", "session.deleted", "e5"),
+    ]
+    assert subscription.cursor == "e5" and subscription.finished
+
+
+async def test_a_server_without_event_names_gets_every_event_parsed() -> None:
+    frames = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in (ev("e1"), ev("e2", "session.deleted")))
+    async with make_client(ScriptedServer([([], frames)])) as client:
+        items, _ = await collect(client, parse=frozenset({"agent.message"}))
+    assert [type(i).__name__ for i in items] == ["SessionStatusRunning", "SessionDeleted"]
