@@ -94,6 +94,12 @@ PIPELINE_OVERHEAD = Histogram(
     ["platform"],
     buckets=_LATENCY_BUCKETS,
 )
+EVENT_LOOP_LAG = Histogram(
+    "switchboard_event_loop_lag_seconds",
+    "How late a 100 ms timer of the worker's event loop fired: time the loop was held by other work",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+EVENT_LOOP_STALLS = Counter("switchboard_event_loop_stalls_total", "Times the event loop was held for 1 s or more")
 STAGE_LATENCY = Histogram(
     "switchboard_stage_latency_seconds", "Time from the previous hop to this stage", ["stage"], buckets=_LATENCY_BUCKETS
 )

@@ -171,6 +171,9 @@ class Settings(BaseSettings):
     # On SIGTERM: take no new turns and let the running ones finish, for at most this long.
     shutdown_drain_seconds: float = Field(default=20.0, ge=0, le=600)
 
+    # When the event loop is held this long, every thread's stack goes to the log (0: never).
+    loop_stall_dump_seconds: float = Field(default=5.0, ge=0, le=600)
+
     log_format: Literal["json", "text"] = "text"
     log_level: str = "INFO"
 

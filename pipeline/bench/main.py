@@ -214,6 +214,7 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
                 "kafka_records_per_turn": load["kafka"]["records_per_turn"],
                 "kafka_records_per_turn_by_topic": load["kafka"].get("records_per_turn_by_topic"),
                 "generator_cpu_pct": load["cpu"]["generator_pct_of_core"],
+                "worker_loop_stalls": load["cpu"].get("worker_loop_stalls"),
             }
         )
     if lim:

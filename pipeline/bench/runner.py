@@ -303,12 +303,14 @@ def _live_bot(data: Any) -> str | None:
 
 
 REDIS_ROUND_TRIPS = "switchboard_redis_round_trips_total"
+LOOP_STALLS = "switchboard_event_loop_stalls_total"  # the worker's event loop held for 1 s or more
 
 
 async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, float]:
     """Summed over the workers. `redis_round_trips` is NaN while no worker exports the counter."""
     totals = dict.fromkeys(("ingested", "filtered", "triggered", "streams_open", "egress_sent"), 0.0)
     totals["redis_round_trips"] = math.nan
+    totals["loop_stalls"] = math.nan
     for url in bs.urls():
         m = await scrape_metrics(url, http)
         filtered = metric_sum(m, "switchboard_inbound_filtered_total")
@@ -322,6 +324,9 @@ async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, 
         if any(key.partition("{")[0] == REDIS_ROUND_TRIPS for key in m):
             counted = 0.0 if math.isnan(totals["redis_round_trips"]) else totals["redis_round_trips"]
             totals["redis_round_trips"] = counted + metric_sum(m, REDIS_ROUND_TRIPS)
+        if any(key.partition("{")[0] == LOOP_STALLS for key in m):
+            counted = 0.0 if math.isnan(totals["loop_stalls"]) else totals["loop_stalls"]
+            totals["loop_stalls"] = counted + metric_sum(m, LOOP_STALLS)
     return totals
 
 
@@ -526,6 +531,7 @@ async def run_phase(
             "generator_us_per_msg": round(gen_stats.cpu_seconds * 1e6 / max(gen_stats.sent, 1), 1),
             "bench_process_seconds": round(self1 - self0, 2),
             "generator_behind_max_ms": round(gen_stats.behind_max_ms, 1),
+            "worker_loop_stalls": _delta_or_none(w0.get("loop_stalls", math.nan), w1.get("loop_stalls", math.nan)),
         },
         "memory": {"worker_rss_mib": {n: round(rss_mib(p), 1) for n, p in pids_end.items() if n.startswith("worker")}},
         "redis": _redis_figures(
@@ -542,6 +548,10 @@ async def run_phase(
         },
     }
     return PhaseResult(label, rate, duration, plan, deliveries, data, timeline)
+
+
+def _delta_or_none(before: float, after: float) -> int | None:
+    return None if math.isnan(before) or math.isnan(after) else int(after - before)
 
 
 def _redis_figures(
@@ -593,6 +603,8 @@ async def ramp(bs: LoadTarget, mix: TrafficMix, args: argparse.Namespace, label:
             "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
             "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
             "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
+            # A stall shows here (and its stacks in the worker's log), not only as a p99.
+            "worker_loop_stalls": d["cpu"]["worker_loop_stalls"],
             # What else was busy: a step can fail on the broker, the simulator or the generator.
             "cpu_pct_by_process": {
                 name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)

@@ -26,6 +26,7 @@ from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_
 
 from .drain import Drain
 from .driver import SCHEME, BatchConsumer, BatchSink, ConsumerTuning, KeyPartitioner, Transport, broker_url
+from .loopwatch import LoopWatch
 from .stage import Stage, StageRunner
 
 log = logging.getLogger(__name__)
@@ -154,11 +155,14 @@ def create_app(
 
     lag = _LagGauge()
 
+    loop_watch = LoopWatch(dump_after=settings.loop_stall_dump_seconds)
+
     @app.service
     class WorkerService(mode.Service):
         """Opens the runtime's connections and the web server; closes them after the stages."""
 
         async def on_start(self) -> None:
+            loop_watch.start()
             await runtime.start()
             if "dispatch" in stage_set:
                 await runtime.streams.on_partitions_assigned(owned["session_input"])
@@ -170,6 +174,7 @@ def create_app(
             for executor in executors.values():
                 await executor.close()
             await runtime.stop()
+            await loop_watch.stop()
 
     async def drain() -> None:
         if not runtime.started:
