@@ -11,7 +11,6 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 from urllib.parse import unquote
 
 import httpx
@@ -22,7 +21,6 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from pipeline import metrics
 from pipeline.platforms import Platform, get_platform
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.records import InboundMessage
@@ -159,7 +157,6 @@ class Runtime:
         self.started = False
         self.started_event = asyncio.Event()
         self.web: WebServer | None = None
-        self._lag_labels: set[tuple[str, str]] = set()
         self.web_port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -299,28 +296,6 @@ class Runtime:
         except Exception:
             checks["redis"] = False
         return checks
-
-    async def export_lag(self, app: Any) -> None:
-        """Consumer lag per assigned partition: high watermark minus our committed offset.
-
-        Label sets of partitions no longer assigned are removed, so a rebalance leaves no stale lag.
-        """
-        current: set[tuple[str, str]] = set()
-        try:
-            consumer = app.consumer
-            for tp in consumer.assignment():
-                highwater = consumer.highwater(tp)
-                committed = consumer._committed_offset.get(tp)
-                if highwater is not None and committed is not None:
-                    labels = (tp.topic, str(tp.partition))
-                    metrics.CONSUMER_LAG.labels(*labels).set(max(0, highwater - committed))
-                    current.add(labels)
-        except Exception:  # before the first assignment, or during a rebalance
-            log.debug("lag export skipped", exc_info=True)
-            return
-        for labels in self._lag_labels - current:
-            metrics.CONSUMER_LAG.remove(*labels)
-        self._lag_labels = current
 
     # -- pieces --------------------------------------------------------------------------------
     def _provisioner(self) -> Provisioner:
