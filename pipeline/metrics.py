@@ -114,6 +114,9 @@ REDIS_ROUND_TRIPS = Counter(
 )
 
 # Consumer lag (exported by the worker; Faust does not derive it).
+PARTITIONS_ASSIGNED = Gauge(
+    "switchboard_partitions_assigned", "Topic partitions this worker consumes now (0 during a rebalance)"
+)
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
 
 

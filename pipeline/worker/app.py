@@ -41,11 +41,25 @@ class SwitchboardApp(faust.App):
 
     # Set by `create_app`: drain the turns in flight (on the first SIGTERM).
     drain: Callable[[], Awaitable[None]] | None = None
+    # Set by `create_app`: the service that owns the runtime and serves the worker's HTTP surface.
+    serving: type[mode.Service] | None = None
 
     def __init__(self, id: str, *, consumer_tuning: ConsumerTuning, **options: Any) -> None:
         super().__init__(id, **options)
         self.consumer_tuning = consumer_tuning
         self._sinks: dict[str, BatchSink] = {}
+        self._serving: mode.ServiceT | None = None
+
+    async def on_started(self) -> None:
+        # Faust starts `@app.service` services only once the consumer group's first rebalance has
+        # completed, and a join can wait as long as the slowest member's revocation (or a killed
+        # member's session timeout). Health, metrics and webhooks (which need only the producer)
+        # would go unanswered all that while, so a supervisor's probe gives up on a worker that is
+        # only joining. Serve as soon as the producer and the consumer are up; the stages get
+        # records only after the rebalance, by then the runtime has started.
+        if self.serving is not None and self._serving is None:
+            self._serving = await self.on_init_extra_service(self.serving)
+        await super().on_started()
 
     def add_sink(self, topic: str, sink: BatchSink, *, partitions: int) -> None:
         """Subscribe to `topic` and deliver its records to `sink`."""
@@ -135,12 +149,14 @@ def create_app(
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: faust.App, revoked: set[TP], **_: Any) -> None:
+        metrics.PARTITIONS_ASSIGNED.set(0)  # until the rebalance assigns again
         # Work of revoked partitions no longer acknowledges: the new owner replays it.
         for executor in executors.values():
             executor.drop_partitions(set(revoked))
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def on_assigned(app: faust.App, assigned: set[TP], **_: Any) -> None:
+        metrics.PARTITIONS_ASSIGNED.set(len(assigned))
         # Streams of sessions in flight follow the conversation's partition of session.input.
         owned["session_input"] = {tp.partition for tp in assigned if tp.topic == SESSION_INPUT}
         if "dispatch" in stage_set and runtime.started:
@@ -157,7 +173,6 @@ def create_app(
 
     loop_watch = LoopWatch(dump_after=settings.loop_stall_dump_seconds)
 
-    @app.service
     class WorkerService(mode.Service):
         """Opens the runtime's connections and the web server; closes them after the stages."""
 
@@ -186,6 +201,7 @@ def create_app(
             quiet_seconds=max(0.5, 3 * settings.kafka_fetch_max_wait_ms / 1000),
         ).run(settings.shutdown_drain_seconds)
 
+    app.serving = WorkerService
     app.drain = drain
     return app
 
