@@ -43,6 +43,7 @@ class _HeldRevocation(ConsumerRebalanceListener):  # type: ignore[misc]
         self.hold = False
         self.revoking = asyncio.Event()
         self.release = asyncio.Event()
+        self.assigned = asyncio.Event()
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         if self.hold:
@@ -50,7 +51,8 @@ class _HeldRevocation(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.release.wait()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        pass
+        if assigned:
+            self.assigned.set()
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +86,7 @@ async def test_a_worker_serves_while_a_member_holds_the_groups_rebalance(stack: 
 
     polling = asyncio.create_task(poll())
     try:
-        while not member.assignment():  # the member is in the group with its share
-            await asyncio.sleep(0.1)
+        await asyncio.wait_for(listener.assigned.wait(), 60)  # the member is in the group with its share
         listener.hold = True
         try:
             joining = await stack.add_worker()
