@@ -2,9 +2,9 @@
 
 A task wakes every `interval` seconds; how late it wakes is how long something else held the loop
 (`switchboard_event_loop_lag_seconds`, and `switchboard_event_loop_stalls_total` for a second or
-more). Faust's own livelock warning says only that a timer overlapped. When the loop has not ticked
-for `dump_after` seconds, `faulthandler`'s watchdog thread writes every thread's stack to stderr
-(the worker's log), so a stall names the code that held the loop while it still holds it.
+more). Faust's own livelock warning says only that a timer overlapped. A watchdog thread sees when
+the loop has not ticked for `dump_after` seconds and writes every thread's stack to stderr (the
+worker's log) with `faulthandler`, so a stall names the code holding the loop while it holds it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import faulthandler
 import logging
 import sys
+import threading
 import time
 
 from pipeline import metrics
@@ -27,33 +28,37 @@ class LoopWatch:
         self.interval = interval
         self.dump_after = dump_after  # 0: no stack dumps
         self.max_lag = 0.0
+        self._last_tick = time.monotonic()
         self._task: asyncio.Task[None] | None = None
+        self._watchdog: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="loop-watch")
+        if self._task is not None:
+            return
+        self._last_tick = time.monotonic()
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="loop-watch")
+        if self.dump_after > 0:
+            self._watchdog = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+            self._watchdog.start()
 
     async def stop(self) -> None:
+        self._stopping.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self.dump_after > 0:
-            faulthandler.cancel_dump_traceback_later()
+        if self._watchdog is not None:
+            await asyncio.to_thread(self._watchdog.join)
+            self._watchdog = None
 
     async def _run(self) -> None:
-        dump_to = sys.__stderr__ if self.dump_after > 0 else None
-        try:
-            while True:
-                if dump_to is not None:
-                    # Re-armed every tick: it fires only if the loop misses ticks for `dump_after`.
-                    faulthandler.dump_traceback_later(self.dump_after, exit=False, file=dump_to)
-                started = time.perf_counter()
-                await asyncio.sleep(self.interval)
-                self.observe(time.perf_counter() - started - self.interval)
-        finally:
-            if dump_to is not None:
-                faulthandler.cancel_dump_traceback_later()
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self._last_tick = time.monotonic()
+            self.observe(time.perf_counter() - started - self.interval)
 
     def observe(self, lag: float) -> None:
         lag = max(0.0, lag)
@@ -61,4 +66,16 @@ class LoopWatch:
         metrics.EVENT_LOOP_LAG.observe(lag)
         if lag >= STALL_SECONDS:
             metrics.EVENT_LOOP_STALLS.inc()
-            log.warning("the event loop was held for %.2f s (stacks are dumped after %.1f s)", lag, self.dump_after)
+            log.warning("the event loop was held for %.2f s", lag)
+
+    def _watch(self) -> None:
+        """One dump per stall: the loop must tick again before the next one."""
+        dumped_for = -1.0
+        while not self._stopping.wait(min(self.dump_after / 4, 1.0)):
+            last = self._last_tick
+            if time.monotonic() - last >= self.dump_after and last != dumped_for:
+                dumped_for = last
+                out = sys.__stderr__
+                if out is not None:
+                    print(f"the event loop has been held for {self.dump_after:.1f} s; every thread's stack:", file=out)
+                    faulthandler.dump_traceback(file=out, all_threads=True)
