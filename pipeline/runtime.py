@@ -24,8 +24,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
+from pipeline.connections import Connections, open_connections
 from pipeline.platforms import Platform, get_platform
 from pipeline.platforms.console import ConsolePlatform
+from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.records import InboundMessage
 from pipeline.segments import (
     Capabilities,
@@ -65,6 +67,8 @@ from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State
 from pipeline.web import WebDeps, build_web_app
+from pipeline.web.connections import add_connection_routes
+from pipeline.web.server import INSTANCE_ID
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +168,7 @@ class CountedConnection(Connection):
 class Runtime:
     def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
         self.settings = settings
+        self._send = send
         self.outputs = Outputs(send)
         self._produce_acked = produce_acked or send
         self.started = False
@@ -271,6 +276,25 @@ class Runtime:
             self.load_media,
             leak_guard=LeakGuard(self.leak_scanner, self.notices),
         )
+        # Long connections: waits for actions and their answers block a Redis connection, so they
+        # get a client of their own whose socket timeout is above every wait.
+        self.blocking_redis = Redis(
+            connection_pool=ConnectionPool.from_url(
+                s.redis_url,
+                max_connections=s.redis_max_connections,
+                decode_responses=True,
+                socket_timeout=s.connection_action_timeout_seconds + 10,
+                socket_connect_timeout=5,
+                connection_class=CountedConnection,
+            )
+        )
+        self.connections: Connections = open_connections(
+            s, self.redis, self.blocking_redis, self._send, self.outputs, holder=INSTANCE_ID
+        )
+        onebot = self.platforms.get("onebot")
+        if isinstance(onebot, OneBotPlatform):
+            onebot.bind(self.connections.router)
+        await self.connections.start()
         self.started = True
         self.started_event.set()
 
@@ -282,7 +306,9 @@ class Runtime:
             outputs=self.outputs,
             ready=self.ready,
         )
-        self._web_runner = web.AppRunner(build_web_app(deps), access_log=None)
+        app = build_web_app(deps)
+        add_connection_routes(app, self.connections)
+        self._web_runner = web.AppRunner(app, access_log=None)
         await self._web_runner.setup()
         site = web.TCPSite(self._web_runner, host, port, reuse_address=True)
         await site.start()
@@ -297,6 +323,8 @@ class Runtime:
             await self._web_runner.cleanup()
         if not self.started:
             return
+        await self.connections.stop()
+        await self.blocking_redis.aclose()
         await self.streams.close()
         await self.session_client.aclose()
         await self.http.aclose()

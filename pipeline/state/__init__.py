@@ -5,7 +5,9 @@
 - `markers`: de-duplication markers and ingest's batch admission;
 - `streams`: the streams in flight per partition;
 - `deliveries`: delivered outbound messages and the shared rate windows;
-- `console`: the console's chats.
+- `console`: the console's chats;
+- `connections` (`ConnectionStore`, opened by `pipeline.connections` with a blocking client of its
+  own): the leases of long connections and the actions queued for their holders.
 
 The hot steps are one Lua script each (`scripts/*.lua`).
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from pipeline.state.connections import Acquired, ActionClaim, ConnectionStore, LeaseState, LeaseValue
 from pipeline.state.console import ConsoleStore
 from pipeline.state.conversations import ConversationStore, TurnMode
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
@@ -62,8 +65,11 @@ class State:
 
 
 __all__ = [
+    "Acquired",
+    "ActionClaim",
     "AdmissionResult",
     "Claim",
+    "ConnectionStore",
     "ConsoleStore",
     "ContextEntry",
     "ConversationState",
@@ -72,6 +78,8 @@ __all__ = [
     "InboundAdmission",
     "InflightStream",
     "Keys",
+    "LeaseState",
+    "LeaseValue",
     "MarkerStore",
     "PendingAction",
     "RateWindow",

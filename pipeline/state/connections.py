@@ -1,0 +1,158 @@
+"""Long connections: the lease per bot connection channel (which worker holds it, with a fencing
+token) and the queue of actions any worker asks the holder to run over the connection.
+
+A lease is a key per channel whose value is `holder|token|state`, set with an expiry and extended by
+its holder (`scripts/lease_*.lua`). Actions are a list per bot: senders push a request and wait on
+a reply list of their own; the holder pops requests (blocking, on a connection of its own), checks
+its fencing token and whether the action already ran (`scripts/claim_action.lua`), runs it and
+pushes the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from redis.asyncio import Redis
+
+from . import scripts
+from ._codec import text
+from .keys import Keys
+
+LeaseState = Literal["dialing", "up"]
+
+
+@dataclass(frozen=True)
+class LeaseValue:
+    """What a lease key holds."""
+
+    holder: str
+    token: int
+    state: str
+
+    @property
+    def owner(self) -> str:
+        """`holder|token`: what renewals and releases compare against."""
+        return f"{self.holder}|{self.token}"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> LeaseValue | None:
+        if not raw:
+            return None
+        holder, _, rest = raw.partition("|")
+        token, _, state = rest.partition("|")
+        return cls(holder, int(token), state) if token.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Acquired:
+    token: int
+    previous: LeaseValue | None  # who held the first channel before (a take), if anyone
+
+
+@dataclass(frozen=True)
+class ActionClaim:
+    kind: Literal["run", "done", "fenced"]
+    outcome: str | None = None  # the stored outcome of an earlier run (`done`)
+
+
+class ConnectionStore:
+    """`redis` for quick commands; `blocking` (a client of its own, with a socket timeout above
+    every blocking wait) for the pops that wait for an action or an answer."""
+
+    def __init__(self, redis: Redis, blocking: Redis, keys: Keys, *, done_ttl: int) -> None:
+        self.redis = redis
+        self.blocking = blocking
+        self.keys = keys
+        self.done_ttl = done_ttl
+        self._acquire = scripts.script(redis, "lease_acquire")
+        self._renew = scripts.script(redis, "lease_renew")
+        self._release = scripts.script(redis, "lease_release")
+        self._claim = scripts.script(redis, "claim_action")
+
+    def _leases(self, platform: str, bot_id: str, channels: Sequence[str]) -> list[str]:
+        return [self.keys.lease(platform, bot_id, c) for c in channels]
+
+    # -- leases ----------------------------------------------------------------------------------
+    async def acquire(
+        self,
+        platform: str,
+        bot_id: str,
+        channels: Sequence[str],
+        holder: str,
+        ttl_ms: int,
+        state: LeaseState,
+        *,
+        take: bool,
+    ) -> Acquired | None:
+        """Hold `channels` of the bot: only if nobody does (`take=False`), or in any case. None when
+        another holder has one of them."""
+        token, previous = await self._acquire(
+            keys=[self.keys.lease_token(platform, bot_id), *self._leases(platform, bot_id, channels)],
+            args=[holder, ttl_ms, state, "take" if take else "free"],
+        )
+        if int(token) == 0:
+            return None
+        return Acquired(int(token), LeaseValue.parse(text(previous)))
+
+    async def renew(
+        self, platform: str, bot_id: str, channels: Sequence[str], owner: str, ttl_ms: int, state: LeaseState
+    ) -> bool:
+        """Extend the leases if every one is still `owner`'s (`holder|token`); False: lost."""
+        return bool(await self._renew(keys=self._leases(platform, bot_id, channels), args=[owner, ttl_ms, state]))
+
+    async def release(self, platform: str, bot_id: str, channels: Sequence[str], owner: str) -> int:
+        return int(await self._release(keys=self._leases(platform, bot_id, channels), args=[owner]))
+
+    async def holders(self, leases: Sequence[tuple[str, str, str]]) -> list[LeaseValue | None]:
+        """The value of each (platform, bot id, channel) lease, None where nobody holds it."""
+        if not leases:
+            return []
+        raw = await self.redis.mget([self.keys.lease(p, b, c) for p, b, c in leases])
+        return [LeaseValue.parse(text(v)) for v in raw]
+
+    # -- actions ---------------------------------------------------------------------------------
+    async def push_action(self, platform: str, bot_id: str, request: str, queue_ttl_ms: int) -> None:
+        """Queue a request for the bot's holder. The queue expires when nobody has asked for a
+        while, so the requests of a bot nobody holds do not pile up."""
+        key = self.keys.actions(platform, bot_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, request)
+            pipe.pexpire(key, queue_ttl_ms)
+            await pipe.execute()
+
+    async def give_back(self, platform: str, bot_id: str, request: str) -> None:
+        """Put a request taken by a holder that lost its lease back at the head of the queue."""
+        await self.redis.rpush(self.keys.actions(platform, bot_id), request)
+
+    async def next_action(self, platform: str, bot_id: str, timeout: float) -> str | None:
+        """The oldest queued request, waiting up to `timeout` seconds for one."""
+        popped = await self.blocking.brpop([self.keys.actions(platform, bot_id)], timeout=timeout)
+        return text(popped[1]) if popped else None
+
+    async def claim_action(self, platform: str, bot_id: str, channel: str, owner: str, request_id: str) -> ActionClaim:
+        raw = await self._claim(
+            keys=[self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)], args=[owner]
+        )
+        kind = text(raw[0])
+        if kind == "done":
+            return ActionClaim("done", text(raw[1]))
+        return ActionClaim("fenced" if kind == "fenced" else "run")
+
+    async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool) -> None:
+        """Push the answer for its sender; a final one is kept for the request id too."""
+        key = self.keys.action_reply(reply_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if final:
+                pipe.set(self.keys.action_done(request_id), answer, ex=self.done_ttl)
+            pipe.lpush(key, answer)
+            pipe.pexpire(key, ttl_ms)
+            await pipe.execute()
+
+    async def wait_answer(self, reply_id: str, timeout: float) -> str | None:
+        popped = await self.blocking.blpop([self.keys.action_reply(reply_id)], timeout=timeout)
+        return text(popped[1]) if popped else None
+
+
+__all__ = ["Acquired", "ActionClaim", "ConnectionStore", "LeaseState", "LeaseValue"]
