@@ -117,17 +117,19 @@ class OneBotPeer:
         return ws
 
     # -- reverse: a client that dials the workers -----------------------------------------------
-    def dial(self, urls: list[str], *, roles: tuple[str, ...] = ("Universal",)) -> None:
-        """Keep one socket per role connected to one of `urls` (tried in turn)."""
+    def dial(self, urls: list[str] | Callable[[], list[str]], *, roles: tuple[str, ...] = ("Universal",)) -> None:
+        """Keep one socket per role connected to one of `urls` (tried in turn; a callable is asked
+        again before each dial, for a changing set of workers)."""
         self._http = self._http or aiohttp.ClientSession()
         for role in roles:
             self._spawn(self._dial_forever(urls, role))
 
-    async def _dial_forever(self, urls: list[str], role: str) -> None:
+    async def _dial_forever(self, urls: list[str] | Callable[[], list[str]], role: str) -> None:
         assert self._http is not None
-        turn = itertools.cycle(range(len(urls)))
+        turn = itertools.count()
         while not self._stopping:
-            url = urls[next(turn)]
+            current = urls() if callable(urls) else urls
+            url = current[next(turn) % len(current)]
             headers = {"X-Self-ID": str(self.self_id), "X-Client-Role": role}
             if self.access_token:
                 headers["Authorization"] = f"Bearer {self.access_token}"
