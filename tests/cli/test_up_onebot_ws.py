@@ -23,19 +23,23 @@ from tests.platforms.test_onebot import SPEC_PRIVATE
 pytestmark = [pytest.mark.integration]
 
 
-async def test_up_with_onebot_ws_answers_a_napcat_on_the_printed_url(tmp_path: Path) -> None:
-    port = free_port()
-    out = tmp_path / "up.out"
+def _up(port: int, tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    command = [sys.executable, "-m", "pipeline.cli", "up", "--onebot-ws", "--web-port", str(port)]
     with open(out, "wb") as handle:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "up", "--onebot-ws", "--web-port", str(port)]
-            + ["--run-dir", str(tmp_path / "run")],
+        return subprocess.Popen(
+            [*command, "--run-dir", str(tmp_path / "run")],
             env=env,
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+async def test_up_with_onebot_ws_answers_a_napcat_on_the_printed_url(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "up.out"
+    up = _up(port, tmp_path, out)
     peer: OneBotPeer | None = None
     try:
         deadline = time.monotonic() + 180

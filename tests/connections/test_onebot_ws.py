@@ -253,6 +253,8 @@ async def test_reverse_newest_connection_wins(redis_url: str, redis_prefix: str,
         try:
             first.dial([f"{base}/onebot/ws/qq1"])
             await first.wait_until(lambda: len(first.open_sockets()) == 1, 5, "first accepted")
+            # "Newest" is the order the leases are taken in: wait until the first one holds.
+            await until(lambda: metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")._value.get() == 1, "held")
             second.dial([f"{base}/onebot/ws/qq1"])
             # The earlier socket is closed by its holder at its next renewal (a third of the lease).
             await first.wait_until(lambda: not first.open_sockets(), 3, "the older socket closed")
