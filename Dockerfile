@@ -6,10 +6,11 @@
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY pipeline ./pipeline
-# The topic catalogue (pipeline/topics/) is package data: the wheel carries it.
-RUN pip install --prefix=/install .
+# The topic catalogue (pipeline/topics/) and the Lua scripts are package data: the wheel carries
+# them. Dependencies at the versions the tests passed with.
+RUN pip install --prefix=/install -c constraints.txt .
 
 FROM python:3.11-slim
 # Faust creates its data directory at start: keep it in the app directory the user owns.

@@ -21,16 +21,16 @@ define make_venv
 	@$(BIN)/pip install -q --upgrade pip
 endef
 
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml constraints.txt
 	$(make_venv)
-	@echo "==> installing Switchboard and its runtime dependencies (pip install -e .); about a minute the first time"
-	@PYTHONWARNINGS=ignore $(BIN)/pip install -q -e .
+	@echo "==> installing Switchboard and its runtime dependencies (pip install -e ., pinned by constraints.txt); about a minute the first time"
+	@PYTHONWARNINGS=ignore $(BIN)/pip install -q -c constraints.txt -e .
 	@touch $@
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(make_venv)
-	@echo "==> installing Switchboard with the test and development tools (pip install -e '.[dev]'); a few minutes the first time"
-	@PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[dev]'
+	@echo "==> installing Switchboard with the test and development tools (pip install -e '.[dev]', pinned by constraints.txt); a few minutes the first time"
+	@PYTHONWARNINGS=ignore $(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $@ $(RUN_STAMP)
 
 run: $(RUN_STAMP)

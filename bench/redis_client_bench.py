@@ -16,26 +16,55 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 
+from pipeline.state.client import RedisClient, Script
+
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-async def _measure(pool: Any, calls: int, concurrency: int) -> tuple[float, float]:
+# A script call the size of dispatch's `begin_turn`: eight keys, a turn record and a held command.
+_SCRIPT = "return 1"
+_KEYS = [f"bench:conv:console:demo:chat-{i}" for i in range(8)]
+_ARGS = ["sevt-sb-0123456789abcdef01234567", "x" * 3000, "merge", "y" * 400, '{"conversation_key": "k"}', 604800, 86400]
+
+
+async def _measure(pool: Any, calls: int, concurrency: int, *, script: bool = False) -> tuple[float, float]:
     redis = Redis(connection_pool=pool)
     await redis.set("bench:k", "v")
+    call = redis.register_script(_SCRIPT)
     per_task = calls // concurrency
 
     async def worker() -> None:
         for _ in range(per_task):
-            await redis.get("bench:k")
+            if script:
+                await call(keys=_KEYS, args=_ARGS)
+            else:
+                await redis.get("bench:k")
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm the pool
     cpu0, t0 = _cpu(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     cpu, wall = _cpu() - cpu0, time.perf_counter() - t0
     await redis.aclose()
+    return cpu / (per_task * concurrency) * 1e6, per_task * concurrency / wall
+
+
+async def _measure_stores_client(url: str, calls: int, concurrency: int) -> tuple[float, float]:
+    client = RedisClient(url)
+    script = Script(_SCRIPT)
+    per_task = calls // concurrency
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            await client.run_script(script, _KEYS, _ARGS)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cpu0, t0 = _cpu(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cpu, wall = _cpu() - cpu0, time.perf_counter() - t0
+    await client.aclose()
     return cpu / (per_task * concurrency) * 1e6, per_task * concurrency / wall
 
 
@@ -54,6 +83,11 @@ async def main(url: str, calls: int, concurrency: int) -> None:
     for name, make in variants.items():
         us, rate = await _measure(make(), calls, concurrency)
         print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  {name}")
+    pool = ConnectionPool.from_url(url, max_connections=1024, socket_timeout=10, decode_responses=True)
+    us, rate = await _measure(pool, calls, concurrency, script=True)
+    print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  script call of a turn's size, redis-py's client (before)")
+    us, rate = await _measure_stores_client(url, calls, concurrency)
+    print(f"{us:7.1f} µs CPU/call  {rate:8.0f} calls/s  script call of a turn's size, the stores' client (pipelining)")
 
 
 if __name__ == "__main__":
@@ -67,9 +101,5 @@ if __name__ == "__main__":
     else:
         from pipeline.embedded.redis import RedisServer
 
-        server = RedisServer()
-        server.start()
-        try:
+        with RedisServer() as server:
             asyncio.run(main(server.url, args.calls, args.concurrency))
-        finally:
-            server.stop()

@@ -243,7 +243,7 @@ def _use_uvloop() -> None:
 
 async def _topics(action: str) -> int:
     from pipeline import preflight, topics
-    from pipeline.kafka import TopicSpec, apply_topics, check_topics
+    from pipeline.kafka import apply_topics, check_topics
     from pipeline.settings import env_name, load_settings
 
     if action == "schemas":
@@ -253,10 +253,7 @@ async def _topics(action: str) -> int:
     settings = load_settings("topics")
     assert settings.kafka_bootstrap  # load_settings("topics") requires it
     _check(preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")))
-    specs = [
-        TopicSpec(name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config)
-        for d in topics.declarations(settings.platforms, settings.partitions)
-    ]
+    specs = topics.cluster_specs(settings)
     if action == "apply":
         report = await apply_topics(settings.kafka_bootstrap, specs)
         print(report)

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import httpx
 from aiohttp import web
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import Connection, ConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -60,7 +60,7 @@ from pipeline.stages.dispatch import DispatchStage
 from pipeline.stages.egress import EgressStage
 from pipeline.stages.ingest import IngestStage, member_names
 from pipeline.stages.leakguard import LeakGuard
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
@@ -156,15 +156,6 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
     )
 
 
-class CountedConnection(Connection):
-    """A Redis connection that counts its round trips (one packed send each: a command, a
-    pipeline or a script call), for `switchboard_redis_round_trips_total`."""
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        metrics.REDIS_ROUND_TRIPS.inc()
-        await super().send_packed_command(command, check_health)
-
-
 class Runtime:
     def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
         self.settings = settings
@@ -195,13 +186,14 @@ class Runtime:
             health_check_interval=15,
             socket_timeout=10,
             socket_connect_timeout=5,
-            connection_class=CountedConnection,
         )
         self.redis = Redis(connection_pool=pool)
-        self.state = State.open(
-            self.redis, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+        # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
+        # serves the console's pub/sub and what is not on a turn's path.
+        self.state = State.connect(
+            s.redis_url, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
         )
-        self.notices = Notices(s)
+        self.notifier = Notifier(s)
         self.session_client = SessionClient(
             api_key=s.session_api_key.get_secret_value() if s.session_api_key else "",
             profile=s.session_profile,
@@ -246,7 +238,7 @@ class Runtime:
             )
             for name, p in self.platforms.items()
         }
-        self.ingest = IngestStage(s, self.state, self.outputs, self.notices, self._prompt)
+        self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt)
         self.dispatch = DispatchStage(
             s,
             self.state,
@@ -254,14 +246,14 @@ class Runtime:
             self.provisioner,
             self.streams,
             self.outputs,
-            self.notices,
+            self.notifier,
             typing=self._typing,
         )
         self.render = RenderStage(
             s,
             self.state,
             self.outputs,
-            self.notices,
+            self.notifier,
             self.policies,
             capabilities,
             ImTools(s, self.state.conversations),
@@ -274,7 +266,7 @@ class Runtime:
             self.outputs,
             self.http,
             self.load_media,
-            leak_guard=LeakGuard(self.leak_scanner, self.notices),
+            leak_guard=LeakGuard(self.leak_scanner, self.notifier),
         )
         # Long connections: waits for actions and their answers block a Redis connection, so they
         # get a client of their own whose socket timeout is above every wait.
@@ -285,11 +277,10 @@ class Runtime:
                 decode_responses=True,
                 socket_timeout=s.connection_action_timeout_seconds + 10,
                 socket_connect_timeout=5,
-                connection_class=CountedConnection,
             )
         )
         self.connections: Connections = open_connections(
-            s, self.redis, self.blocking_redis, self._send, self.outputs, holder=INSTANCE_ID
+            s, self.state.redis, self.blocking_redis, self._send, self.outputs, holder=INSTANCE_ID
         )
         onebot = self.platforms.get("onebot")
         if isinstance(onebot, OneBotPlatform):
@@ -305,6 +296,7 @@ class Runtime:
             produce=self._produce_acked,
             outputs=self.outputs,
             ready=self.ready,
+            pubsub=self.redis.pubsub,
         )
         app = build_web_app(deps)
         add_connection_routes(app, self.connections)
@@ -331,13 +323,14 @@ class Runtime:
         await self.media.aclose()
         if self.corrector is not None:
             await self.corrector.aclose()
+        await self.state.redis.aclose()
         await self.redis.aclose()
         self.started = False
 
     async def ready(self) -> dict[str, bool]:
         checks = {"started": self.started}
         try:
-            checks["redis"] = bool(await self.redis.ping()) if self.started else False
+            checks["redis"] = (await self.state.redis.execute("PING")) == "PONG" if self.started else False
         except Exception:
             checks["redis"] = False
         return checks

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 
 from pipeline.embedded import ManagedProcess, RedisServer, TansuBroker, free_port
-from pipeline.kafka import TopicSpec, apply_topics
+from pipeline.kafka import apply_topics
 from pipeline.settings import Settings
-from pipeline.topics import declarations
+from pipeline.topics import cluster_specs
 
 SIM_API_KEY = "sim-key"
 SIM_OPENAPI_AK, SIM_OPENAPI_SK = "sim-ak", "sim-sk"
@@ -163,14 +163,8 @@ class Stack:
 
     async def apply_topics(self) -> None:
         settings = self.settings()
-        specs = [
-            TopicSpec(
-                name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config
-            )
-            for d in declarations(settings.platforms, settings.partitions)
-        ]
         assert settings.kafka_bootstrap
-        await apply_topics(settings.kafka_bootstrap, specs)
+        await apply_topics(settings.kafka_bootstrap, cluster_specs(settings))
 
     def settings(self) -> Settings:
         saved = dict(os.environ)

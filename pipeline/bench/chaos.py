@@ -209,7 +209,7 @@ def account(
             answers[i].append(d)
     expected = [s for s in plan.messages if s.triggers and s.acked_ms]
     not_accepted = [s for s in plan.messages if s.triggers and not s.acked_ms]
-    # Notices that name no message (render's notices carry no reply_to): they answer, in order, the
+    # Notifier that name no message (render's notices carry no reply_to): they answer, in order, the
     # oldest unanswered messages of their chat.
     by_notice = 0
     for chat, chat_notices in unattributed.items():

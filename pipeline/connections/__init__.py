@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import ConnectionStore, Keys
+from pipeline.state import ConnectionStore, Keys, RedisClient
 
 from ._actions import ActionRouter
 from ._inbound import InboundSink, Send
@@ -33,10 +33,10 @@ def transports() -> dict[tuple[str, str], Transport]:
 
 
 def open_connections(
-    settings: Settings, redis: Redis, blocking: Redis, send: Send, outputs: Outputs, *, holder: str
+    settings: Settings, redis: RedisClient, blocking: Redis, send: Send, outputs: Outputs, *, holder: str
 ) -> Connections:
-    """A worker's `Connections` over its Redis clients (`blocking`: one of its own, for the waits)
-    and producer (`send`: queued, returning the broker's acknowledgement)."""
+    """A worker's `Connections` over the stores' Redis client, a redis-py client of its own for the
+    blocking waits, and the producer (`send`: queued, returning the broker's acknowledgement)."""
     store = ConnectionStore(redis, blocking, Keys(settings.redis_prefix), done_ttl=settings.dedup_ttl_seconds)
     return Connections(settings, store, InboundSink(send, outputs), holder=holder, transports=transports())
 

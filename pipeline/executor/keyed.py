@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ Work = Callable[[], Awaitable[Any]]
 Ack = Callable[[], Any]  # may return an awaitable
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Ticket:
     key: Hashable
     partition: Hashable
@@ -31,7 +31,6 @@ class Ticket:
     ack: Ack | None
     done: bool = False
     error: BaseException | None = None
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 async def _nothing() -> None:
@@ -110,7 +109,6 @@ class KeyedExecutor:
                     await result
             return
         ticket = Ticket(key=None, partition=partition, offset=offset, work=_nothing, ack=ack, done=True)
-        ticket.finished.set()
         self._pending += 1
         tickets.append(ticket)
 
@@ -134,7 +132,6 @@ class KeyedExecutor:
                         self._in_flight -= 1
                 queue.popleft()
                 ticket.done = True
-                ticket.finished.set()
                 await self._release(ticket.partition)
         finally:
             if not queue:

@@ -1,6 +1,7 @@
 """Kafka administration: declarative topics, drift checks, raw record helpers, consumer lag."""
 
 from pipeline.kafka.admin import TopicState, admin_client, describe_topic_states, wait_for_topics
+from pipeline.kafka.declare import ApplyReport, Drift, DriftKind, TopicSpec, apply_topics, check_topics
 from pipeline.kafka.exceptions import (
     BrokerUnavailableError,
     ConsumeTimeoutError,
@@ -10,7 +11,6 @@ from pipeline.kafka.exceptions import (
 )
 from pipeline.kafka.lag import GroupLag, LagReader, PartitionLag, consumer_lag
 from pipeline.kafka.records import consume_count, consume_until, produce, produce_many, topic_partitions
-from pipeline.kafka.topics import ApplyReport, Drift, DriftKind, TopicSpec, apply_topics, check_topics
 
 __all__ = [
     "ApplyReport",

@@ -7,7 +7,7 @@ import re
 import uuid
 from collections.abc import Mapping
 
-from pipeline.kafka.topics import TopicSpec, apply_topics
+from pipeline.kafka.declare import TopicSpec, apply_topics
 
 _SLUG = re.compile(r"[^a-zA-Z0-9]+")
 _COUNTER = itertools.count()

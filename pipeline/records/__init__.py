@@ -13,10 +13,12 @@ from pipeline.records._keys import (
     split_ids,
 )
 from pipeline.records.models import (
+    FORWARDED_EVENT_TYPES,
     ChatType,
     CommandKind,
     ConversationKey,
     DeadLetter,
+    ForwardedEvent,
     InboundMessage,
     OutboundKind,
     OutboundMessage,
@@ -30,12 +32,14 @@ from pipeline.records.models import (
 )
 
 __all__ = [
+    "FORWARDED_EVENT_TYPES",
     "MAX_ID_CHARS",
     "ChatType",
     "CommandKind",
     "ConversationKey",
     "ConversationRef",
     "DeadLetter",
+    "ForwardedEvent",
     "InboundMessage",
     "OutboundKind",
     "OutboundMessage",

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.segments import Segment
+from pipeline.session.models import (
+    AgentCustomToolUse,
+    AgentMCPToolUse,
+    AgentMessage,
+    AgentToolUse,
+    SessionDeleted,
+    SessionError,
+    SessionStatusIdle,
+    SessionStatusTerminated,
+)
 
 ChatType = Literal["private", "group"]
 ConversationKey = str
@@ -118,14 +128,31 @@ class SessionCommand(_Record):
     hops: dict[str, float] = Field(default_factory=dict)
 
 
+# The server events render acts on: the session stream forwards these and keeps the rest of a
+# turn's events (status, spans, usage, thinking, tool results, thread events) out of Kafka.
+ForwardedEvent = Annotated[
+    AgentMessage
+    | AgentToolUse
+    | AgentMCPToolUse
+    | AgentCustomToolUse
+    | SessionError
+    | SessionStatusIdle
+    | SessionStatusTerminated
+    | SessionDeleted,
+    Field(discriminator="type"),
+]
+FORWARDED_EVENT_TYPES: frozenset[str] = frozenset(
+    cls.model_fields["type"].default for cls in get_args(get_args(ForwardedEvent)[0])
+)
+
+
 class SessionEventRecord(_Record):
-    """`session.events`: one server event verbatim, with the routing of its conversation."""
+    """`session.events`: one server event (typed, as the session server sent it), with the routing
+    of its conversation."""
 
     conversation_key: ConversationKey
     session_id: str
-    event: dict[str, Any]
-    event_type: str
-    event_id: str | None = None
+    event: ForwardedEvent
     trace_id: str | None = None
     hops: dict[str, float] = Field(default_factory=dict)
 

@@ -21,7 +21,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart
 
 from ._ids import inbound_dedup_id, stable_id, user_message_id
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 from .streams import StreamRegistry
 
@@ -75,7 +75,7 @@ class DispatchStage:
         provisioner: Provisioner,
         streams: StreamRegistry,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         typing: Callable[[BotConfig, str], Awaitable[None]] | None = None,
     ) -> None:
         self.typing = typing
@@ -85,7 +85,7 @@ class DispatchStage:
         self.provisioner = provisioner
         self.streams = streams
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
 
     async def admit(self, commands: list[SessionCommand], positions: list[Position]) -> list[Work | None]:
         """The batch step: each command is sent in its conversation's turn."""
@@ -213,21 +213,25 @@ class DispatchStage:
     async def _begin(
         self, bot: BotConfig, command: SessionCommand, partition: int, turn_id: str, mode: TurnMode
     ) -> TurnStart:
-        # Held: the time from here to its release is the busy policy's wait, which latency
-        # reports keep apart from the pipeline's own overhead.
-        held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
-        return await self.state.conversations.begin_turn(
+        begin = functools.partial(
+            self.state.conversations.begin_turn,
             command.conversation_key,
             partition,
             turn_id=turn_id,
             mode=mode,
             turn=self._turn_record(command),
-            command_json=held.model_dump_json(),
             trace_id=command.trace_id,
             inbound_markers=[
                 inbound_dedup_id(command.platform, command.bot_id, command.chat_id, i) for i in command.inbound_ids
             ],
         )
+        start = await begin(command_json=None)
+        if start.decision != "hold":
+            return start
+        # Held: the time from here to its release is the busy policy's wait, which latency reports
+        # keep apart from the pipeline's own overhead.
+        held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
+        return await begin(command_json=held.model_dump_json())
 
     @staticmethod
     def _turn_record(command: SessionCommand) -> TurnRecord:
@@ -318,7 +322,7 @@ class DispatchStage:
 
     async def _notice(self, bot: BotConfig, command: SessionCommand, kind: str) -> None:
         await self.outputs.outbound(
-            self.notices.answering(
+            self.notifier.answering(
                 bot,
                 kind,
                 command,

@@ -25,7 +25,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import DeliveryStore, RateWindow
 
 from .leakguard import LeakGuard
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class EgressStage:
         self.sleep = sleep
         self.platform_for = platform_for
         # Without a guard given, credential shapes are still caught (no configured secrets known).
-        self.leak_guard = leak_guard or LeakGuard(LeakScanner(), Notices(settings))
+        self.leak_guard = leak_guard or LeakGuard(LeakScanner(), Notifier(settings))
 
     async def admit(self, messages: list[OutboundMessage], positions: list[Position]) -> list[Work | None]:
         """The batch step: each message is sent in its conversation's turn."""

@@ -21,7 +21,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import ContextEntry, InboundAdmission, State, TurnRecord
 
 from ._ids import inbound_dedup_id, stable_id, user_message_id
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
@@ -140,13 +140,13 @@ class IngestStage:
         settings: Settings,
         state: State,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         prompt: PromptBuilder,
     ) -> None:
         self.settings = settings
         self.state = state
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
         self.prompt = prompt
 
     async def handle(self, message: InboundMessage) -> None:
@@ -323,7 +323,7 @@ class IngestStage:
         )
 
     def _notice(self, bot: BotConfig, message: InboundMessage, name: str, **params: str) -> OutboundMessage:
-        return self.notices.answering(
+        return self.notifier.answering(
             bot,
             name,
             message,

@@ -20,15 +20,15 @@ from pipeline.segments.models import TextData, TextSegment
 from pipeline.segments.notices import NoticeKind
 from pipeline.settings import BotConfig
 
-from .notices import Notices
+from .notify import Notifier
 
 log = logging.getLogger(__name__)
 
 
 class LeakGuard:
-    def __init__(self, scanner: LeakScanner, notices: Notices) -> None:
+    def __init__(self, scanner: LeakScanner, notifier: Notifier) -> None:
         self.scanner = scanner
-        self.notices = notices
+        self.notifier = notifier
 
     def check(self, bot: BotConfig, message: OutboundMessage) -> OutboundMessage:
         """`message` if it carries no secret, else a copy with the secrets cut out or blocked."""
@@ -47,5 +47,5 @@ class LeakGuard:
         if not blocked:
             return message.model_copy(update={"segments": result.segments})
         metrics.NOTICES.labels(message.platform, NoticeKind.LEAK_BLOCKED.value).inc()
-        notice = TextSegment(type="text", data=TextData(text=self.notices.text(bot, NoticeKind.LEAK_BLOCKED)))
+        notice = TextSegment(type="text", data=TextData(text=self.notifier.text(bot, NoticeKind.LEAK_BLOCKED)))
         return message.model_copy(update={"segments": [notice]})

@@ -53,7 +53,7 @@ class Outputs:
         await self._produce(SESSION_INPUT, command.conversation_key, command.model_dump_json().encode())
 
     async def session_event(self, record: SessionEventRecord) -> None:
-        await self._produce(SESSION_EVENTS, record.conversation_key, record.model_dump_json().encode())
+        await self._produce(SESSION_EVENTS, record.conversation_key, record.model_dump_json(exclude_none=True).encode())
 
     async def outbound(self, message: OutboundMessage) -> None:
         await self._produce(

@@ -34,11 +34,21 @@ from pipeline.segments.context import TurnContext as ReplyContext
 from pipeline.segments.leaks import REDACTION_MARKER
 from pipeline.segments.media import rejection_label
 from pipeline.segments.models import Segment, TextData, TextSegment
+from pipeline.session.models import (
+    AgentCustomToolUse,
+    AgentMCPToolUse,
+    AgentMessage,
+    AgentToolUse,
+    RequiresAction,
+    SessionError,
+    SessionStatusIdle,
+    SessionStatusTerminated,
+)
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import ConversationState, PendingAction, State
 
 from ._ids import stable_id
-from .notices import Notices
+from .notify import Notifier
 from .outputs import Outputs
 from .tools import ImTools
 
@@ -52,10 +62,9 @@ _TURN_EVENTS = frozenset({"session.status_idle", "session.status_terminated", "s
 _STATEFUL = frozenset({"agent.message", *_TOOL_CALLS, *_TURN_EVENTS})
 
 
-def message_text(event: dict[str, Any]) -> str:
+def message_text(event: AgentMessage) -> str:
     """The text of an agent.message: its text blocks joined (the reply contract is one string)."""
-    blocks = event.get("content") or []
-    return "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+    return event.text
 
 
 # The session protocol's vocabulary for `session.error` (anything else is counted as "other", so a
@@ -75,37 +84,35 @@ SESSION_ERROR_TYPES = frozenset(
 RETRY_STATUSES = frozenset({"retrying", "exhausted", "terminal"})
 
 
-def session_error_labels(event: dict[str, Any]) -> tuple[str, str]:
+def session_error_labels(event: SessionError) -> tuple[str, str]:
     """(error_type, retry_status) of a `session.error` event, bounded to the protocol's vocabulary."""
-    error = event.get("error")
-    error = error if isinstance(error, dict) else {}
-    retry = error.get("retry_status")
-    retry_type = retry.get("type") if isinstance(retry, dict) else None
-    error_type = error.get("type")
+    error_type, retry_type = event.error.type, event.error.retry_status.type
     return (
-        error_type if isinstance(error_type, str) and error_type in SESSION_ERROR_TYPES else "other",
-        retry_type if isinstance(retry_type, str) and retry_type in RETRY_STATUSES else "other",
+        error_type if error_type in SESSION_ERROR_TYPES else "other",
+        retry_type if retry_type in RETRY_STATUSES else "other",
     )
 
 
-def pending_from_tool_event(event: dict[str, Any], event_type: str) -> PendingAction | None:
+ToolCall = AgentToolUse | AgentMCPToolUse | AgentCustomToolUse
+
+
+def pending_from_tool_event(event: ToolCall) -> PendingAction | None:
     """A tool call the chat (or Switchboard) must answer: `ask` permissions and custom tools."""
-    event_id = event.get("id")
-    if not event_id:
+    if not event.id:
         return None
     kind: Literal["confirmation", "custom_tool"]
-    if event_type == "agent.custom_tool_use":
+    if isinstance(event, AgentCustomToolUse):
         kind = "custom_tool"
-    elif event.get("evaluated_permission") == "ask":
+    elif event.evaluated_permission == "ask":
         kind = "confirmation"
     else:
         return None
     return PendingAction(
-        event_id=event_id,
+        event_id=event.id,
         kind=kind,
-        name=str(event.get("name") or ""),
-        input=event.get("input") if isinstance(event.get("input"), dict) else {},
-        session_thread_id=event.get("session_thread_id"),
+        name=event.name,
+        input=event.input,
+        session_thread_id=event.session_thread_id,
     )
 
 
@@ -115,7 +122,7 @@ class RenderStage:
         settings: Settings,
         state: State,
         outputs: Outputs,
-        notices: Notices,
+        notifier: Notifier,
         policies: dict[tuple[str, str], ReplyPolicy],
         capabilities: dict[str, Capabilities],
         tools: ImTools,
@@ -126,7 +133,7 @@ class RenderStage:
         self.settings = settings
         self.state = state
         self.outputs = outputs
-        self.notices = notices
+        self.notifier = notifier
         self.policies = policies
         self.capabilities = capabilities
         self.tools = tools
@@ -137,11 +144,11 @@ class RenderStage:
     def handle_inline(record: SessionEventRecord) -> bool:
         """Events that touch no state (errors: counted here) need no keyed work. Returns True when
         the record is fully handled."""
-        if record.event_type == "session.error":
+        if isinstance(record.event, SessionError):
             error_type, retry_status = session_error_labels(record.event)
             metrics.SESSION_ERRORS.labels(error_type, retry_status).inc()
             return True
-        return record.event_type not in _STATEFUL
+        return record.event.type not in _STATEFUL
 
     async def admit(self, records: list[SessionEventRecord], positions: list[Position]) -> list[Work | None]:
         """The batch step: a conversation's events of this batch are handled together, in order, in
@@ -167,19 +174,20 @@ class RenderStage:
         last: tuple[str, str | None] | None = None  # an agent.message not yet written
         for position, (record, partition) in enumerate(group):
             self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
-            if record.event_type == "agent.message":
-                last = (message_text(record.event), record.event_id)
+            event = record.event
+            if isinstance(event, AgentMessage):
+                last = (message_text(event), event.id)
                 if position == len(group) - 1:  # its turn's end is not in this batch: keep it
                     await self.state.conversations.update_conversation(
                         record.conversation_key, last_message=last[0], last_message_id=last[1]
                     )
                 continue
-            if last is not None and record.event_type in _TOOL_CALLS:
+            if last is not None and isinstance(event, ToolCall):
                 await self.state.conversations.update_conversation(
                     record.conversation_key, last_message=last[0], last_message_id=last[1]
                 )
-            if record.event_type in _TOOL_CALLS:
-                await self._tool_call(record)
+            if isinstance(event, ToolCall):
+                await self._tool_call(record, event)
             else:
                 await self._turn_end_event(record, partition, last)
             last = None
@@ -188,13 +196,13 @@ class RenderStage:
         self, record: SessionEventRecord, partition: int, last: tuple[str, str | None] | None
     ) -> None:
         conversation = record.conversation_key
-        idle = record.event_type == "session.status_idle"
+        idle = isinstance(record.event, SessionStatusIdle)
         # The idle ends the oldest turn sent to the session and not yet ended (bound once, so a
         # replay binds the same turn): its reply goes to that turn's chat message, even when a later
         # turn has replaced "the current turn" in the state meanwhile.
         ends_turn = idle and _stop_reason(record) != "requires_action"
-        end = await self.state.conversations.bind_turn_end(conversation, record.event_id, bind=ends_turn)
-        if record.event_id and end.handled is not None:
+        end = await self.state.conversations.bind_turn_end(conversation, record.event.id, bind=ends_turn)
+        if record.event.id and end.handled is not None:
             # Handled before. A flush may still be owed (a crash after the end was written): its
             # repeat is harmless.
             if end.handled == "flush" and end.state.turn is not None:
@@ -211,22 +219,22 @@ class RenderStage:
                 # notice) ran after all. Its answer would be a second one; count it and move on.
                 metrics.UNATTRIBUTED_TURN_ENDS.inc()
                 log.info("render: idle for %s matches no turn in flight; ignored", conversation)
-                if record.event_id:
-                    await self.state.markers.set_marker("turnend", record.event_id)
+                if record.event.id:
+                    await self.state.markers.set_marker("turnend", record.event.id)
                 return
         await self._turn_end(record, state, partition, end.turn_id)
 
     async def _turn_end(
         self, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
     ) -> None:
-        event_type = record.event_type
+        event = record.event
         conversation = record.conversation_key
         bot = self._bot(conversation, state)
         if bot is None:
             log.warning("render: no bot for %s", conversation)
             return
-        if event_type == "session.status_idle":
-            stop = _stop_reason(record)
+        if isinstance(event, SessionStatusIdle):
+            stop = event.stop_reason.type
             metrics.TURNS_FINISHED.labels(bot.platform, stop).inc()
             if stop == "requires_action":
                 await self._requires_action(bot, record, state)
@@ -235,7 +243,7 @@ class RenderStage:
                     conversation,
                     partition,
                     session_id=record.session_id,
-                    event_id=record.event_id,
+                    event_id=record.event.id,
                     turn_id=None,
                     waiting=True,
                 )
@@ -248,20 +256,20 @@ class RenderStage:
                 await self._turn_over(bot, record, state, partition, turn_id)
             return
         # Terminal: say so once, forget the session; the next message starts a new one.
-        metrics.TURNS_FINISHED.labels(bot.platform, event_type.rsplit(".", 1)[-1]).inc()
-        kind = "session_terminated" if event_type == "session.status_terminated" else "session_deleted"
+        metrics.TURNS_FINISHED.labels(bot.platform, event.type.rsplit(".", 1)[-1]).inc()
+        kind = "session_terminated" if isinstance(event, SessionStatusTerminated) else "session_deleted"
         await self._notice(bot, record, state, kind)
         await self.state.conversations.unmap_session(conversation, record.session_id)
         await self.outputs.delivered()
-        if record.event_id:
-            await self.state.markers.set_marker("turnend", record.event_id)
+        if record.event.id:
+            await self.state.markers.set_marker("turnend", record.event.id)
 
     # -- steps ---------------------------------------------------------------------------------
-    async def _tool_call(self, record: SessionEventRecord) -> None:
+    async def _tool_call(self, record: SessionEventRecord, event: ToolCall) -> None:
         conversation = record.conversation_key
         state = await self.state.conversations.conversation(conversation)
         updates: dict[str, Any] = {}
-        pending = pending_from_tool_event(record.event, record.event_type)
+        pending = pending_from_tool_event(event)
         if pending is not None:
             tools = dict(state.tools)
             tools[pending.event_id] = pending
@@ -276,8 +284,8 @@ class RenderStage:
             await self.state.conversations.update_conversation(conversation, **updates)
 
     async def _requires_action(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
-        stop = record.event.get("stop_reason") or {}
-        ids = [str(i) for i in stop.get("event_ids") or []]
+        stop = record.event.stop_reason if isinstance(record.event, SessionStatusIdle) else None
+        ids = list(stop.event_ids) if isinstance(stop, RequiresAction) else []
         pending = [state.tools.get(i) or PendingAction(event_id=i, kind="confirmation") for i in ids]
         confirmations = [p for p in pending if p.kind == "confirmation"]
         custom = [p for p in pending if p.kind == "custom_tool"]
@@ -414,7 +422,7 @@ class RenderStage:
             record.conversation_key,
             partition,
             session_id=record.session_id,
-            event_id=record.event_id,
+            event_id=record.event.id,
             turn_id=turn_id,
             last_message=None,
             last_message_id=None,
@@ -438,7 +446,7 @@ class RenderStage:
                 chat_id=chat_id,
                 chat_type=chat_type,
                 session_id=record.session_id,
-                trace_id=stable_id("flush-", record.event_id or record.conversation_key),
+                trace_id=stable_id("flush-", record.event.id or record.conversation_key),
             )
         )
 
@@ -454,7 +462,7 @@ class RenderStage:
         params: dict[str, str] | None = None,
     ) -> None:
         metrics.NOTICES.labels(bot.platform, notice).inc()
-        text = self.notices.text(bot, notice, **(params or {}))
+        text = self.notifier.text(bot, notice, **(params or {}))
         await self._emit(bot, record, state, kind, [_text(text)], suffix=notice)
 
     async def _emit(
@@ -485,7 +493,7 @@ class RenderStage:
         hops["render"] = now_ms()
         chat_id, chat_type = _chat_of(record.conversation_key, turn)
         return OutboundMessage(
-            outbound_id=stable_id("out-", record.conversation_key, record.event_id or record.session_id, suffix),
+            outbound_id=stable_id("out-", record.conversation_key, record.event.id or record.session_id, suffix),
             kind=kind,
             platform=bot.platform,
             bot_id=bot.bot_id,
@@ -547,4 +555,5 @@ def _segments_outcome(outcome: contract.ReplyOutcome) -> str:
 
 
 def _stop_reason(record: SessionEventRecord) -> str:
-    return str((record.event.get("stop_reason") or {}).get("type", "end_turn"))
+    event = record.event
+    return event.stop_reason.type if isinstance(event, SessionStatusIdle) else ""

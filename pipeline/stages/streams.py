@@ -11,13 +11,24 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pipeline import metrics
-from pipeline.records import SessionEventRecord, now_ms
+from pipeline.records import FORWARDED_EVENT_TYPES, ForwardedEvent, SessionEventRecord, now_ms
 from pipeline.session import SessionClient
 from pipeline.session.exceptions import NotFoundError, SessionAPIError
-from pipeline.session.models import ServerEvent
+from pipeline.session.models import (
+    RetriesExhausted,
+    RetryStatus,
+    ServerEvent,
+    SessionDeleted,
+    SessionError,
+    SessionErrorDetail,
+    SessionStatusIdle,
+    SessionStatusTerminated,
+    UnknownEvent,
+    UnknownStopReason,
+)
 from pipeline.session.previews import Preview
 from pipeline.state import InflightStream, StreamStore
 
@@ -28,18 +39,31 @@ log = logging.getLogger(__name__)
 # After these a stream is released: the turn is over (or waits on the chat), or the session is gone.
 _TERMINAL = frozenset({"session.status_terminated", "session.deleted"})
 _TURN_END = frozenset({"session.status_idle", *_TERMINAL})
-# What render acts on; the rest of a turn's events (status, spans, usage, thinking, tool results,
-# thread events, the user's own events) stay out of Kafka: ten records per turn become two.
-FORWARDED = frozenset(
-    {
-        "agent.message",
-        "agent.tool_use",
-        "agent.mcp_tool_use",
-        "agent.custom_tool_use",
-        "session.error",
-        *_TURN_END,
-    }
-)
+# What render acts on (`ForwardedEvent`); the rest of a turn's events (status, spans, usage,
+# thinking, tool results, thread events, the user's own events) stay out of Kafka: ten records per
+# turn become two.
+FORWARDED = FORWARDED_EVENT_TYPES
+
+
+def forwardable(event: ServerEvent) -> ForwardedEvent | None:
+    """The event as render takes it, or None when render has nothing to do with it. A known type
+    the server sent malformed (the client keeps it as an `UnknownEvent`) still ends its turn: an
+    idle with a stop reason nobody can read, an error of an unknown kind."""
+    if event.type not in FORWARDED:
+        return None
+    if not isinstance(event, UnknownEvent):
+        return cast(ForwardedEvent, event)
+    log.warning("session server sent a malformed %s event; handled as an unreadable one", event.type)
+    if event.type == "session.status_idle":
+        return SessionStatusIdle(id=event.id, stop_reason=UnknownStopReason(raw={"type": "malformed"}))
+    if event.type == "session.error":
+        malformed = SessionErrorDetail(type="malformed", retry_status=RetryStatus(type="malformed"))
+        return SessionError(id=event.id, error=malformed)
+    if event.type == "session.status_terminated":
+        return SessionStatusTerminated(id=event.id)
+    if event.type == "session.deleted":
+        return SessionDeleted(id=event.id)
+    return None  # a malformed message or tool call: nothing render could act on
 
 
 def observe_unforwarded(event: ServerEvent) -> None:
@@ -52,14 +76,6 @@ def observe_unforwarded(event: ServerEvent) -> None:
             value = getattr(usage, kind, None)
             if isinstance(value, int) and value > 0:
                 metrics.TOKENS.labels(kind).inc(value)
-
-
-def raw_event(event: ServerEvent) -> dict[str, Any]:
-    """The server event as JSON, verbatim for unknown types."""
-    raw = getattr(event, "raw", None)
-    if isinstance(raw, dict):
-        return raw
-    return event.model_dump(mode="json", exclude_none=True, by_alias=True)
 
 
 @dataclass(eq=False)
@@ -172,14 +188,15 @@ class StreamRegistry:
                 if isinstance(event, Preview):
                     continue  # Switchboard shows only validated final replies (S13)
                 held.lingering = False
-                if event.type not in FORWARDED:
+                forwarded = forwardable(event)
+                if forwarded is None:
                     observe_unforwarded(event)
                     continue
                 metrics.STREAM_EVENTS.labels(event.type).inc()
                 terminal = event.type in _TERMINAL
                 if terminal:
                     self.outputs.begin()  # released below only once the broker has the event
-                await self._produce(stream, raw_event(event), event.type, event.id)
+                await self._produce(stream, forwarded)
                 if terminal:
                     await self.outputs.delivered()
                     await self.state.remove_inflight(held.partition, session_id)
@@ -201,28 +218,14 @@ class StreamRegistry:
         except NotFoundError:
             # The session vanished without telling the stream: render treats it like a deletion.
             log.info("session %s not found while streaming", session_id)
-            await self._produce(stream, {"type": "session.deleted", "id": None}, "session.deleted", None)
+            await self._produce(stream, SessionDeleted())
         except SessionAPIError as exc:
             log.warning("stream of %s failed: %s", session_id, type(exc).__name__)
-            await self._produce(
-                stream,
-                {
-                    "type": "session.error",
-                    "error": {
-                        "type": "stream_failed",
-                        "message": type(exc).__name__,
-                        "retry_status": {"type": "exhausted"},
-                    },
-                },
-                "session.error",
-                None,
+            failure = SessionErrorDetail(
+                type="stream_failed", message=type(exc).__name__, retry_status=RetryStatus(type="exhausted")
             )
-            await self._produce(
-                stream,
-                {"type": "session.status_idle", "stop_reason": {"type": "retries_exhausted"}},
-                "session.status_idle",
-                None,
-            )
+            await self._produce(stream, SessionError(error=failure))
+            await self._produce(stream, SessionStatusIdle(stop_reason=RetriesExhausted()))
         finally:
             if next_event is not None and not next_event.done():
                 next_event.cancel()
@@ -234,16 +237,12 @@ class StreamRegistry:
                 if not held.lingering:
                     await self.state.remove_inflight(held.partition, session_id)
 
-    async def _produce(
-        self, stream: InflightStream, event: dict[str, Any], event_type: str, event_id: str | None
-    ) -> None:
+    async def _produce(self, stream: InflightStream, event: ForwardedEvent) -> None:
         await self.outputs.session_event(
             SessionEventRecord(
                 conversation_key=stream.conversation_key,
                 session_id=stream.session_id,
                 event=event,
-                event_type=event_type,
-                event_id=event_id,
                 trace_id=stream.trace_id,
                 hops={"stream": now_ms()},
             )

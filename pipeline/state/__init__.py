@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
+from pipeline.state.client import RedisClient
 from pipeline.state.connections import Acquired, ActionClaim, ConnectionStore, LeaseState, LeaseValue
 from pipeline.state.console import ConsoleStore
 from pipeline.state.conversations import ConversationStore, TurnMode
@@ -44,6 +43,7 @@ class State:
     """Every store, over one Redis client and key prefix."""
 
     keys: Keys
+    redis: RedisClient
     conversations: ConversationStore
     markers: MarkerStore
     streams: StreamStore
@@ -51,11 +51,19 @@ class State:
     console: ConsoleStore
 
     @classmethod
-    def open(cls, redis: Redis, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> State:
+    def connect(cls, url: str, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> State:
+        """The stores over a new client of the Redis at `url` (it connects on first use)."""
+        return cls.open(RedisClient(url), prefix, mapping_ttl=mapping_ttl, dedup_ttl=dedup_ttl)
+
+    @classmethod
+    def open(
+        cls, redis: RedisClient, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400
+    ) -> State:
         keys = Keys(prefix)
         ttls = {"mapping_ttl": mapping_ttl, "dedup_ttl": dedup_ttl}
         return cls(
             keys=keys,
+            redis=redis,
             conversations=ConversationStore(redis, keys, **ttls),
             markers=MarkerStore(redis, keys, **ttls),
             streams=StreamStore(redis, keys),
@@ -83,6 +91,7 @@ __all__ = [
     "MarkerStore",
     "PendingAction",
     "RateWindow",
+    "RedisClient",
     "State",
     "StateError",
     "StreamStore",

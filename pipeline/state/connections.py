@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from . import scripts
 from ._codec import text
+from .client import RedisClient
 from .keys import Keys
 
 LeaseState = Literal["dialing", "up"]
@@ -57,19 +58,22 @@ class ActionClaim:
     outcome: str | None = None  # the stored outcome of an earlier run (`done`)
 
 
-class ConnectionStore:
-    """`redis` for quick commands; `blocking` (a client of its own, with a socket timeout above
-    every blocking wait) for the pops that wait for an action or an answer."""
+_ACQUIRE = scripts.script("lease_acquire")
+_RENEW = scripts.script("lease_renew")
+_RELEASE = scripts.script("lease_release")
+_CLAIM_ACTION = scripts.script("claim_action")
 
-    def __init__(self, redis: Redis, blocking: Redis, keys: Keys, *, done_ttl: int) -> None:
+
+class ConnectionStore:
+    """`redis`: the stores' client, for scripts and quick commands. `blocking`: a redis-py client
+    of its own (the stores' client takes no blocking commands), whose socket timeout is above every
+    wait, for the pops that wait for an action or an answer."""
+
+    def __init__(self, redis: RedisClient, blocking: Redis, keys: Keys, *, done_ttl: int) -> None:
         self.redis = redis
         self.blocking = blocking
         self.keys = keys
         self.done_ttl = done_ttl
-        self._acquire = scripts.script(redis, "lease_acquire")
-        self._renew = scripts.script(redis, "lease_renew")
-        self._release = scripts.script(redis, "lease_release")
-        self._claim = scripts.script(redis, "claim_action")
 
     def _leases(self, platform: str, bot_id: str, channels: Sequence[str]) -> list[str]:
         return [self.keys.lease(platform, bot_id, c) for c in channels]
@@ -88,9 +92,10 @@ class ConnectionStore:
     ) -> Acquired | None:
         """Hold `channels` of the bot: only if nobody does (`take=False`), or in any case. None when
         another holder has one of them."""
-        token, previous = await self._acquire(
-            keys=[self.keys.lease_token(platform, bot_id), *self._leases(platform, bot_id, channels)],
-            args=[holder, ttl_ms, state, "take" if take else "free"],
+        token, previous = await self.redis.run_script(
+            _ACQUIRE,
+            [self.keys.lease_token(platform, bot_id), *self._leases(platform, bot_id, channels)],
+            [holder, ttl_ms, state, "take" if take else "free"],
         )
         if int(token) == 0:
             return None
@@ -100,16 +105,18 @@ class ConnectionStore:
         self, platform: str, bot_id: str, channels: Sequence[str], owner: str, ttl_ms: int, state: LeaseState
     ) -> bool:
         """Extend the leases if every one is still `owner`'s (`holder|token`); False: lost."""
-        return bool(await self._renew(keys=self._leases(platform, bot_id, channels), args=[owner, ttl_ms, state]))
+        return bool(
+            await self.redis.run_script(_RENEW, self._leases(platform, bot_id, channels), [owner, ttl_ms, state])
+        )
 
     async def release(self, platform: str, bot_id: str, channels: Sequence[str], owner: str) -> int:
-        return int(await self._release(keys=self._leases(platform, bot_id, channels), args=[owner]))
+        return int(await self.redis.run_script(_RELEASE, self._leases(platform, bot_id, channels), [owner]))
 
     async def holders(self, leases: Sequence[tuple[str, str, str]]) -> list[LeaseValue | None]:
         """The value of each (platform, bot id, channel) lease, None where nobody holds it."""
         if not leases:
             return []
-        raw = await self.redis.mget([self.keys.lease(p, b, c) for p, b, c in leases])
+        raw = await self.redis.execute("MGET", *(self.keys.lease(p, b, c) for p, b, c in leases))
         return [LeaseValue.parse(text(v)) for v in raw]
 
     # -- actions ---------------------------------------------------------------------------------
@@ -117,14 +124,11 @@ class ConnectionStore:
         """Queue a request for the bot's holder. The queue expires when nobody has asked for a
         while, so the requests of a bot nobody holds do not pile up."""
         key = self.keys.actions(platform, bot_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.lpush(key, request)
-            pipe.pexpire(key, queue_ttl_ms)
-            await pipe.execute()
+        await self.redis.pipeline([("LPUSH", key, request), ("PEXPIRE", key, queue_ttl_ms)])
 
     async def give_back(self, platform: str, bot_id: str, request: str) -> None:
         """Put a request taken by a holder that lost its lease back at the head of the queue."""
-        await self.redis.rpush(self.keys.actions(platform, bot_id), request)
+        await self.redis.execute("RPUSH", self.keys.actions(platform, bot_id), request)
 
     async def next_action(self, platform: str, bot_id: str, timeout: float) -> str | None:
         """The oldest queued request, waiting up to `timeout` seconds for one."""
@@ -132,8 +136,8 @@ class ConnectionStore:
         return text(popped[1]) if popped else None
 
     async def claim_action(self, platform: str, bot_id: str, channel: str, owner: str, request_id: str) -> ActionClaim:
-        raw = await self._claim(
-            keys=[self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)], args=[owner]
+        raw = await self.redis.run_script(
+            _CLAIM_ACTION, [self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)], [owner]
         )
         kind = text(raw[0])
         if kind == "done":
@@ -143,12 +147,10 @@ class ConnectionStore:
     async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool) -> None:
         """Push the answer for its sender; a final one is kept for the request id too."""
         key = self.keys.action_reply(reply_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            if final:
-                pipe.set(self.keys.action_done(request_id), answer, ex=self.done_ttl)
-            pipe.lpush(key, answer)
-            pipe.pexpire(key, ttl_ms)
-            await pipe.execute()
+        commands: list[tuple[str | int, ...]] = [("LPUSH", key, answer), ("PEXPIRE", key, ttl_ms)]
+        if final:
+            commands.insert(0, ("SET", self.keys.action_done(request_id), answer, "EX", self.done_ttl))
+        await self.redis.pipeline(commands)
 
     async def wait_answer(self, reply_id: str, timeout: float) -> str | None:
         popped = await self.blocking.blpop([self.keys.action_reply(reply_id)], timeout=timeout)

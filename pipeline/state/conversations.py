@@ -12,41 +12,43 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from redis.asyncio import Redis
-
 from . import scripts
 from ._codec import conversation_state, hash_fields, text, window
+from .client import RedisClient
 from .keys import Keys
 from .models import ContextEntry, ConversationState, InflightStream, TurnEnd, TurnRecord, TurnStart
 
 TurnMode = Literal["merge", "queue", "interrupt", "flush", "resume"]
 
+_BEGIN_TURN = scripts.script("begin_turn")
+_BIND_TURN_END = scripts.script("bind_turn_end")
+_FINISH_TURN = scripts.script("finish_turn")
+
 
 class ConversationStore:
-    def __init__(self, redis: Redis, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
         self.redis = redis
         self.keys = keys
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
-        self._begin_turn = scripts.script(redis, "begin_turn")
-        self._bind_turn_end = scripts.script(redis, "bind_turn_end")
-        self._finish_turn = scripts.script(redis, "finish_turn")
 
     # -- conversation ↔ session -------------------------------------------------------------
     async def session_for(self, conversation: str) -> str | None:
-        return text(await self.redis.get(self.keys.session_of(conversation)))
+        return text(await self.redis.execute("GET", self.keys.session_of(conversation)))
 
     async def conversation_for(self, session_id: str) -> str | None:
-        return text(await self.redis.get(self.keys.conversation_of(session_id)))
+        return text(await self.redis.execute("GET", self.keys.conversation_of(session_id)))
 
     async def map_session(self, conversation: str, session_id: str) -> None:
-        k = self.keys
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(k.session_of(conversation), session_id, ex=self.mapping_ttl)
-            pipe.set(k.conversation_of(session_id), conversation, ex=self.mapping_ttl)
-            pipe.hset(k.conversation(conversation), "session_id", session_id)
-            pipe.expire(k.conversation(conversation), self.mapping_ttl)
-            await pipe.execute()
+        k, ttl = self.keys, self.mapping_ttl
+        await self.redis.transaction(
+            [
+                ("SET", k.session_of(conversation), session_id, "EX", ttl),
+                ("SET", k.conversation_of(session_id), conversation, "EX", ttl),
+                ("HSET", k.conversation(conversation), "session_id", session_id),
+                ("EXPIRE", k.conversation(conversation), ttl),
+            ]
+        )
 
     async def unmap_session(self, conversation: str, session_id: str | None = None) -> None:
         """Forget the conversation's session (terminal, deleted, /reset): the next message starts
@@ -55,40 +57,37 @@ class ConversationStore:
         k = self.keys
         current = await self.session_for(conversation)
         if session_id is not None and current is not None and current != session_id:
-            await self.redis.delete(k.conversation_of(session_id))
+            await self.redis.execute("DEL", k.conversation_of(session_id))
             return
         doomed = [k.session_of(conversation), k.conversation(conversation), k.held(conversation), k.turns(conversation)]
         doomed += [k.conversation_of(s) for s in {current, session_id} if s]
-        await self.redis.delete(*doomed)
+        await self.redis.execute("DEL", *doomed)
 
     # -- conversation state -----------------------------------------------------------------
     async def conversation(self, conversation: str) -> ConversationState:
-        return conversation_state(await self.redis.hgetall(self.keys.conversation(conversation)))
+        return conversation_state(await self.redis.execute("HGETALL", self.keys.conversation(conversation)))
 
     async def update_conversation(self, conversation: str, **fields: Any) -> None:
-        key = self.keys.conversation(conversation)
-        mapping, deletes = hash_fields(fields)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            if mapping:
-                pipe.hset(key, mapping=mapping)
-            if deletes:
-                pipe.hdel(key, *deletes)
-            pipe.expire(key, self.mapping_ttl)
-            await pipe.execute()
+        await self.redis.transaction(self._writes(conversation, fields))
 
     async def resume_turn(self, conversation: str, partition: int, stream: InflightStream, **fields: Any) -> None:
         """A turn continues (a confirmation or tool result was sent): write `fields` and hold the
         session's stream again, in one round trip."""
+        writes = self._writes(conversation, fields)
+        writes.append(("HSET", self.keys.inflight(partition), stream.session_id, inflight_entry(stream)))
+        await self.redis.transaction(writes)
+
+    def _writes(self, conversation: str, fields: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """The commands that write `fields` to the conversation's hash (None deletes a field)."""
         key = self.keys.conversation(conversation)
         mapping, deletes = hash_fields(fields)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            if mapping:
-                pipe.hset(key, mapping=mapping)
-            if deletes:
-                pipe.hdel(key, *deletes)
-            pipe.expire(key, self.mapping_ttl)
-            pipe.hset(self.keys.inflight(partition), stream.session_id, inflight_entry(stream))
-            await pipe.execute()
+        writes: list[tuple[Any, ...]] = []
+        if mapping:
+            writes.append(("HSET", key, *(v for pair in mapping.items() for v in pair)))
+        if deletes:
+            writes.append(("HDEL", key, *deletes))
+        writes.append(("EXPIRE", key, self.mapping_ttl))
+        return writes
 
     # -- user turns ----------------------------------------------------------------------------
     async def begin_turn(
@@ -99,19 +98,22 @@ class ConversationStore:
         turn_id: str,
         mode: TurnMode,
         turn: TurnRecord,
-        command_json: str,
+        command_json: str | None,
         trace_id: str,
         inbound_markers: Sequence[str] = (),
     ) -> TurnStart:
         """Decide what a user turn does, and record it when it starts, in one step (see
         `scripts/begin_turn.lua`): a replay is recognised, a busy session holds it (merge, queue),
         and a starting turn is recorded as running, listed among the session's turns, its record
-        kept under its id, its stream in flight on `partition`, its inbound messages marked seen."""
+        kept under its id, its stream in flight on `partition`, its inbound messages marked seen.
+        `command_json` is what a busy session holds; without it, a turn that would be held comes
+        back as `hold` (call again with it: most turns are never held, and the command is large)."""
         k = self.keys
         turn_json = turn.model_dump_json()
         stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
-        raw = await self._begin_turn(
-            keys=[
+        raw = await self.redis.run_script(
+            _BEGIN_TURN,
+            [
                 k.conversation(conversation),
                 k.held(conversation),
                 k.turns(conversation),
@@ -121,9 +123,9 @@ class ConversationStore:
                 k.session_of(conversation),
                 *(k.marker("in", m) for m in inbound_markers),
             ],
-            args=[
+            [
                 turn_id,
-                f"{turn_id}\n{command_json}",
+                f"{turn_id}\n{command_json}" if command_json is not None else "",
                 mode,
                 turn_json,
                 inflight_entry(stream),
@@ -142,14 +144,11 @@ class ConversationStore:
     async def drop_turn(self, conversation: str, turn_id: str) -> int:
         """Forget a turn whose send failed; returns how many turns remain."""
         key = self.keys.turns(conversation)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lrem(key, 0, turn_id)
-            pipe.llen(key)
-            _, remaining = await pipe.execute()
+        _, remaining = await self.redis.transaction([("LREM", key, 0, turn_id), ("LLEN", key)])
         return int(remaining)
 
     async def turns_in_session(self, conversation: str) -> list[str]:
-        return [text(v) or "" for v in await self.redis.lrange(self.keys.turns(conversation), 0, -1)]
+        return [text(v) or "" for v in await self.redis.execute("LRANGE", self.keys.turns(conversation), 0, -1)]
 
     # -- turn ends (render) --------------------------------------------------------------------
     async def bind_turn_end(self, conversation: str, event_id: str | None, *, bind: bool) -> TurnEnd:
@@ -157,14 +156,15 @@ class ConversationStore:
         turn it ends: the oldest sent and not yet ended (taken off the list), or the turn this same
         idle was bound to before (a replay)."""
         k = self.keys
-        handled, raw_state, turn_id, raw_turn = await self._bind_turn_end(
-            keys=[
+        handled, raw_state, turn_id, raw_turn = await self.redis.run_script(
+            _BIND_TURN_END,
+            [
                 k.conversation(conversation),
                 k.turns(conversation),
                 k.marker("turnbind", event_id) if event_id else "",
                 k.marker("turnend", event_id) if event_id else "",
             ],
-            args=[k.turn_prefix(), self.dedup_ttl, "1" if bind else "0"],
+            [k.turn_prefix(), self.dedup_ttl, "1" if bind else "0"],
         )
         return TurnEnd(
             handled=text(handled),
@@ -192,8 +192,9 @@ class ConversationStore:
         k = self.keys
         mapping, deletes = hash_fields(fields)
         flat = [v for pair in mapping.items() for v in pair]
-        result = await self._finish_turn(
-            keys=[
+        result = await self.redis.run_script(
+            _FINISH_TURN,
+            [
                 k.conversation(conversation),
                 k.turns(conversation),
                 k.held(conversation),
@@ -201,7 +202,7 @@ class ConversationStore:
                 k.marker("sent", turn_id) if turn_id else "",
                 k.inflight(partition),
             ],
-            args=[
+            [
                 self.mapping_ttl,
                 self.dedup_ttl,
                 session_id,
@@ -218,7 +219,7 @@ class ConversationStore:
         """The group-context window, oldest first (kept by ingest's admission)."""
         if size <= 0:
             return []
-        return window(await self.redis.lrange(self.keys.window(conversation), 0, size - 1))
+        return window(await self.redis.execute("LRANGE", self.keys.window(conversation), 0, size - 1))
 
     # -- held messages (busy policies merge / queue) ------------------------------------------
     async def peek_held(self, conversation: str, limit: int | None = None) -> list[tuple[str, str]]:
@@ -226,7 +227,7 @@ class ConversationStore:
         place until `drop_held`."""
         end = -1 if limit is None else limit - 1
         held = []
-        for raw in await self.redis.lrange(self.keys.held(conversation), 0, end):
+        for raw in await self.redis.execute("LRANGE", self.keys.held(conversation), 0, end):
             turn_id, _, command = (text(raw) or "").partition("\n")
             held.append((turn_id, command))
         return held
@@ -236,20 +237,15 @@ class ConversationStore:
         if count <= 0:
             return
         key = self.keys.held(conversation)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpop(key, count)
-            pipe.llen(key)
-            _, remaining = await pipe.execute()
-        await self.redis.hset(self.keys.conversation(conversation), "held", int(remaining))
+        _, remaining = await self.redis.transaction([("LPOP", key, count), ("LLEN", key)])
+        await self.redis.execute("HSET", self.keys.conversation(conversation), "held", int(remaining))
 
     async def clear_held(self, conversation: str) -> int:
         """Drop every held command (/stop); returns how many there were."""
         key = self.keys.held(conversation)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.llen(key)
-            pipe.delete(key)
-            pipe.hset(self.keys.conversation(conversation), "held", 0)
-            count, _, _ = await pipe.execute()
+        count, _, _ = await self.redis.transaction(
+            [("LLEN", key), ("DEL", key), ("HSET", self.keys.conversation(conversation), "held", 0)]
+        )
         return int(count)
 
 

@@ -7,15 +7,14 @@ sorted set per window holds the times of the calls made in it.
 
 from __future__ import annotations
 
-import os
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from . import scripts
 from ._codec import text
+from .client import RedisClient
 from .keys import Keys
 
 
@@ -34,30 +33,27 @@ class Claim:
     wait: float  # seconds until a slot frees (0: slots taken, or nothing to take)
 
 
+_CLAIM_DELIVERY = scripts.script("claim_delivery")
+
+
 class DeliveryStore:
-    def __init__(self, redis: Redis, keys: Keys, *, dedup_ttl: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, *, dedup_ttl: int) -> None:
         self.redis = redis
         self.keys = keys
         self.dedup_ttl = dedup_ttl
-        self._claim = scripts.script(redis, "claim_delivery")
 
     async def claim(self, marker_ids: Sequence[str], windows: Sequence[RateWindow]) -> Claim:
         """The delivered markers of `marker_ids`, and a slot in every window unless the first
         marker (the message's) says it was delivered before."""
-        args: list[str | int | float] = [len(marker_ids), int(time.time() * 1000), os.urandom(8).hex()]
+        args: list[str | int | float] = [len(marker_ids), int(time.time() * 1000), f"{random.getrandbits(64):016x}"]
         for window in windows:
             args += [window.limit, int(window.seconds * 1000)]
-        raw = await self._claim(
-            keys=[
-                *(self.keys.marker("out", m) for m in marker_ids),
-                *(self.keys.rate_window(w.identifier) for w in windows),
-            ],
-            args=args,
-        )
+        keys = [
+            *(self.keys.marker("out", m) for m in marker_ids),
+            *(self.keys.rate_window(w.identifier) for w in windows),
+        ]
+        raw = await self.redis.run_script(_CLAIM_DELIVERY, keys, args)
         return Claim(delivered=[text(v) for v in raw[:-1]], wait=max(0.0, float(raw[-1]) / 1000.0))
 
     async def mark_delivered(self, marker_ids: Sequence[str]) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for marker_id in marker_ids:
-                pipe.set(self.keys.marker("out", marker_id), "1", ex=self.dedup_ttl)
-            await pipe.execute()
+        await self.redis.pipeline([("SET", self.keys.marker("out", m), "1", "EX", self.dedup_ttl) for m in marker_ids])

@@ -5,52 +5,46 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio import Redis
-
 from . import scripts
 from ._codec import text, window
+from .client import RedisClient
 from .keys import Keys
 from .models import AdmissionResult, InboundAdmission
 
+_ADMIT_INBOUND = scripts.script("admit_inbound")
+
 
 class MarkerStore:
-    def __init__(self, redis: Redis, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
         self.redis = redis
         self.keys = keys
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
-        self._admit_inbound = scripts.script(redis, "admit_inbound")
 
     async def marker(self, kind: str, ident: str) -> str | None:
-        return text(await self.redis.get(self.keys.marker(kind, ident)))
+        return text(await self.redis.execute("GET", self.keys.marker(kind, ident)))
 
     async def markers(self, kind: str, idents: list[str]) -> list[str | None]:
         if not idents:
             return []
-        return [text(v) for v in await self.redis.mget([self.keys.marker(kind, i) for i in idents])]
+        return [text(v) for v in await self.redis.execute("MGET", *(self.keys.marker(kind, i) for i in idents))]
 
     async def set_marker(self, kind: str, ident: str, value: str = "1", ttl: int | None = None) -> None:
-        await self.redis.set(self.keys.marker(kind, ident), value, ex=ttl or self.dedup_ttl)
+        await self.redis.execute("SET", self.keys.marker(kind, ident), value, "EX", ttl or self.dedup_ttl)
 
     async def set_markers(self, kind: str, idents: list[str], value: str = "1", ttl: int | None = None) -> None:
-        if not idents:
-            return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for ident in idents:
-                pipe.set(self.keys.marker(kind, ident), value, ex=ttl or self.dedup_ttl)
-            await pipe.execute()
+        ttl = ttl or self.dedup_ttl
+        await self.redis.pipeline([("SET", self.keys.marker(kind, i), value, "EX", ttl) for i in idents])
 
     async def first_time(self, kind: str, ident: str, ttl: int | None = None) -> bool:
         """True the first time `ident` is seen (sets the marker atomically)."""
-        return bool(await self.redis.set(self.keys.marker(kind, ident), "1", nx=True, ex=ttl or self.dedup_ttl))
+        key = self.keys.marker(kind, ident)
+        return await self.redis.execute("SET", key, "1", "NX", "EX", ttl or self.dedup_ttl) is not None
 
     async def claim_send(self, marker_id: str) -> str | None:
         """Before a send: the marker's previous value (None: first attempt, now marked `sending`)."""
         key = self.keys.marker("sent", marker_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.get(key)
-            pipe.set(key, "sending", nx=True, ex=self.dedup_ttl)
-            previous, _ = await pipe.execute()
+        previous, _ = await self.redis.transaction([("GET", key), ("SET", key, "sending", "NX", "EX", self.dedup_ttl)])
         return text(previous)
 
     async def admit_inbound(self, items: list[InboundAdmission], context_size: int) -> list[AdmissionResult]:
@@ -73,7 +67,7 @@ class MarkerStore:
             read = item.want_window and context_size > 0
             args.append(("w" if read else "") + ("p" if push else "") + ("m" if item.mark else "") or "-")
             args.append(item.entry.model_dump_json() if push and item.entry is not None else "")
-        raw = await self._admit_inbound(keys=keys, args=args)
+        raw = await self.redis.run_script(_ADMIT_INBOUND, keys, args)
         results = []
         for reply in raw:
             duplicate = int(reply[0]) == 0

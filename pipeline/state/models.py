@@ -95,7 +95,7 @@ class InflightStream:
     trace_id: str | None = None
 
 
-Decision = Literal["start", "held", "done", "resume", "no_session"]
+Decision = Literal["start", "held", "hold", "busy", "done", "resume", "no_session"]
 
 
 @dataclass(frozen=True)

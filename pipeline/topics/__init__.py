@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline import records
+from pipeline.kafka.declare import TopicSpec
+from pipeline.settings import Settings
 
 IM_INBOUND = "im.inbound"
 SESSION_INPUT = "session.input"
@@ -40,6 +42,15 @@ class TopicDeclaration:
 
 def _catalogue(directory: Path = TOPICS_DIR) -> list[dict[str, Any]]:
     return list(tomllib.loads((directory / "topics.toml").read_text(encoding="utf-8"))["topic"])
+
+
+def cluster_specs(settings: Settings) -> list[TopicSpec]:
+    """What `topics apply` creates for these settings: every declared topic of the configured
+    platforms, with the settings' partition count and replication factor."""
+    return [
+        TopicSpec(name=d.name, partitions=d.partitions, replication_factor=settings.replication_factor, config=d.config)
+        for d in declarations(settings.platforms, settings.partitions)
+    ]
 
 
 def declarations(platforms: list[str], default_partitions: int, directory: Path = TOPICS_DIR) -> list[TopicDeclaration]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio.client import PubSub
 
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
@@ -45,6 +46,8 @@ class WebDeps:
     produce: ProduceAcked
     outputs: Outputs
     ready: Callable[[], Awaitable[dict[str, bool]]]
+    # redis-py's client, for the console's live channel (pub/sub is not the stores' client's job).
+    pubsub: Callable[[], PubSub]
 
 
 def build_web_app(deps: WebDeps) -> web.Application:
@@ -177,7 +180,7 @@ async def console_stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     sent = int(request.query.get("after", "0"))
-    pubsub = deps.state.console.redis.pubsub()
+    pubsub = deps.pubsub()
     await pubsub.subscribe(deps.state.console.live_channel(bot_id))
     try:
         while True:

@@ -25,7 +25,7 @@ from pipeline.settings import Settings
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
 from .drain import Drain
-from .driver import BatchConsumer, BatchSink, ConsumerTuning, KeyPartitioner, broker_url
+from .driver import SCHEME, BatchConsumer, BatchSink, ConsumerTuning, KeyPartitioner, Transport, broker_url
 from .stage import Stage, StageRunner
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ def create_app(
     if unknown:
         raise ConfigurationError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
+    _check_driver_registered()
     gc.set_threshold(*GC_THRESHOLDS)
     assert settings.kafka_bootstrap is not None
     app = SwitchboardApp(
@@ -182,6 +183,20 @@ def create_app(
 
     app.drain = drain
     return app
+
+
+def _check_driver_registered() -> None:
+    """Faust finds the driver through the package's `faust.transports` entry point, which exists
+    only once the package is installed (an editable install from before the driver lacks it)."""
+    try:
+        found = faust.transport.by_url(f"{SCHEME}://")
+    except ModuleNotFoundError:
+        found = None
+    if found is not Transport:
+        raise ConfigurationError(
+            "Switchboard's Kafka driver is not registered with Faust: install the package again "
+            "(`pip install -e .`, or `make` after a change to pyproject.toml)"
+        )
 
 
 class _LagGauge:

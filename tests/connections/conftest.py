@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from pipeline.state import ConnectionStore, Keys
+from pipeline.state import ConnectionStore, Keys, RedisClient
 
 
 @pytest.fixture
@@ -24,8 +24,9 @@ async def blocking_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-async def quick_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+async def quick_client(redis_url: str) -> AsyncIterator[RedisClient]:
+    """The stores' own client (no blocking commands)."""
+    client = RedisClient(redis_url)
     try:
         yield client
     finally:
@@ -33,7 +34,7 @@ async def quick_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-def store(quick_client: aioredis.Redis, blocking_client: aioredis.Redis, redis_prefix: str) -> ConnectionStore:
+def store(quick_client: RedisClient, blocking_client: aioredis.Redis, redis_prefix: str) -> ConnectionStore:
     return ConnectionStore(quick_client, blocking_client, Keys(redis_prefix), done_ttl=600)
 
 

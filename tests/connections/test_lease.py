@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from pipeline.connections._lease import HeldLease
 from pipeline.embedded import RedisServer
-from pipeline.state import ConnectionStore, Keys
+from pipeline.state import ConnectionStore, Keys, RedisClient
 
 CHANNELS = ("api", "event")
 
@@ -104,7 +104,7 @@ async def test_a_holder_that_cannot_renew_gives_up_before_redis_lets_anyone_else
     redis_server_factory, redis_prefix: str
 ) -> None:
     server: RedisServer = await redis_server_factory()
-    quick = aioredis.Redis.from_url(server.url, decode_responses=True, socket_timeout=1, socket_connect_timeout=1)
+    quick = RedisClient(server.url, socket_timeout=1, connect_timeout=1)
     blocking = aioredis.Redis.from_url(server.url, decode_responses=True)
     store = ConnectionStore(quick, blocking, Keys(redis_prefix), done_ttl=60)
     try:
@@ -138,11 +138,11 @@ async def test_a_holder_that_cannot_renew_gives_up_before_redis_lets_anyone_else
         await blocking.aclose()
 
 
-async def test_holders_of_many_leases_in_one_read(store: ConnectionStore, quick_client: aioredis.Redis) -> None:
+async def test_holders_of_many_leases_in_one_read(store: ConnectionStore, quick_client: RedisClient) -> None:
     await store.acquire("onebot", "a", ("api",), "w1", 5000, "up", take=False)
     await store.acquire("onebot", "b", ("event",), "w2", 5000, "dialing", take=False)
     values = await store.holders([("onebot", "a", "api"), ("onebot", "a", "event"), ("onebot", "b", "event")])
     assert [v.owner if v else None for v in values] == ["w1|1", None, "w2|1"]
     assert values[2] is not None and values[2].state == "dialing"
     keys = Keys(store.keys.prefix)
-    assert await quick_client.get(keys.lease_token("onebot", "a")) == "1"
+    assert await quick_client.execute("GET", keys.lease_token("onebot", "a")) == "1"

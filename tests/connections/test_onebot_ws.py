@@ -28,6 +28,7 @@ from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.records import InboundMessage
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.outputs import Outputs
+from pipeline.state import RedisClient
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from pipeline.web.connections import add_connection_routes
 from tests.platforms.conftest import Seen, load_media
@@ -76,7 +77,7 @@ async def running(
         connection_acquire_interval_seconds=0.2,
         connection_action_timeout_seconds=5.0,
     )
-    quick = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    quick = RedisClient(redis_url)
     blocking = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
     connections = open_connections(settings, quick, blocking, produced.send, Outputs(produced.send), holder="w1")
     await connections.start()

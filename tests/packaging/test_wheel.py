@@ -70,7 +70,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert len(wheels) == 1, wheels
     subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, env=_clean_env(), timeout=120)
     python = work / "venv" / "bin" / "python"
-    _pip(python, "install", str(wheels[0]), cwd=work)
+    # As the Docker image installs it: the dependencies at the versions constraints.txt pins.
+    _pip(python, "install", "-c", str(source / "constraints.txt"), str(wheels[0]), cwd=work)
     return python.parent
 
 

@@ -66,10 +66,11 @@ async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
 
     deps = WebDeps(
         settings=settings,
-        state=State.open(redis, settings.redis_prefix),
+        state=State.connect(redis_url, settings.redis_prefix),
         produce=produced,
         outputs=Outputs(produced),
         ready=ready,
+        pubsub=redis.pubsub,
     )
     runner = web.AppRunner(build_web_app(deps))
     await runner.setup()

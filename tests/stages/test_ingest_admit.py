@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from pipeline.platforms import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages._ids import inbound_dedup_id
 from pipeline.stages.ingest import IngestStage
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.state import State
 from pipeline.topics import SESSION_INPUT
@@ -36,9 +34,9 @@ class Recorder:
 
 def stage(redis_url: str, prefix: str, **settings: Any) -> tuple[IngestStage, Recorder]:
     s = Settings(redis_prefix=prefix, **settings)
-    state = State.open(aioredis.from_url(redis_url, decode_responses=True), s.redis_prefix)
+    state = State.connect(redis_url, s.redis_prefix)
     recorder = Recorder()
-    return IngestStage(s, state, Outputs(recorder), Notices(s), lambda bot, m, w: None), recorder
+    return IngestStage(s, state, Outputs(recorder), Notifier(s), lambda bot, m, w: None), recorder
 
 
 def msg(i: int, text: str = "chatting", *, chat: str = "g", chat_type: str = "group", **extra: Any) -> InboundMessage:
@@ -139,15 +137,15 @@ async def test_ids_with_a_colon_keep_their_conversations_apart(redis_url: str, r
     # Each turn saw its own window only.
     assert one.known_ids == ["c"] and other.known_ids == ["b:c"]
     redis = ingest.state.markers.redis
-    windows = sorted(await redis.keys(f"{redis_prefix}ctx:*"))
+    windows = sorted(await redis.execute("KEYS", f"{redis_prefix}ctx:*"))
     assert windows == sorted(ingest.state.keys.window(t.conversation_key) for t in (one, other))
     for turn in (one, other):
         [entry_m1, entry_m2] = await ingest.state.conversations.context(turn.conversation_key, 10)
         assert (entry_m1.message_id, entry_m2.message_id) == ("m1", "m2")
         assert entry_m1.user_id == turn.sender.user_id  # type: ignore[union-attr]
-    assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 2  # the chatter; the asks: below
+    assert len(await redis.execute("KEYS", f"{redis_prefix}dedup:in:*")) == 2  # the chatter; the asks: below
     await mark_as_dispatch_does(ingest, recorder.turns())
-    assert len(await redis.keys(f"{redis_prefix}dedup:in:*")) == 4
+    assert len(await redis.execute("KEYS", f"{redis_prefix}dedup:in:*")) == 4
 
 
 async def mark_as_dispatch_does(ingest: IngestStage, turns: list[SessionCommand]) -> None:
@@ -169,7 +167,7 @@ async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
     assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [True]
     assert [(t.chat_id, t.inbound_ids) for t in recorder.turns()] == [("g:1", ["m"]), ("g", ["1:m"])]
     await mark_as_dispatch_does(ingest, recorder.turns())
-    markers = await ingest.state.markers.redis.keys(f"{redis_prefix}dedup:in:*")
+    markers = await ingest.state.markers.redis.execute("KEYS", f"{redis_prefix}dedup:in:*")
     assert sorted(markers) == [
         f"{redis_prefix}dedup:in:console:demo:g%3A1:m",
         f"{redis_prefix}dedup:in:console:demo:g:1%3Am",

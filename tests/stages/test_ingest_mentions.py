@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 
-import redis.asyncio as aioredis
-
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.records import InboundMessage, SessionCommand
 from pipeline.runtime import reply_context, reply_policy
 from pipeline.segments import build_im_prompt
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.ingest import IngestStage
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.state import State
 from tests.platforms import test_lark as lark_fx
@@ -25,13 +23,13 @@ from .test_ingest_admit import Recorder, run
 
 def ingest_for(bot: BotConfig, redis_url: str, prefix: str) -> tuple[IngestStage, Recorder]:
     settings = Settings(redis_prefix=prefix, bots=[bot])
-    state = State.open(aioredis.from_url(redis_url, decode_responses=True), settings.redis_prefix)
+    state = State.connect(redis_url, settings.redis_prefix)
     recorder = Recorder()
 
     def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:  # type: ignore[type-arg]
         return build_im_prompt(reply_context(bot, message, window), reply_policy(bot, settings))
 
-    return IngestStage(settings, state, Outputs(recorder), Notices(settings), prompt), recorder
+    return IngestStage(settings, state, Outputs(recorder), Notifier(settings), prompt), recorder
 
 
 def received(bot: BotConfig, request: WebhookRequest) -> InboundMessage:

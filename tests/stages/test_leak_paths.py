@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, SessionEventRecord
@@ -31,7 +30,7 @@ from pipeline.runtime import leak_scanner, reply_policy
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.egress import EgressStage
 from pipeline.stages.leakguard import LeakGuard
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
@@ -154,15 +153,14 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
     await api.start()
     api.on("/send_group_msg", check_onebot)
     settings = settings_for(api, request.param)
-    client = aioredis.from_url(redis_url, decode_responses=True)
-    state = State.open(client, redis_prefix)
+    state = State.connect(redis_url, redis_prefix)
     produced: list[tuple[str, bytes]] = []
 
     async def record(topic: str, key: str | None, value: bytes) -> None:
         produced.append((topic, value))
 
     outputs = Outputs(record)
-    notices = Notices(settings)
+    notices = Notifier(settings)
     scanner = leak_scanner(settings)
     render = RenderStage(
         settings,
@@ -181,7 +179,7 @@ async def pipeline(request: pytest.FixtureRequest, redis_url: str, redis_prefix:
             yield Pipeline(render, egress, state, produced, api, settings, itertools.count(1))
         finally:
             await api.stop()
-            await client.aclose()
+            await state.redis.aclose()
 
 
 def event(conversation: str, event_type: str, event_id: str, **fields: Any) -> SessionEventRecord:
@@ -194,8 +192,6 @@ def event(conversation: str, event_type: str, event_id: str, **fields: Any) -> S
         conversation_key=conversation,
         session_id="s1",
         event={"type": event_type, "id": event_id, **fields},
-        event_type=event_type,
-        event_id=event_id,
     )
 
 
@@ -261,7 +257,7 @@ async def via_notice(p: Pipeline, text: str) -> None:
     assert bot is not None
     bot = bot.model_copy(update={"notices": {"busy": f"Busy; status page key {text}"}})
     n = next(p.count)
-    message = Notices(p.settings.model_copy(update={"bots": [bot]})).outbound(
+    message = Notifier(p.settings.model_copy(update={"bots": [bot]})).outbound(
         bot,
         "busy",
         platform="onebot",

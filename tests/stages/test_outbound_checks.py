@@ -7,14 +7,14 @@ import json
 import logging
 
 import pytest
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, SessionEventRecord
 from pipeline.runtime import Runtime, deployment_secrets, reply_policy
 from pipeline.segments import Capabilities, MediaChecker, MediaSettings, SafeFetcher
+from pipeline.session.models import SessionError
 from pipeline.settings import BotConfig, Settings
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage, _shortened, session_error_labels
 from pipeline.stages.tools import ImTools
@@ -92,14 +92,13 @@ async def _discard(topic: str, key: str | None, value: bytes) -> None:
         ({"type": "billing_error", "retry_status": {"type": "terminal"}}, ("billing_error", "terminal")),
         ({"type": "unknown_error", "retry_status": {"type": "exhausted"}}, ("unknown_error", "exhausted")),
         ({"type": "x" * 500, "retry_status": {"type": "retry in 5s, id 93f1"}}, ("other", "other")),
-        ({"type": 7, "retry_status": "retrying"}, ("other", "other")),
-        ({}, ("other", "other")),
+        ({"type": "malformed", "retry_status": {"type": "malformed"}}, ("other", "other")),
     ],
 )
 def test_session_error_labels_stay_in_the_protocols_vocabulary(
     error: dict[str, object], labels: tuple[str, str]
 ) -> None:
-    assert session_error_labels({"type": "session.error", "error": error}) == labels
+    assert session_error_labels(SessionError.model_validate({"type": "session.error", "error": error})) == labels
 
 
 def test_session_error_metric_counts_unknown_values_as_other() -> None:
@@ -109,8 +108,6 @@ def test_session_error_metric_counts_unknown_values_as_other() -> None:
         conversation_key="console:demo:c",
         session_id="s1",
         event={"type": "session.error", "error": {"type": "session 93f1 rejected", "retry_status": {"type": "??"}}},
-        event_type="session.error",
-        event_id="e-err",
     )
     assert RenderStage.handle_inline(record)
     assert REGISTRY.get_sample_value("switchboard_session_errors_total", labels) == before + 1
@@ -127,8 +124,7 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
     redis_url: str, redis_prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = Settings(bots=[BotConfig(platform="onebot", bot_id="qq1", language="en")])
-    client = aioredis.from_url(redis_url, decode_responses=True)
-    state = State.open(client, redis_prefix)
+    state = State.connect(redis_url, redis_prefix)
     produced: list[bytes] = []
 
     async def record(topic: str, key: str | None, value: bytes) -> None:
@@ -139,7 +135,7 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
         settings,
         state,
         Outputs(record),
-        Notices(settings),
+        Notifier(settings),
         {("onebot", "qq1"): reply_policy(settings.bots[0], settings)},
         {"onebot": Capabilities()},
         ImTools(settings, state.conversations),
@@ -168,13 +164,11 @@ async def test_rejected_media_of_a_reply_are_counted_and_logged_with_their_reaso
                     conversation_key=conversation,
                     session_id="s1",
                     event=event,
-                    event_type=str(event["type"]),
-                    event_id=str(event["id"]),
                 )
             )
     finally:
         await media.aclose()
-        await client.aclose()
+        await state.redis.aclose()
     [message] = [OutboundMessage.model_validate_json(v) for v in produced if b'"kind":"reply"' in v]
     shown = "".join(s.data.text for s in message.segments)  # type: ignore[union-attr]
     assert shown == "two pictures: [attachment unavailable] [attachment unavailable]"

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 
-import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, Position, SessionEventRecord
-from pipeline.runtime import CountedConnection, reply_policy
+from pipeline.runtime import reply_policy
 from pipeline.settings import Settings
-from pipeline.stages.notices import Notices
+from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
@@ -39,14 +38,13 @@ def round_trips() -> float:
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
     s = Settings(redis_prefix=prefix)
-    redis = aioredis.from_url(redis_url, decode_responses=True, connection_class=CountedConnection)
-    state = State.open(redis, s.redis_prefix)
+    state = State.connect(redis_url, s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(
         s,
         state,
         Outputs(recorder),
-        Notices(s),
+        Notifier(s),
         {(b.platform, b.bot_id): reply_policy(b, s) for b in s.bots},
         {},
         ImTools(s, state.conversations),
@@ -81,8 +79,6 @@ def agent_message(event_id: str) -> SessionEventRecord:
         conversation_key=CONVERSATION,
         session_id="s1",
         event={"type": "agent.message", "id": event_id, "content": [{"type": "text", "text": REPLY}]},
-        event_type="agent.message",
-        event_id=event_id,
     )
 
 
@@ -91,8 +87,6 @@ def idle(event_id: str) -> SessionEventRecord:
         conversation_key=CONVERSATION,
         session_id="s1",
         event={"type": "session.status_idle", "id": event_id, "stop_reason": {"type": "end_turn"}},
-        event_type="session.status_idle",
-        event_id=event_id,
     )
 
 
@@ -117,7 +111,7 @@ async def test_a_replayed_idle_binds_the_same_turn(redis_url: str, redis_prefix:
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-1"))
     # A crash after the reply but before the handled marker: the idle comes again.
-    await stage.state.markers.redis.delete(stage.state.keys.marker("turnend", "sevt-idle-1"))
+    await stage.state.markers.redis.execute("DEL", stage.state.keys.marker("turnend", "sevt-idle-1"))
     await stage.handle(idle("sevt-idle-1"))
     replies = recorder.replies()
     assert replies[0].reply_to_message_id == "in-msg-A"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from pipeline.records import SessionCommand
+from pipeline.session.models import AgentCustomToolUse, AgentMCPToolUse, AgentMessage, AgentToolUse
 from pipeline.stages._ids import user_message_id
 from pipeline.stages.dispatch import merge_turns
 from pipeline.stages.egress import backoff_delay
@@ -57,21 +58,21 @@ def test_merge_is_deterministic_so_a_replay_sends_the_same_id() -> None:
 
 
 def test_message_text_joins_text_blocks_only() -> None:
-    event = {"content": [{"type": "text", "text": '{"seg'}, {"type": "image"}, {"type": "text", "text": 'ments":[]}'}]}
+    blocks = [{"type": "text", "text": '{"seg'}, {"type": "image", "source": {"type": "url", "url": "u"}}]
+    event = AgentMessage.model_validate({"content": [*blocks, {"type": "text", "text": 'ments":[]}'}]})
     assert message_text(event) == '{"segments":[]}'
-    assert message_text({}) == ""
+    assert message_text(AgentMessage()) == ""
 
 
 def test_only_ask_permissions_and_custom_tools_are_pending() -> None:
-    ask = pending_from_tool_event(
-        {"id": "e1", "name": "bash", "evaluated_permission": "ask", "input": {"a": 1}}, "agent.tool_use"
-    )
+    ask = pending_from_tool_event(AgentToolUse(id="e1", name="bash", evaluated_permission="ask", input={"a": 1}))
     assert ask is not None and ask.kind == "confirmation" and ask.name == "bash" and ask.input == {"a": 1}
-    allowed = pending_from_tool_event({"id": "e2", "name": "bash", "evaluated_permission": "allow"}, "agent.tool_use")
-    assert allowed is None
-    custom = pending_from_tool_event({"id": "e3", "name": "im_send_message", "input": {}}, "agent.custom_tool_use")
+    assert pending_from_tool_event(AgentToolUse(id="e2", name="bash", evaluated_permission="allow")) is None
+    mcp = pending_from_tool_event(AgentMCPToolUse(id="e4", mcp_server_name="m", name="q", evaluated_permission="ask"))
+    assert mcp is not None and mcp.kind == "confirmation"
+    custom = pending_from_tool_event(AgentCustomToolUse(id="e3", name="im_send_message"))
     assert custom is not None and custom.kind == "custom_tool"
-    assert pending_from_tool_event({"name": "x"}, "agent.custom_tool_use") is None
+    assert pending_from_tool_event(AgentCustomToolUse(name="x")) is None  # no id: nothing to answer
 
 
 def test_backoff_is_full_jitter_under_a_cap() -> None:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
-import redis.asyncio as aioredis
 
 from pipeline.state import State
 
 
 @pytest.fixture
-def state(redis_url: str, redis_prefix: str) -> State:
-    return State.open(aioredis.from_url(redis_url, decode_responses=True), redis_prefix, mapping_ttl=600, dedup_ttl=300)
+async def state(redis_url: str, redis_prefix: str) -> AsyncIterator[State]:
+    state = State.connect(redis_url, redis_prefix, mapping_ttl=600, dedup_ttl=300)
+    yield state
+    await state.redis.aclose()

@@ -26,9 +26,9 @@ async def test_mapping_is_two_way_and_expires(state: State) -> None:
     await conversations.map_session("console:b:c", "sess-1")
     assert await conversations.session_for("console:b:c") == "sess-1"
     assert await conversations.conversation_for("sess-1") == "console:b:c"
-    ttl = await conversations.redis.ttl(state.keys.session_of("console:b:c"))
+    ttl = await conversations.redis.execute("TTL", state.keys.session_of("console:b:c"))
     assert 0 < ttl <= 600
-    assert all(k.startswith(state.keys.prefix) for k in await conversations.redis.keys("*"))
+    assert all(k.startswith(state.keys.prefix) for k in await conversations.redis.execute("KEYS", "*"))
 
 
 async def test_unmap_keeps_a_newer_session(state: State) -> None:
@@ -152,11 +152,11 @@ async def test_turn_scripts_survive_a_script_flush(state: State) -> None:
     conversations = state.conversations
     redis = conversations.redis
     await conversations.map_session("k", "s1")
-    await redis.script_flush()  # as after a restart without AOF
+    await redis.execute("SCRIPT", "FLUSH")  # as after a restart without AOF
     assert await begin(state, "t1") == "start"
-    await redis.script_flush()
+    await redis.execute("SCRIPT", "FLUSH")
     assert (await conversations.bind_turn_end("k", "idle-1", bind=True)).turn_id == "t1"
-    await redis.script_flush()
+    await redis.execute("SCRIPT", "FLUSH")
     assert await conversations.finish_turn("k", 0, session_id="s1", event_id="idle-1", turn_id="t1") == 0
 
 
@@ -191,3 +191,22 @@ async def test_context_window_is_capped_and_oldest_first(state: State) -> None:
     window = await state.conversations.context("k", 5)
     assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
     assert await state.conversations.context("k", 0) == []
+
+
+async def test_a_busy_session_asks_for_the_command_before_holding_it(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1") == "start"
+    asked = await conversations.begin_turn(
+        "k", 2, turn_id="t2", mode="queue", turn=TURN, command_json=None, trace_id="t2", inbound_markers=["in-2"]
+    )
+    assert asked.decision == "hold"
+    assert await conversations.peek_held("k") == [] and await state.markers.marker("in", "in-2") is None
+    held = await conversations.begin_turn(
+        "k", 2, turn_id="t2", mode="queue", turn=TURN, command_json='{"n": 2}', trace_id="t2", inbound_markers=["in-2"]
+    )
+    assert held.decision == "held" and await conversations.peek_held("k") == [("t2", '{"n": 2}')]
+    idle = await conversations.begin_turn(  # a turn that needs no holding never sends its command
+        "k2", 2, turn_id="t3", mode="queue", turn=TURN, command_json=None, trace_id="t3"
+    )
+    assert idle.decision == "no_session"

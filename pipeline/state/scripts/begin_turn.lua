@@ -5,9 +5,9 @@
 -- ARGV: 1 turn id, 2 held entry, 3 mode (merge | queue | interrupt | flush | resume), 4 turn record,
 -- 5 in-flight entry, 6 state TTL, 7 marker TTL.
 -- Returns {decision, session id, cursor, interrupt}: 'done' (sent before: a replay), 'resume' (a
--- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'busy' (a
--- flush while another turn runs), 'no_session' (create one, then call again), 'start' (recorded;
--- send it now).
+-- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'hold' (busy,
+-- and no held entry was given: call again with one; most turns never need it), 'busy' (a flush while
+-- another turn runs), 'no_session' (create one, then call again), 'start' (recorded; send it now).
 local conv, held, turns, turn_key, inflight, sent_key, c2s = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, held_entry, mode, turn_json, stream_json = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttl, marker_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -35,6 +35,7 @@ if busy and (mode == 'merge' or mode == 'queue') then
       return {'held', session, cursor, '0'}
     end
   end
+  if held_entry == '' then return {'hold', session, cursor, '0'} end
   redis.call('RPUSH', held, held_entry)
   redis.call('EXPIRE', held, ttl)
   redis.call('HINCRBY', conv, 'held', 1)

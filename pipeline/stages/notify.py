@@ -1,4 +1,4 @@
-"""Host-written notices as outbound messages (the texts live in `pipeline.segments.notices`)."""
+"""The notifier: host-written notices as outbound messages (their texts: `pipeline.segments.notices`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pipeline.segments.notices import NoticeCatalog, NoticeKind
 from pipeline.settings import BotConfig, Settings
 
 
-class Notices:
+class Notifier:
     def __init__(self, settings: Settings) -> None:
         self.catalog = NoticeCatalog(
             bot_overrides={bot.bot_id: {bot.language: dict(bot.notices)} for bot in settings.bots if bot.notices}
