@@ -129,6 +129,9 @@ class OneBotPeer:
         turn = itertools.count()
         while not self._stopping:
             current = urls() if callable(urls) else urls
+            if not current:  # no worker is up: the load balancer has nowhere to send it
+                await asyncio.sleep(self.reconnect_interval)
+                continue
             url = current[next(turn) % len(current)]
             headers = {"X-Self-ID": str(self.self_id), "X-Client-Role": role}
             if self.access_token:
