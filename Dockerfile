@@ -2,6 +2,8 @@
 #   docker build -t switchboard:latest .
 #   docker run --rm switchboard:latest worker      # settings from SWITCHBOARD_* (README, "Configuration")
 # One image runs every role: `worker`, `topics apply`, `sim`.
+# It listens on 0.0.0.0: the console stays off unless SWITCHBOARD_CONSOLE_ENABLED=true (and then a
+# token is required), and /metrics answers only with SWITCHBOARD_METRICS_TOKEN set.
 
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1

@@ -305,18 +305,15 @@ class OneBotWs:
 
 
 def _onebot_ws_bot(settings: Settings) -> OneBotWs:
-    import ipaddress
     import secrets
 
     from pipeline.settings import BotConfig, env_name
+    from pipeline.web import is_loopback
 
     host = settings.web_host
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
+    not_loopback = f"--onebot-ws serves on loopback only; unset {env_name('web_host')} (now {host})"
     _check(
-        None if loopback else f"--onebot-ws serves on loopback only; unset {env_name('web_host')} (now {host})",
+        None if is_loopback(host) else not_loopback,
         next(
             (
                 f"--onebot-ws adds the bot onebot/{ONEBOT_WS_BOT}, which the bots file has already"

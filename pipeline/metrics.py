@@ -26,6 +26,19 @@ INBOUND_FILTERED = Counter(
 TURNS_TRIGGERED = Counter("switchboard_turns_triggered_total", "Messages that trigger a turn", ["platform", "reason"])
 CHAT_COMMANDS = Counter("switchboard_chat_commands_total", "Chat commands handled", ["platform", "command"])
 
+# Web server and console.
+WEB_CONNECTIONS_OPEN = Gauge("switchboard_web_connections_open", "Open connections to this worker's web server")
+WEB_CONNECTIONS_CLOSED = Counter(
+    "switchboard_web_connections_closed_total", "Connections closed by the web server's limits", ["reason"]
+)  # header_timeout | body_timeout | over_limit
+WEB_REJECTED = Counter(
+    "switchboard_web_rejected_total", "Console and metrics requests refused", ["surface", "reason"]
+)  # unauthorized | bad_request | over_viewer_limit | unavailable
+CONSOLE_VIEWERS = Gauge("switchboard_console_viewers", "Open console streams on this worker")
+CONSOLE_STREAMS_ENDED = Counter(
+    "switchboard_console_streams_ended_total", "Console streams ended", ["reason"]
+)  # client_left | slow | resync | shutdown
+
 # Dispatch and sessions.
 TURNS_STARTED = Counter("switchboard_turns_started_total", "User turns sent to a session", ["platform", "policy"])
 MESSAGES_HELD = Counter(

@@ -15,7 +15,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import httpx
-from aiohttp import web
 from pydantic import BaseModel, SecretStr
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -66,7 +65,7 @@ from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State
-from pipeline.web import WebDeps, build_web_app
+from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 from pipeline.web.connections import add_connection_routes
 from pipeline.web.server import INSTANCE_ID
 
@@ -164,7 +163,7 @@ class Runtime:
         self._produce_acked = produce_acked or send
         self.started = False
         self.started_event = asyncio.Event()
-        self._web_runner: web.AppRunner | None = None
+        self.web: WebServer | None = None
         self._lag_labels: set[tuple[str, str]] = set()
         self.web_port: int | None = None
 
@@ -186,6 +185,7 @@ class Runtime:
             health_check_interval=15,
             socket_timeout=10,
             socket_connect_timeout=5,
+            client_name="switchboard",
         )
         self.redis = Redis(connection_pool=pool)
         # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
@@ -230,6 +230,8 @@ class Runtime:
                 log.warning("%s bot %r: %s", bot.platform, bot.bot_id, warning)
         console = self.platforms.get("console")
         if isinstance(console, ConsolePlatform):
+            # Egress appends deliveries through the pipeline's connections; viewers read through
+            # the web server's own (pipeline/web).
             console.bind(self.state.console)
         capabilities = {
             name: Capabilities(
@@ -290,29 +292,23 @@ class Runtime:
         self.started_event.set()
 
     async def start_web(self, host: str, port: int) -> int:
-        deps = WebDeps(
-            settings=self.settings,
-            state=self.state,
+        check_worker_settings(self.settings)
+        for warning in exposure_warnings(self.settings):
+            log.warning("%s", warning)
+        self.web = WebServer(
+            self.settings,
             produce=self._produce_acked,
             outputs=self.outputs,
             ready=self.ready,
-            pubsub=self.redis.pubsub,
+            add_routes=lambda app: add_connection_routes(app, self.connections),
         )
-        app = build_web_app(deps)
-        add_connection_routes(app, self.connections)
-        self._web_runner = web.AppRunner(app, access_log=None)
-        await self._web_runner.setup()
-        site = web.TCPSite(self._web_runner, host, port, reuse_address=True)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.web_port = sockets[0].getsockname()[1] if sockets else port
-        log.info("web listening on http://%s:%s", host, self.web_port)
+        self.web_port = await self.web.start(host, port)
         return self.web_port
 
     async def stop(self) -> None:
-        if self._web_runner is not None:
-            await self._web_runner.cleanup()
+        if self.web is not None:
+            await self.web.stop()  # first: open console streams end at once and never hold the stop
+            self.web = None
         if not self.started:
             return
         await self.connections.stop()

@@ -79,6 +79,9 @@ class BotConfig(BaseModel):
     output_schema: bool = True
     progress: bool = False
     confirm_policy: ConfirmPolicy = "starter_and_admins"
+    # User ids that may answer any tool confirmation in this bot's chats, on every platform (besides
+    # admins the platform itself reports, such as a OneBot group owner). Never taken from a request.
+    admins: list[str] = Field(default_factory=list)
     notices: dict[str, str] = Field(default_factory=dict)
     rate_limit_chat: RateLimit | None = None
     rate_limit_bot: RateLimit | None = None
@@ -141,6 +144,23 @@ class Settings(BaseSettings):
     # Web (ingress, console, metrics, health).
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=8080, ge=0, le=65535)
+    # A connection must deliver a whole request (headers and body) within this many seconds of its
+    # first byte, or it is closed (slow clients cannot hold connections open).
+    web_request_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    # An idle keep-alive connection is closed after this long (above a proxy's own idle timeout).
+    web_keepalive_seconds: float = Field(default=75.0, gt=0, le=3600)
+    # Open connections per worker at most (console streams included); more are closed at once.
+    web_max_connections: int = Field(default=2048, ge=1)
+    # `Authorization: Bearer <token>` required on /metrics when set (/healthz and /readyz stay open).
+    metrics_token: SecretStr | None = None
+
+    # The console (`/console/`, its API and console bots): a development and demo surface, off
+    # unless enabled (`switchboard up` enables it). Enabled without a console bot: the bot `demo`.
+    console_enabled: bool = False
+    # The bearer token of the `demo` console bot (a configured console bot has `credentials.token`).
+    console_token: SecretStr | None = None
+    # Open console streams per worker at most; one more gets 429.
+    console_max_viewers: int = Field(default=256, ge=1)
 
     # State.
     mapping_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
@@ -175,6 +195,12 @@ class Settings(BaseSettings):
     def _prefix_ends_with_colon(cls, value: str) -> str:
         return value if value.endswith(":") else value + ":"
 
+    @field_validator("console_token", "metrics_token")
+    @classmethod
+    def _empty_token_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        # `SWITCHBOARD_CONSOLE_TOKEN=` (an unset compose variable) means no token, not "".
+        return value if value is not None and value.get_secret_value() else None
+
     @field_validator("bots", mode="wrap")
     @classmethod
     def _bots_complete(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[BotConfig]:
@@ -205,9 +231,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _default_console_bot(self) -> Settings:
-        # With no bots configured, the console's demo bot makes `make run` useful at once.
-        if not self.bots:
-            self.bots = [BotConfig(platform="console", bot_id="demo", self_id="bot", language="en")]
+        # The console enabled without a console bot of its own: the `demo` bot, so that
+        # `switchboard up` is useful at once.
+        if self.console_enabled and not any(b.platform == "console" for b in self.bots):
+            credentials = {"token": self.console_token} if self.console_token is not None else {}
+            self.bots = [
+                *self.bots,
+                BotConfig(platform="console", bot_id="demo", self_id="bot", language="en", credentials=credentials),
+            ]
         seen: set[tuple[str, str]] = set()
         for bot in self.bots:
             key = (bot.platform, bot.bot_id)
@@ -344,6 +375,10 @@ def load_settings(command: Command) -> Settings:
     except ValueError as exc:  # the bots file cannot be read or parsed
         problems.append(str(exc))
     problems.extend(f"{name} is not set ({why})" for name, why in missing_settings(command, settings))
+    if command == "worker" and settings is not None:
+        from pipeline.web import worker_problems  # the web surface a worker would serve
+
+        problems.extend(worker_problems(settings))
     if problems:
         raise SettingsError(problems)
     assert settings is not None

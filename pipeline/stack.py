@@ -133,6 +133,9 @@ class Stack:
     async def start(self, *, workers: int = 1) -> None:
         env = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
         env.update(self.settings_env)
+        # The local stack (`switchboard up`, the tests, the benchmarks) is the console's home: on
+        # unless switched off explicitly. Workers of a deployment keep it off by default.
+        env.setdefault("SWITCHBOARD_CONSOLE_ENABLED", "true")
         if not env.get("SWITCHBOARD_KAFKA_BOOTSTRAP"):
             self.broker = TansuBroker(run_dir=self._dir("broker"))
             await self.broker.start()

@@ -43,6 +43,7 @@ from pipeline.bench.measure import (
 )
 from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
 from pipeline.stack import Stack
+from pipeline.state import LiveMessage
 
 BOTS_TOML = """
 [[bots]]
@@ -267,7 +268,8 @@ class DeliveryCounter:
 
     async def start(self) -> None:
         pubsub = self.bs.redis.pubsub()
-        await pubsub.subscribe(f"{self.bs.redis_prefix}console-live:{self.bot}")
+        channel = f"{self.bs.redis_prefix}console-live"  # every console bot's deliveries
+        await pubsub.subscribe(channel)
 
         async def loop() -> None:
             try:
@@ -277,9 +279,9 @@ class DeliveryCounter:
                     except Exception:  # Redis restarted (chaos): subscribe again
                         await asyncio.sleep(0.5)
                         with contextlib.suppress(Exception):
-                            await pubsub.subscribe(f"{self.bs.redis_prefix}console-live:{self.bot}")
+                            await pubsub.subscribe(channel)
                         continue
-                    if msg is not None:
+                    if msg is not None and _live_bot(msg.get("data")) == self.bot:
                         self.count += 1
             finally:
                 with contextlib.suppress(Exception):
@@ -292,6 +294,13 @@ class DeliveryCounter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+
+
+def _live_bot(data: Any) -> str | None:
+    try:
+        return LiveMessage.parse(data).bot_id
+    except (ValueError, TypeError):
+        return None
 
 
 REDIS_ROUND_TRIPS = "switchboard_redis_round_trips_total"

@@ -1,7 +1,9 @@
 """The console platform: the web page at `/console/` is the chat client.
 
 Inbound: `POST /webhooks/console/{bot_id}` with
-`{"chat_id","chat_type":"private"|"group","user_id","user_name","text","message_id"?,"mentions"?,"reply_to"?}`.
+`{"chat_id","chat_type":"private"|"group","user_id","user_name","text","message_id"?,"mentions"?,"reply_to"?}`
+and, when the bot has a `token` credential, `Authorization: Bearer <token>`. An `is_admin` in the
+body is accepted and ignored: a console bot's admins are its configured `admins`.
 Outbound: delivered messages are kept in Redis per chat (capped) and published, so any worker's
 `GET /console/api/messages?chat_id=…` and the live stream see them. Every segment type is native:
 the page renders them all.
@@ -9,7 +11,7 @@ the page renders them all.
 
 from __future__ import annotations
 
-import json
+import hmac
 import time
 from typing import Any, ClassVar, Protocol
 
@@ -34,9 +36,19 @@ from .exceptions import WebhookRejected
 
 
 class ConsoleStore(Protocol):
-    async def append_console(
-        self, bot_id: str, chat_id: str, payload: str, cap: int = 500, *, message_id: str | None = None
+    async def append(
+        self, bot_id: str, chat_id: str, message: dict[str, Any], *, message_id: str | None = None
     ) -> int: ...
+
+
+def bearer_ok(token: str | None, authorization: str | None) -> bool:
+    """Whether an `Authorization` header is `Bearer <token>`, compared in constant time (any
+    header passes when there is no token)."""
+    if token is None:
+        return True
+    return authorization is not None and hmac.compare_digest(
+        authorization.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()
+    )
 
 
 class ConsoleWebhook(BaseModel):
@@ -50,6 +62,7 @@ class ConsoleWebhook(BaseModel):
     message_id: str | None = Field(default=None, max_length=200)
     mentions: list[str] = Field(default_factory=list, max_length=100)
     reply_to: str | None = None
+    # Sent by older pages; ignored. Admins come from the bot's configuration, never from a request.
     is_admin: bool = False
 
 
@@ -69,8 +82,7 @@ class ConsolePlatform(Platform):
         self.store = store
 
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
-        token = bot.secret("token")
-        if token is not None and request.header("authorization") != f"Bearer {token}":
+        if not bearer_ok(bot.secret("token"), request.header("authorization")):
             raise WebhookRejected(401, "bad_signature")
 
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -89,7 +101,7 @@ class ConsolePlatform(Platform):
             bot_id=bot.bot_id,
             chat_id=body.chat_id,
             chat_type=chat_type,
-            sender=Sender(user_id=body.user_id, name=body.user_name, is_admin=body.is_admin),
+            sender=Sender(user_id=body.user_id, name=body.user_name),
             message_id=body.message_id or new_trace_id(),
             text=body.text,
             segments=segments,
@@ -126,9 +138,7 @@ class ConsolePlatform(Platform):
         payload["delivered_at"] = time.time() * 1000.0
         try:
             # Posted at most once per outbound id: a send cut short by a crash, replayed, is a no-op.
-            await self.store.append_console(
-                bot.bot_id, call.path, json.dumps(payload, ensure_ascii=False), message_id=payload["id"]
-            )
+            await self.store.append(bot.bot_id, call.path, payload, message_id=payload["id"])
         except Exception as exc:  # Redis down: retry like any transient platform failure
             return SendOutcome("retry", reason="store_unavailable", detail=type(exc).__name__)
         return SendOutcome("delivered", platform_message_id=payload["id"])

@@ -334,10 +334,11 @@ class IngestStage:
 
 
 def may_answer(bot: BotConfig, starter_id: str | None, message: InboundMessage) -> bool:
-    """Who may answer a tool confirmation: a policy per bot."""
+    """Who may answer a tool confirmation: a policy per bot. Admins are the bot's configured
+    `admins` and those the platform reports (OneBot's group owner/admin role)."""
     if bot.confirm_policy == "anyone" or message.chat_type == "private":
         return True
-    if message.sender.is_admin:
+    if message.sender.is_admin or message.sender.user_id in bot.admins:
         return True
     return bot.confirm_policy == "starter_and_admins" and starter_id == message.sender.user_id
 

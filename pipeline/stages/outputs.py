@@ -72,6 +72,8 @@ class Outputs:
         partition: int | None = None,
         offset: int | None = None,
         attempts: int = 1,
+        record_bytes: int | None = None,
+        record_sha256: str | None = None,
     ) -> None:
         metrics.DEAD_LETTERS.labels(stage, reason).inc()
         letter = DeadLetter(
@@ -84,5 +86,7 @@ class Outputs:
             offset=offset,
             key=key,
             record=record,
+            record_bytes=record_bytes,
+            record_sha256=record_sha256,
         )
         await self._produce(DEADLETTER, key, letter.model_dump_json().encode())

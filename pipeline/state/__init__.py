@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pipeline.state.client import RedisClient
 from pipeline.state.connections import Acquired, ActionClaim, ConnectionStore, LeaseState, LeaseValue
-from pipeline.state.console import ConsoleStore
+from pipeline.state.console import ConsoleStore, LiveMessage, message_seq
 from pipeline.state.conversations import ConversationStore, TurnMode
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
@@ -88,6 +88,7 @@ __all__ = [
     "Keys",
     "LeaseState",
     "LeaseValue",
+    "LiveMessage",
     "MarkerStore",
     "PendingAction",
     "RateWindow",
@@ -99,4 +100,5 @@ __all__ = [
     "TurnMode",
     "TurnRecord",
     "TurnStart",
+    "message_seq",
 ]

@@ -1,38 +1,99 @@
-"""The console's chats: delivered messages kept per chat (capped) and published to viewers."""
+"""The console's chats in Redis: what each console chat was sent, and the live channel.
+
+Keys (under the deployment's prefix): `console:<bot>:<chat>` the chat's delivered messages, oldest
+first, capped; `console-seq:<bot>:<chat>` the chat's last sequence number; `console-posted:<id>`
+the once-per-outbound-id marker. Every append stamps the message with the chat's next sequence
+number (`"seq"`, the stream's event id) and publishes it once on `console-live`, one channel for
+every bot: a worker subscribes once and fans deliveries out to its viewers in memory.
+
+A live message is `<header>\\n<message>`: the header a JSON array `[bot_id, chat_id, seq]`, the
+message the stored JSON object itself (neither contains a raw newline).
+"""
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
 
 from . import scripts
 from ._codec import text
 from .client import RedisClient
 from .keys import Keys
 
+# How many messages a console chat keeps.
+CHAT_CAP = 500
 _APPEND = scripts.script("append_console")
 
 
+@dataclass(frozen=True)
+class LiveMessage:
+    """A delivery as published on the live channel."""
+
+    bot_id: str
+    chat_id: str
+    seq: int
+    message: str  # the stored JSON object
+
+    @classmethod
+    def parse(cls, data: str | bytes) -> LiveMessage:
+        """Raises ValueError for anything the append script did not publish."""
+        text = data.decode() if isinstance(data, bytes) else data
+        header, sep, message = text.partition("\n")
+        bot_id, chat_id, seq = json.loads(header) if sep else (None, None, None)
+        if not (isinstance(bot_id, str) and isinstance(chat_id, str) and isinstance(seq, int)):
+            raise ValueError("not a console live message")
+        return cls(bot_id, chat_id, seq, message)
+
+
+def message_seq(message: str) -> int:
+    """The sequence number of a stored message (0 for one stored before they had one)."""
+    try:
+        value = json.loads(message).get("seq", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
+
+
 class ConsoleStore:
+    """Console chats on one Redis client. Egress appends through the stores' client; the web side
+    reads through a client of its own (and subscribes on a connection of its own), so viewers
+    never wait behind the pipeline's commands nor take its connections."""
+
     def __init__(self, redis: RedisClient, keys: Keys, *, mapping_ttl: int, dedup_ttl: int) -> None:
         self.redis = redis
         self.keys = keys
         self.mapping_ttl = mapping_ttl
         self.dedup_ttl = dedup_ttl
 
-    def live_channel(self, bot_id: str) -> str:
-        return self.keys.of("console-live", bot_id)
+    @property
+    def channel(self) -> str:
+        return f"{self.keys.prefix}console-live"
 
-    async def append_console(
-        self, bot_id: str, chat_id: str, payload: str, cap: int = 500, *, message_id: str | None = None
-    ) -> int:
-        """Append to a console chat. With `message_id` the append happens at most once per id (the
-        console's own idempotency, like Lark's `uuid`): returns 0 when it was posted before."""
+    def _chat_key(self, kind: str, bot_id: str, chat_id: str) -> str:
+        return self.keys.of(kind, f"{bot_id}:{chat_id}")
+
+    async def append(self, bot_id: str, chat_id: str, message: dict[str, Any], *, message_id: str | None = None) -> int:
+        """Append a message (a JSON object) to a console chat and publish it. With `message_id`, at
+        most once per id (the console's own idempotency, like Lark's `uuid`). Returns the message's
+        sequence number in its chat, or 0 when it was posted before."""
+        payload = json.dumps({k: v for k, v in message.items() if k != "seq"}, ensure_ascii=False)
+        if payload == "{}":
+            raise ValueError("a console message is a non-empty JSON object")
         posted = self.keys.of("console-posted", message_id) if message_id else ""
-        count = await self.redis.run_script(
+        seq = await self.redis.run_script(
             _APPEND,
-            [self.keys.of("console", f"{bot_id}:{chat_id}"), self.live_channel(bot_id), posted],
-            [payload, cap, self.mapping_ttl, chat_id, self.dedup_ttl],
+            [
+                self._chat_key("console", bot_id, chat_id),
+                self._chat_key("console-seq", bot_id, chat_id),
+                self.channel,
+                posted,
+            ],
+            [payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
         )
-        return int(count)
+        return int(seq)
 
-    async def console_messages(self, bot_id: str, chat_id: str) -> list[str]:
-        raw = await self.redis.execute("LRANGE", self.keys.of("console", f"{bot_id}:{chat_id}"), 0, -1)
+    async def messages(self, bot_id: str, chat_id: str) -> list[str]:
+        """The chat's messages, oldest first, as stored (JSON objects with their `seq`)."""
+        raw = await self.redis.execute("LRANGE", self._chat_key("console", bot_id, chat_id), 0, -1)
         return [text(v) or "" for v in raw]

@@ -1,31 +1,40 @@
-"""aiohttp application served by every worker.
+"""aiohttp application served by every worker, and its server.
 
 Ingress answers a webhook as soon as the broker has the record: verify (401 and nothing else on a
 bad signature), parse (400 plus a dead letter on a malformed payload), produce to `im.inbound`.
+`/metrics` needs `Authorization: Bearer <SWITCHBOARD_METRICS_TOKEN>` when that is set, and is
+refused to everyone when the worker listens beyond loopback without one; `/healthz` and `/readyz`
+are open (probes). The console (page, API, stream) is served only when enabled.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
 import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio.client import PubSub
+from redis.asyncio import ConnectionPool, Redis
 
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
-from pipeline.records import now_ms
+from pipeline.platforms.console import bearer_ok
+from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import State
+from pipeline.state import ConsoleStore, Keys, RedisClient
 from pipeline.topics import IM_INBOUND
+
+from ._console import add_console_routes
+from ._deps import DEPS, STATIC_DIR, ConsoleDeps, ProduceAcked, WebDeps
+from ._exposure import metrics_open
+from ._guard import GuardedAppRunner
+from ._hub import ConsoleHub
 
 log = logging.getLogger(__name__)
 
@@ -34,41 +43,112 @@ STATIC = Path(__file__).resolve().parent / "static"
 # so it never mistakes another program on the port for its own worker.
 INSTANCE_ID = os.environ.get("SWITCHBOARD_INSTANCE_ID") or uuid.uuid4().hex
 MAX_WEBHOOK_BYTES = 1024 * 1024
-
-# (topic, key, value) → awaited until the broker acknowledged the record.
-ProduceAcked = Callable[[str, str | None, bytes], Awaitable[None]]
-
-
-@dataclass
-class WebDeps:
-    settings: Settings
-    state: State
-    produce: ProduceAcked
-    outputs: Outputs
-    ready: Callable[[], Awaitable[dict[str, bool]]]
-    # redis-py's client, for the console's live channel (pub/sub is not the stores' client's job).
-    pubsub: Callable[[], PubSub]
+# What a dead letter keeps of a webhook body it could not parse: the start of it, and its digest.
+DEAD_LETTER_EXCERPT_CHARS = 1000
+# Handlers still running this long after the streams were ended are cancelled at shutdown.
+SHUTDOWN_SECONDS = 3.0
+# The console's Redis connections are named so in CLIENT LIST.
+CONSOLE_CLIENT_NAME = "switchboard-console"
 
 
 def build_web_app(deps: WebDeps) -> web.Application:
     app = web.Application(client_max_size=MAX_WEBHOOK_BYTES)
-    app["deps"] = deps
+    app[DEPS] = deps
+    app[STATIC_DIR] = STATIC
     app.router.add_post("/webhooks/{platform}/{bot_id}", webhook)
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/console/api/messages", console_messages)
-    app.router.add_get("/console/api/stream", console_stream)
-    app.router.add_get("/console/api/config", console_config)
-    app.router.add_get("/console", redirect_to_console)
-    app.router.add_get("/console/", console_page)
-    app.router.add_static("/console/static/", STATIC)
-    app.router.add_get("/", redirect_to_console)
+    if deps.settings.console_enabled:
+        add_console_routes(app, STATIC)
     return app
 
 
+class WebServer:
+    """The worker's web server: the app behind the connection guard, and the console's own Redis
+    connections and live subscription when the console is enabled."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        produce: ProduceAcked,
+        outputs: Outputs,
+        ready: Callable[[], Awaitable[dict[str, bool]]],
+        add_routes: Callable[[web.Application], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.deps = WebDeps(settings=settings, produce=produce, outputs=outputs, ready=ready)
+        self._add_routes = add_routes  # more routes (long connections: pipeline/web/connections.py)
+        self.port: int | None = None
+        self._runner: GuardedAppRunner | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        s = self.settings
+        if s.console_enabled:
+            assert s.redis_url, "redis_url is required"
+            # Never the pipeline's connections: the console reads through a client of its own (one
+            # connection, every read of a loop turn in one write) and subscribes on a connection of
+            # its own, without redis-py's retries, so the hub sees every break and has its viewers
+            # catch up.
+            store = ConsoleStore(
+                RedisClient(s.redis_url, name=CONSOLE_CLIENT_NAME),
+                Keys(s.redis_prefix),
+                mapping_ttl=s.mapping_ttl_seconds,
+                dedup_ttl=s.dedup_ttl_seconds,
+            )
+            subscription = ConnectionPool.from_url(
+                s.redis_url,
+                max_connections=1,
+                decode_responses=True,
+                socket_connect_timeout=5,
+                health_check_interval=15,
+                client_name=CONSOLE_CLIENT_NAME,
+            )
+            hub = ConsoleHub(store, Redis(connection_pool=subscription), s.console_max_viewers)
+            await hub.start()
+            self.deps.console = ConsoleDeps(store=store, hub=hub)
+        app = build_web_app(self.deps)
+        if self._add_routes is not None:
+            self._add_routes(app)
+        self._runner = GuardedAppRunner(
+            app,
+            max_connections=s.web_max_connections,
+            request_timeout=s.web_request_timeout_seconds,
+            keepalive_timeout=s.web_keepalive_seconds,
+            # A client that leaves cancels its handler at once (a console stream frees its slot).
+            handler_cancellation=True,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            access_log=None,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else port
+        log.info("web listening on http://%s:%s", host, self.port)
+        return self.port
+
+    @property
+    def open_connections(self) -> int:
+        return self._runner.open_connections if self._runner is not None else 0
+
+    async def stop(self) -> None:
+        console = self.deps.console
+        if console is not None:
+            await console.hub.close()  # open streams end now and do not hold the shutdown
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if console is not None:
+            await console.store.redis.aclose()
+            await console.hub.subscriber.aclose()
+            await console.hub.subscriber.connection_pool.disconnect()
+            self.deps.console = None
+
+
 async def webhook(request: web.Request) -> web.StreamResponse:
-    deps: WebDeps = request.app["deps"]
+    deps: WebDeps = request.app[DEPS]
     platform_name = request.match_info["platform"]
     bot_id = request.match_info["bot_id"]
     received = now_ms()
@@ -100,33 +180,17 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         result = platform.parse(bot, wire)
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
-        await deps.outputs.dead_letter(
-            "ingress",
-            exc.reason,
-            body.decode("utf-8", "replace")[:100_000],
-            error=exc.detail[:500],
-            key=f"{platform_name}:{bot_id}",
-        )
+        await asyncio.shield(_dead_letter(deps, exc.reason, body, exc.detail[:500], f"{platform_name}:{bot_id}"))
         return web.json_response({"error": exc.reason, "detail": exc.detail[:500]}, status=exc.status)
-    except Exception as exc:  # a parser bug: the payload is kept, the platform told to stop retrying
+    except Exception as exc:  # a parser bug: an excerpt is kept, the platform told to stop retrying
         log.exception("webhook parser of %s failed", platform_name)
         metrics.WEBHOOKS.labels(platform_name, "parser_error").inc()
-        await deps.outputs.dead_letter(
-            "ingress",
-            "parser_error",
-            body.decode("utf-8", "replace")[:100_000],
-            error=repr(exc)[:500],
-            key=f"{platform_name}:{bot_id}",
-        )
+        await asyncio.shield(_dead_letter(deps, "parser_error", body, repr(exc)[:500], f"{platform_name}:{bot_id}"))
         return web.json_response({"error": "parser_error"}, status=400)
-    if len(result.messages) == 1:  # nearly always: no gather (its tasks cost more than the send)
-        (message,) = result.messages
-        await deps.produce(IM_INBOUND, message.conversation_key, message.model_dump_json().encode())
-    elif result.messages:
-        await asyncio.gather(
-            *(deps.produce(IM_INBOUND, m.conversation_key, m.model_dump_json().encode()) for m in result.messages)
-        )
     if result.messages:
+        # Shielded: a client that hangs up does not cut the produce short (it retries, and ingest
+        # drops the duplicate).
+        await asyncio.shield(_produce(deps, result.messages))
         metrics.INBOUND_ACCEPTED.labels(platform_name).inc(len(result.messages))
         metrics.WEBHOOKS.labels(platform_name, "accepted").inc()
     else:
@@ -135,7 +199,45 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     return web.json_response(body_out, status=result.status)
 
 
-async def metrics_view(_: web.Request) -> web.Response:
+async def _produce(deps: WebDeps, messages: list[InboundMessage]) -> None:
+    if len(messages) == 1:  # nearly always: no gather (its tasks cost more than the send)
+        (message,) = messages
+        await deps.produce(IM_INBOUND, message.conversation_key, message.model_dump_json().encode())
+        return
+    await asyncio.gather(
+        *(deps.produce(IM_INBOUND, m.conversation_key, m.model_dump_json().encode()) for m in messages)
+    )
+
+
+async def _dead_letter(deps: WebDeps, reason: str, body: bytes, error: str, key: str) -> None:
+    """A body that did not parse: a bounded excerpt, its size and its sha256 (the platform or a
+    capture can be matched against the digest), never the whole body."""
+    await deps.outputs.dead_letter(
+        "ingress",
+        reason,
+        body[: DEAD_LETTER_EXCERPT_CHARS * 4].decode("utf-8", "replace")[:DEAD_LETTER_EXCERPT_CHARS],
+        error=error,
+        key=key,
+        record_bytes=len(body),
+        record_sha256=hashlib.sha256(body).hexdigest(),
+    )
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    settings: Settings = request.app[DEPS].settings
+    token = settings.metrics_token
+    if not metrics_open(settings) and (
+        token is None or not bearer_ok(token.get_secret_value(), request.headers.get("Authorization"))
+    ):
+        metrics.WEB_REJECTED.labels("metrics", "unauthorized").inc()
+        detail = "Authorization: Bearer <SWITCHBOARD_METRICS_TOKEN> is required"
+        if token is None:
+            detail = "this worker listens beyond loopback and has no SWITCHBOARD_METRICS_TOKEN: set one to scrape"
+        return web.json_response(
+            {"error": "unauthorized", "detail": detail},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="switchboard metrics"'},
+        )
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -144,74 +246,7 @@ async def healthz(_: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    deps: WebDeps = request.app["deps"]
+    deps: WebDeps = request.app[DEPS]
     checks = await deps.ready()
     ok = all(checks.values())
     return web.json_response({"ready": ok, "checks": checks}, status=200 if ok else 503)
-
-
-def _console_bot(request: web.Request) -> str:
-    deps: WebDeps = request.app["deps"]
-    bot_id = request.query.get("bot_id")
-    if bot_id:
-        return bot_id
-    for bot in deps.settings.bots:
-        if bot.platform == "console":
-            return bot.bot_id
-    raise web.HTTPNotFound(text="no console bot configured")
-
-
-async def console_messages(request: web.Request) -> web.Response:
-    deps: WebDeps = request.app["deps"]
-    chat_id = request.query.get("chat_id")
-    if not chat_id:
-        return web.json_response({"error": "chat_id is required"}, status=400)
-    raw = await deps.state.console.console_messages(_console_bot(request), chat_id)
-    return web.json_response({"chat_id": chat_id, "messages": [json.loads(r) for r in raw]})
-
-
-async def console_stream(request: web.Request) -> web.StreamResponse:
-    """Server-sent events: the chat's delivered messages, pushed as they are delivered."""
-    deps: WebDeps = request.app["deps"]
-    chat_id = request.query.get("chat_id")
-    if not chat_id:
-        return web.json_response({"error": "chat_id is required"}, status=400)
-    bot_id = _console_bot(request)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    sent = int(request.query.get("after", "0"))
-    pubsub = deps.pubsub()
-    await pubsub.subscribe(deps.state.console.live_channel(bot_id))
-    try:
-        while True:
-            raw = await deps.state.console.console_messages(bot_id, chat_id)
-            for index in range(sent, len(raw)):
-                await response.write(f"id: {index + 1}\nevent: message\ndata: {raw[index]}\n\n".encode())
-            sent = max(sent, len(raw))
-            # Wake on the next delivery anywhere (or every 15 s to send a keep-alive).
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=15.0)
-            if message is None:
-                await response.write(b": keep-alive\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
-    finally:
-        await pubsub.aclose()
-    return response
-
-
-async def console_config(request: web.Request) -> web.Response:
-    deps: WebDeps = request.app["deps"]
-    bots = [
-        {"bot_id": b.bot_id, "self_id": b.self_id, "language": b.language, "busy_policy": b.busy_policy}
-        for b in deps.settings.bots
-        if b.platform == "console"
-    ]
-    return web.json_response({"bots": bots})
-
-
-async def redirect_to_console(_: web.Request) -> web.StreamResponse:
-    raise web.HTTPFound("/console/")
-
-
-async def console_page(_: web.Request) -> web.FileResponse:
-    return web.FileResponse(STATIC / "index.html")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -223,3 +226,17 @@ def github_anchor(heading: str) -> str:
 
 def doc_anchors(path: Path) -> set[str]:
     return {github_anchor(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*$", path.read_text(), re.M)}
+
+
+@contextmanager
+def switchboard_environment(env: dict[str, str]) -> Iterator[None]:
+    """Exactly `env` as the SWITCHBOARD_* environment (the developer's own kept out)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        for key in [k for k in os.environ if k.startswith("SWITCHBOARD_")]:
+            mp.delenv(key)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        yield
+    finally:
+        mp.undo()

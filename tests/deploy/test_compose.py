@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from tests.deploy.support import (
     load_yaml,
     run,
     settings_default,
+    switchboard_environment,
     tool,
 )
 
@@ -144,25 +144,21 @@ def test_every_switchboard_variable_is_a_setting(compose: dict[str, Any]) -> Non
 
 
 def test_worker_settings_validate() -> None:
-    """The workers' environment (defaults interpolated) and bots file make valid Settings."""
+    """The workers' environment (defaults interpolated, the required secrets given as in .env) and
+    bots file make valid Settings. (Which surfaces they serve: test_surfaces.py.)"""
     from pipeline.settings import Settings
 
     worker = next(iter(workers(load_yaml(COMPOSE_FILE)).values()))
+    required = set(re.findall(r"\$\{([A-Z0-9_]+):\?", COMPOSE_FILE.read_text()))
     env = {k: interpolated(v) for k, v in env_of(worker).items()}
+    env.update({k: "from-dotenv" for k in required if k in env})
     config = env.pop("SWITCHBOARD_CONFIG")
     source, target = next((s, t) for s, t in bind_mounts(worker) if config.startswith(t))
     bots_file = ROOT / source / Path(config).relative_to(target) if Path(source).is_dir() else ROOT / source
-    mp = pytest.MonkeyPatch()
-    try:
-        for key in [k for k in os.environ if k.startswith("SWITCHBOARD_")]:
-            mp.delenv(key)
-        for key, value in env.items():
-            mp.setenv(key, value)
-        mp.setenv("SWITCHBOARD_CONFIG", str(bots_file))
+    with switchboard_environment({**env, "SWITCHBOARD_CONFIG": str(bots_file)}):
         settings = Settings()
-    finally:
-        mp.undo()
-    assert settings.kafka_bootstrap and settings.redis_url and settings.bots
+    assert settings.kafka_bootstrap and settings.redis_url
+    assert settings.metrics_token is not None and settings.metrics_token.get_secret_value() == "from-dotenv"
 
 
 def test_worker_ports_map_to_the_web_port(compose: dict[str, Any]) -> None:

@@ -96,7 +96,8 @@ def test_config_and_bots_make_valid_settings(docs: list[Doc], tmp_path: Path, mo
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("SWITCHBOARD_CONFIG", str(tmp_path / "switchboard.toml"))
     settings = Settings()
-    assert settings.bots and settings.kafka_bootstrap and settings.redis_url
+    assert settings.kafka_bootstrap and settings.redis_url and settings.metrics_token
+    # No bot is shipped (the file shows an example): which surfaces they serve, test_surfaces.py.
 
 
 def test_config_file_is_mounted_where_the_setting_says(docs: list[Doc]) -> None:
@@ -207,7 +208,7 @@ def test_keda_scales_the_workers_on_consumer_lag(docs: list[Doc]) -> None:
     scaled = one(docs, "ScaledObject")
     deployment = one(docs, "Deployment")
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    bots = tomllib.loads(one(docs, "ConfigMap", "switchboard-bots")["data"]["switchboard.toml"])["bots"]
+    bots = tomllib.loads(one(docs, "ConfigMap", "switchboard-bots")["data"]["switchboard.toml"]).get("bots", [])
     platforms = sorted({BotConfig.model_validate(b).platform for b in bots})
     consumed = {d.name for d in declarations(platforms, partitions(docs)) if d.name != "im.deadletter"}
     triggers = scaled["spec"]["triggers"]

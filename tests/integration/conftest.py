@@ -21,6 +21,14 @@ bot_id = "demo"
 self_id = "bot"
 language = "en"
 busy_policy = "merge"
+admins = ["boss"]
+
+[[bots]]
+platform = "console"
+bot_id = "locked"
+self_id = "bot"
+language = "en"
+credentials = { token = "it-console-token" }
 
 [[bots]]
 platform = "console"

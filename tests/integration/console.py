@@ -1,10 +1,14 @@
-"""A test client of the console platform: send as users, read what each chat received."""
+"""A test client of the console platform: send as users, read what each chat received, follow a
+chat's live stream. With `token`, every request carries `Authorization: Bearer <token>`."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -13,9 +17,14 @@ from pipeline.stack import Stack
 
 
 class ConsoleClient:
-    def __init__(self, stack: Stack, bot_id: str = "demo") -> None:
+    def __init__(self, stack: Stack, bot_id: str = "demo", token: str | None = None) -> None:
         self.stack = stack
         self.bot_id = bot_id
+        self.token = token
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     @property
     def url(self) -> str:
@@ -51,14 +60,18 @@ class ConsoleClient:
         if message_id:
             body["message_id"] = message_id
         async with httpx.AsyncClient(timeout=30) as client:
-            response = await client.post(f"{self.url}/webhooks/console/{bot_id or self.bot_id}", json=body)
+            response = await client.post(
+                f"{self.url}/webhooks/console/{bot_id or self.bot_id}", json=body, headers=self.headers
+            )
         assert response.status_code == 200, response.text
         return dict(response.json())
 
     async def messages(self, chat_id: str, *, bot_id: str | None = None) -> list[dict[str, Any]]:
         async with httpx.AsyncClient(timeout=30) as client:
             response = await client.get(
-                f"{self.url}/console/api/messages", params={"chat_id": chat_id, "bot_id": bot_id or self.bot_id}
+                f"{self.url}/console/api/messages",
+                params={"chat_id": chat_id, "bot_id": bot_id or self.bot_id},
+                headers=self.headers,
             )
         assert response.status_code == 200, response.text
         return list(response.json()["messages"])
@@ -86,6 +99,40 @@ class ConsoleClient:
             if len(now) != len(last):
                 last, stable_since = now, time.monotonic()
         return last
+
+    @contextlib.asynccontextmanager
+    async def stream(self, chat_id: str, *, after: int = 0, url: str | None = None) -> AsyncIterator[LiveStream]:
+        """The chat's live stream (`/console/api/stream`), open until the block ends."""
+        params = {"chat_id": chat_id, "bot_id": self.bot_id, "after": str(after)}
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(30, read=60)) as client,
+            client.stream("GET", f"{url or self.url}/console/api/stream", params=params, headers=self.headers) as r,
+        ):
+            yield LiveStream(r)
+
+
+class LiveStream:
+    """Server-sent events of one console stream: each message with its seq."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self._lines = response.aiter_lines()
+
+    async def next(self, timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
+        fields: dict[str, str] = {}
+        async with asyncio.timeout(timeout):
+            async for line in self._lines:
+                if line == "" and "data" in fields:
+                    return int(fields["id"]), json.loads(fields["data"])
+                if line and not line.startswith(":"):
+                    key, _, value = line.partition(": ")
+                    fields[key] = value
+        raise EOFError("the stream ended")
+
+    async def rest(self, timeout: float = 10.0) -> bytes:
+        """Everything until the server ends the stream."""
+        async with asyncio.timeout(timeout):
+            return b"".join([chunk async for chunk in self.response.aiter_bytes()])
 
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:

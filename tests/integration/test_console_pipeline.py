@@ -98,12 +98,25 @@ async def test_tool_confirmation_round_trip_with_authorisation(console: ConsoleC
 
 
 async def test_admin_may_deny_a_confirmation(console: ConsoleClient) -> None:
+    """`boss` is in the bot's configured admins; nothing in the request says so."""
     chat = console.chat("group")
     await console.send(chat, "[sim:confirm_tool] please", chat_type="group", user_id="starter", mentions=["bot"])
     await console.wait_for(chat, 1)
-    await console.send(chat, "/deny not today", chat_type="group", user_id="boss", is_admin=True)
+    await console.send(chat, "/deny not today", chat_type="group", user_id="boss")
     got = await console.wait_for(chat, 2)
     assert "tool denied" in texts(got)[1] and "not today" in texts(got)[1]
+
+
+async def test_is_admin_in_the_request_is_ignored(console: ConsoleClient) -> None:
+    chat = console.chat("group")
+    await console.send(chat, "[sim:confirm_tool] please", chat_type="group", user_id="starter", mentions=["bot"])
+    await console.wait_for(chat, 1)
+    await console.send(chat, "/allow", chat_type="group", user_id="mallory", is_admin=True)
+    got = await console.wait_for(chat, 2)
+    assert got[1]["kind"] == "notice" and "Only" in texts(got)[1]
+    await console.send(chat, "/allow", chat_type="group", user_id="boss")  # the configured admin may
+    got = await console.wait_for(chat, 3)
+    assert "tool allowed" in texts(got)[2]
 
 
 async def test_invalid_reply_is_corrected_once(console: ConsoleClient) -> None:
@@ -253,3 +266,50 @@ async def test_reset_forgets_the_session_and_stop_when_idle_says_so(console: Con
     got = await console.wait_for(chat, 4)
     assert texts(got)[3] == "echo: again"
     assert await _session_of(stack, chat) not in (None, first_session)
+
+
+async def test_a_token_bot_streams_each_reply_live_and_refuses_without_its_token(stack: Stack) -> None:
+    locked = ConsoleClient(stack, bot_id="locked", token="it-console-token")
+    chat = locked.chat("live")
+    async with locked.stream(chat) as live:
+        assert live.response.status_code == 200
+        await locked.send(chat, "first")
+        seq, message = await live.next()
+        assert (seq, texts([message])) == (1, ["echo: first"])
+        await locked.send(chat, "second")
+        seq, message = await live.next()
+        assert (seq, texts([message])) == (2, ["echo: second"])  # only the new message
+    # Reconnecting with the last seq seen gets nothing old; a new delivery arrives.
+    async with locked.stream(chat, after=2) as live:
+        await locked.send(chat, "third")
+        assert texts([(await live.next())[1]]) == ["echo: third"]
+    anonymous = ConsoleClient(stack, bot_id="locked")
+    async with httpx.AsyncClient(timeout=10) as client:
+        for path in ("messages", "stream"):
+            r = await client.get(f"{anonymous.url}/console/api/{path}", params={"chat_id": chat, "bot_id": "locked"})
+            assert r.status_code == 401
+            assert "echo" not in r.text
+        r = await client.post(
+            f"{anonymous.url}/webhooks/console/locked",
+            json={"chat_id": chat, "chat_type": "private", "user_id": "u1", "text": "sneaky"},
+        )
+        assert r.status_code == 401
+    assert texts(await locked.settle(chat)) == ["echo: first", "echo: second", "echo: third"]
+
+
+async def test_an_open_console_stream_does_not_hold_a_worker_stop(stack: Stack, console: ConsoleClient) -> None:
+    """SIGTERM with a console tab open: the worker ends the stream and exits by itself instead of
+    waiting on it until it is SIGKILLed. (Last in the module: a second worker joins and leaves.)"""
+    worker = await stack.add_worker()
+    process = worker._proc
+    assert process is not None
+    worker.stop_grace = 30  # above the drain and the web shutdown; a SIGKILL after it is a failure
+    try:
+        async with console.stream(console.chat("tab"), url=worker.url) as live:
+            assert live.response.status_code == 200
+            await worker.stop()
+            assert await live.rest() == b""  # the stream was ended, not cut
+    finally:
+        await worker.stop()
+        stack.workers.remove(worker)
+    assert process.returncode == 0, f"the worker did not exit by itself: {process.returncode}"

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import REGISTRY
 
@@ -19,7 +18,6 @@ from pipeline.platforms import WebhookRequest
 from pipeline.records import MAX_ID_CHARS
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import State
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from pipeline.web import WebDeps, build_web_app
 
@@ -59,18 +57,15 @@ async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
         bots=[lark_fx.bot_config(), slack_fx.bot_config(), telegram_fx.bot_config(), onebot_fx.bot_config()],
     )
     produced = Produced()
-    redis = aioredis.from_url(redis_url, decode_responses=True)
 
     async def ready() -> dict[str, bool]:
         return {"started": True}
 
     deps = WebDeps(
         settings=settings,
-        state=State.connect(redis_url, settings.redis_prefix),
         produce=produced,
         outputs=Outputs(produced),
         ready=ready,
-        pubsub=redis.pubsub,
     )
     runner = web.AppRunner(build_web_app(deps))
     await runner.setup()
@@ -80,7 +75,6 @@ async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
         yield Ingress(f"http://127.0.0.1:{runner.addresses[0][1]}", produced)
     finally:
         await runner.cleanup()
-        await redis.aclose()
 
 
 def counted(platform: str, outcome: str) -> float:

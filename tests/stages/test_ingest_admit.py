@@ -33,7 +33,7 @@ class Recorder:
 
 
 def stage(redis_url: str, prefix: str, **settings: Any) -> tuple[IngestStage, Recorder]:
-    s = Settings(redis_prefix=prefix, **settings)
+    s = Settings(redis_prefix=prefix, console_enabled=True, **settings)  # the console bot `demo`
     state = State.connect(redis_url, s.redis_prefix)
     recorder = Recorder()
     return IngestStage(s, state, Outputs(recorder), Notifier(s), lambda bot, m, w: None), recorder

@@ -37,7 +37,7 @@ def round_trips() -> float:
 
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
-    s = Settings(redis_prefix=prefix)
+    s = Settings(redis_prefix=prefix, console_enabled=True)  # the console bot `demo`
     state = State.connect(redis_url, s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(

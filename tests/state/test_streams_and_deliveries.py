@@ -56,12 +56,3 @@ async def test_rate_windows_are_all_or_nothing_and_say_how_long_to_wait(state: S
     # c1's window has room again, but the bot's does not: nothing is taken
     assert (await deliveries.claim([], [chat, bot])).wait > 0
     assert await deliveries.redis.execute("ZCARD", state.keys.rate_window("console:b:c1")) == 0
-
-
-async def test_console_append_is_once_per_message_id(state: State) -> None:
-    console = state.console
-    assert await console.append_console("demo", "c1", '{"id": "out-1"}', message_id="out-1") == 1
-    assert await console.append_console("demo", "c1", '{"id": "out-1"}', message_id="out-1") == 0  # a replay
-    assert await console.append_console("demo", "c1", '{"id": "out-2"}', message_id="out-2") == 2
-    assert await console.append_console("demo", "c1", '{"n": 3}') == 3  # no id: always appended
-    assert await console.console_messages("demo", "c1") == ['{"id": "out-1"}', '{"id": "out-2"}', '{"n": 3}']

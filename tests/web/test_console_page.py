@@ -3,7 +3,9 @@
 A tiny aiohttp app serves the real static files at the real paths, with FAKE console API endpoints
 (config, messages, stream, webhook) and canned bot messages covering every segment type. The real
 pipeline end to end is tested elsewhere; this checks the page: chats, users, mentions, reply-to,
-commands, rendering of all 13 segment types and the message kinds, live updates (SSE and polling).
+commands, rendering of all 13 segment types and the message kinds, live updates (SSE and polling),
+and the bearer token: the fake refuses every API request without it, the page takes it from the URL
+fragment and sends it on every request, the stream (read with fetch) included.
 
 Needs the `playwright` Python package and a Chromium binary (Debian's `chromium`; the Playwright
 browser download is not used). Skips cleanly when either is missing.
@@ -31,7 +33,15 @@ from pipeline.segments.models import SEGMENT_TYPES, segment_list_adapter
 
 STATIC = Path(__file__).resolve().parents[2] / "pipeline" / "web" / "static"
 SCREENSHOT = Path("/tmp/console.png")
-BOT = {"bot_id": "console-bot", "self_id": "switchboard", "language": "en", "busy_policy": "queue"}
+BOT = {
+    "bot_id": "console-bot",
+    "self_id": "switchboard",
+    "language": "en",
+    "busy_policy": "queue",
+    "admins": ["bob"],
+    "token_required": True,
+}
+TOKEN = "page-test-token"
 CHAT = "team"
 CHROMIUM_ARGS = [
     "--headless",
@@ -194,6 +204,7 @@ class FakeConsole:
         self.changed = asyncio.Event()
         self.base = ""
         self.stream_broken = False  # answer 503 on the stream: the page must fall back to polling
+        self.unauthorized = 0
 
     @staticmethod
     def _json(body: dict[str, Any]):
@@ -214,12 +225,13 @@ class FakeConsole:
         return web.FileResponse(STATIC / "index.html")
 
     def deliver(self, chat_id: str, message: dict[str, Any]) -> None:
-        self.chats.setdefault(chat_id, []).append(message)
+        chat = self.chats.setdefault(chat_id, [])
+        chat.append({"seq": len(chat) + 1, **message})
         self.changed.set()
         self.changed = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.require_token])
         app.router.add_get("/console/", self._index)
         app.router.add_static("/console/static/", STATIC)
         app.router.add_get("/console/api/config", self._json({"bots": [BOT]}))
@@ -231,6 +243,17 @@ class FakeConsole:
         app.router.add_get("/fake/report.pdf", self._bytes(b"%PDF-1.4", "application/pdf"))
         return app
 
+    @web.middleware
+    async def require_token(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """As the worker does: the API and the webhook need the bot's token; the page does not."""
+        if request.path.startswith(("/console/api/", "/webhooks/")):
+            if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+                self.unauthorized += 1
+                return web.json_response({"error": "unauthorized"}, status=401)
+            assert TOKEN not in request.path_qs, "the token must never be in a URL"
+        response: web.StreamResponse = await handler(request)
+        return response
+
     async def messages(self, request: web.Request) -> web.Response:
         assert request.query.get("bot_id") == BOT["bot_id"]
         chat_id = request.query["chat_id"]
@@ -240,7 +263,7 @@ class FakeConsole:
         if self.stream_broken:
             return web.json_response({"error": "no streaming here"}, status=503)
         chat_id = request.query["chat_id"]
-        sent = int(request.query.get("after", "0"))
+        sent = int(request.query.get("after", "0"))  # the last seq the page has (seq n is index n - 1)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         try:
@@ -309,7 +332,8 @@ async def test_console_page() -> None:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     fake.base = f"http://127.0.0.1:{port}"
-    fake.chats[CHAT] = canned_messages(fake.base)
+    for message in canned_messages(fake.base):
+        fake.deliver(CHAT, message)
     assert {s["type"] for m in fake.chats[CHAT] for s in m["segments"]} == set(SEGMENT_TYPES)
 
     errors: list[str] = []
@@ -327,12 +351,16 @@ async def test_console_page() -> None:
             page.on(
                 "console",
                 lambda m: (
-                    errors.append(m.text) if m.type == "error" and "404" not in m.text and "503" not in m.text else None
+                    errors.append(m.text)
+                    if m.type == "error" and not any(code in m.text for code in ("404", "503", "401"))
+                    else None
                 ),
             )
 
-            await page.goto(f"{fake.base}/console/")
+            # The token in the fragment: kept by the page, dropped from the address bar.
+            await page.goto(f"{fake.base}/console/#token={TOKEN}")
             await page.wait_for_selector("html[data-ready=true]")
+            assert TOKEN not in page.url
             # First visit: a default user and a private chat with the bot.
             await page.get_by_test_id("chat-list").locator(".chat-item[data-type=private]").wait_for()
 
@@ -344,17 +372,18 @@ async def test_console_page() -> None:
             await page.wait_for_selector(f".chat-item.active[data-chat={CHAT}][data-type=group]")
             assert (await page.get_by_test_id("chat-name").text_content() or "") == "Team room"
 
-            # Two users: Bob (admin) and Carol; the last one added is the sender, switch back to Bob.
-            for user_id, name, admin in (("bob", "Bob", True), ("carol", "Carol", False)):
+            # Two users: Bob (an admin of the bot, by its configuration) and Carol; the last one added
+            # is the sender, switch back to Bob.
+            for user_id, name in (("bob", "Bob"), ("carol", "Carol")):
                 await page.get_by_test_id("new-user").click()
                 await page.get_by_test_id("user-id-input").fill(user_id)
                 await page.get_by_test_id("user-name-input").fill(name)
-                if admin:
-                    await page.get_by_test_id("user-admin-input").check()
                 await page.get_by_test_id("user-save").click()
                 await page.wait_for_selector(f".user-item.active[data-user={user_id}]")
             await page.get_by_test_id("sender-select").select_option("bob")
             await page.wait_for_selector(".user-item.active[data-user=bob]")
+            assert await page.locator(".user-item[data-user=bob] .admin-badge").count() == 1
+            assert await page.locator(".user-item[data-user=carol] .admin-badge").count() == 0
 
             # Every canned bot message is there (SSE connected after the initial load).
             await page.wait_for_selector('.msg[data-id="out-6"]')
@@ -378,7 +407,6 @@ async def test_console_page() -> None:
                 "user_name": "Bob",
                 "text": "hello bot, meet Carol",
                 "mentions": ["switchboard", "carol"],
-                "is_admin": True,
             }
             assert await page.get_by_test_id("mention-chip").count() == 0  # the composer is cleared
 
@@ -477,11 +505,8 @@ async def test_console_page() -> None:
             await page.get_by_test_id("sender-select").select_option("carol")
             await page.get_by_test_id("cmd-stop").click()
             await _wait_for(lambda: len(fake.webhooks) >= 4, what="/stop")
-            assert {k: fake.webhooks[3][k] for k in ("text", "user_id", "is_admin")} == {
-                "text": "/stop",
-                "user_id": "carol",
-                "is_admin": False,
-            }
+            assert {k: fake.webhooks[3][k] for k in ("text", "user_id")} == {"text": "/stop", "user_id": "carol"}
+            assert "is_admin" not in fake.webhooks[3]
 
             await page.get_by_test_id("sender-select").select_option("bob")
             # A tall window, so that the screenshot shows the whole conversation.
@@ -513,7 +538,7 @@ async def test_console_page() -> None:
             fake.stream_broken = True
             poller = await context.new_page()
             poller.on("pageerror", lambda exc: errors.append(str(exc)))
-            await poller.goto(f"{fake.base}/console/")
+            await poller.goto(f"{fake.base}/console/")  # no fragment: the kept token is used
             await poller.wait_for_selector("[data-testid=conn][data-state=polling]", timeout=6000)
             await poller.wait_for_selector('.msg[data-id="out-6"]')
             # Local messages are per tab (sessionStorage): the new tab shows only the bot's.
@@ -534,6 +559,21 @@ async def test_console_page() -> None:
             )
             await poller.locator('.msg[data-id="out-late"]').wait_for(timeout=4000)
             await page.locator('.msg[data-id="out-late"]').wait_for(timeout=4000)  # and live in the first tab
+            assert fake.unauthorized == 0, "the page sent a request without its token"
+
+            # A browser that has no token: the page asks for it, and works once it is entered.
+            stranger = await (await browser.new_context()).new_page()
+            stranger.on("pageerror", lambda exc: errors.append(str(exc)))
+            await stranger.goto(f"{fake.base}/console/")
+            await stranger.get_by_test_id("settings-dialog").wait_for()
+            assert fake.unauthorized >= 1
+            await stranger.get_by_test_id("token-input").fill(TOKEN)
+            await stranger.get_by_test_id("token-input").press("Enter")
+            await stranger.wait_for_selector("html[data-ready=true]", timeout=8000)
+            await stranger.get_by_test_id("new-group").click()
+            await stranger.get_by_test_id("chat-id-input").fill(CHAT)
+            await stranger.get_by_test_id("chat-create").click()
+            await stranger.locator('.msg[data-id="out-late"]').wait_for(timeout=4000)
             await browser.close()
     finally:
         await runner.cleanup()

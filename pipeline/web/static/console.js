@@ -4,6 +4,11 @@
  * (GET api/messages, live on api/stream); what the people typed here is kept locally (per chat, in
  * sessionStorage) and interleaved by time. Chats, users and settings live in localStorage.
  *
+ * A bot with a token needs it on every request (`Authorization: Bearer`), the live stream included:
+ * the stream is read with fetch(), which can send the header, not with EventSource, which cannot.
+ * The token is typed once (⚙ Settings) or comes in the URL fragment (`/console/#token=…`, never sent
+ * to the server), and is kept in localStorage. Admins are the bot's configured `admins`.
+ *
  * Model text is never assigned as HTML: segments are built with DOM nodes and textContent, and the
  * markdown renderer escapes its input before adding its own, attribute-safe markup.
  */
@@ -39,7 +44,7 @@
     userId: null,
     chats: [], // {botId, id, type, name}
     chatKey: null,
-    tokens: {}, // botId → bearer token
+    token: "", // the console's bearer token (every bot that has one)
     transport: "auto",
     sent: {}, // chatKey → [local message]
   };
@@ -51,9 +56,11 @@
   function loadState() {
     try {
       const saved = JSON.parse(localStorage.getItem(LS_KEY) || "{}");
-      for (const key of ["botId", "users", "userId", "chats", "chatKey", "tokens", "transport"]) {
+      for (const key of ["botId", "users", "userId", "chats", "chatKey", "token", "transport"]) {
         if (saved[key] !== undefined) state[key] = saved[key];
       }
+      // Earlier versions kept a token per bot.
+      if (!state.token && saved.tokens && typeof saved.tokens === "object") state.token = Object.values(saved.tokens).find(Boolean) || "";
     } catch (_) { /* a corrupt entry starts afresh */ }
     try {
       state.sent = JSON.parse(sessionStorage.getItem(SS_KEY) || "{}") || {};
@@ -62,14 +69,25 @@
     }
     if (!Array.isArray(state.users)) state.users = [];
     if (!Array.isArray(state.chats)) state.chats = [];
+    if (typeof state.token !== "string") state.token = "";
     const forced = QUERY.get("transport");
     if (forced === "poll" || forced === "sse") state.transport = forced === "poll" ? "poll" : "auto";
+    // `/console/#token=…`: browsers never send the fragment; take the token and drop it from the URL.
+    const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
+    if (fragment.get("token")) {
+      state.token = fragment.get("token");
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+  }
+
+  function authHeaders() {
+    return state.token ? { Authorization: `Bearer ${state.token}` } : {};
   }
 
   function saveState() {
-    const { botId, users, userId, chats, chatKey, tokens, transport } = state;
+    const { botId, users, userId, chats, chatKey, token, transport } = state;
     try {
-      localStorage.setItem(LS_KEY, JSON.stringify({ botId, users, userId, chats, chatKey, tokens, transport }));
+      localStorage.setItem(LS_KEY, JSON.stringify({ botId, users, userId, chats, chatKey, token, transport }));
     } catch (_) { /* storage full or disabled: keep going in memory */ }
   }
 
@@ -90,11 +108,16 @@
   const currentUser = () => state.users.find((u) => u.id === state.userId) || null;
   const currentBot = () => state.bots.find((b) => b.bot_id === state.botId) || null;
   const userById = (id) => state.users.find((u) => u.id === id) || null;
+  // Admin status is the bot's configuration (its `admins`), never something this page claims.
+  const isAdmin = (userId) => {
+    const bot = currentBot();
+    return !!bot && Array.isArray(bot.admins) && bot.admins.includes(userId);
+  };
 
   function rt(key) {
     let r = runtime.get(key);
     if (!r) {
-      r = { delivered: [], ids: new Set(), loaded: false, es: null, timer: null, mode: "idle", failures: 0,
+      r = { delivered: [], ids: new Set(), lastSeq: 0, loaded: false, es: null, timer: null, mode: "idle", failures: 0,
         opened: false, seen: 0, unread: 0, generation: 0 };
       runtime.set(key, r);
     }
@@ -832,7 +855,7 @@
       bubble.append(h("div", { class: "msg-head" },
         h("span", { class: "msg-author", text: m.userName || m.userId }),
         h("span", { class: "msg-uid", text: m.userId }),
-        m.isAdmin ? h("span", { class: "admin-badge", text: "admin" }) : null));
+        isAdmin(m.userId) ? h("span", { class: "admin-badge", text: "admin" }) : null));
     }
     if (m.replyTo) bubble.append(SEGMENTS.reply({ message_id: m.replyTo }));
     const body = h("div", { class: "msg-body" });
@@ -877,6 +900,7 @@
       if (chatRt.ids.has(id)) continue;
       chatRt.ids.add(id);
       chatRt.delivered.push(msg);
+      if (Number.isInteger(msg.seq) && msg.seq > chatRt.lastSeq) chatRt.lastSeq = msg.seq;
       arrivals.set(msg, Date.now());
       added++;
       learnSkew(key, msg);
@@ -915,13 +939,15 @@
 
   async function loadMessages(key) {
     const [botId, chatId] = key.split("\u241f");
-    const body = await fetchJson(API.messages(botId, chatId));
+    const body = await fetchJson(API.messages(botId, chatId), { headers: authHeaders() });
     const chatRt = rt(key);
     const messages = Array.isArray(body && body.messages) ? body.messages : [];
-    if (messages.length < chatRt.delivered.length) {
-      // The server's list was trimmed or flushed: start over from what it has now.
+    const newest = messages.reduce((n, m) => (m && Number.isInteger(m.seq) && m.seq > n ? m.seq : n), 0);
+    if (newest < chatRt.lastSeq) {
+      // The chat on the server is older than what we showed (it expired or was flushed): start over.
       chatRt.delivered = [];
       chatRt.ids.clear();
+      chatRt.lastSeq = 0;
       if (key === state.chatKey) renderMessages();
     }
     chatRt.loaded = true;
@@ -941,7 +967,7 @@
     const chatRt = runtime.get(key);
     if (!chatRt) return;
     chatRt.generation++;
-    if (chatRt.es) chatRt.es.close();
+    if (chatRt.es) chatRt.es.abort();
     chatRt.es = null;
     clearTimeout(chatRt.timer);
     chatRt.timer = null;
@@ -963,43 +989,43 @@
     }
     if (generation !== chatRt.generation) return;
     chatRt.failures = 0;
-    if (state.transport === "poll" || typeof EventSource !== "function") startPolling(key);
+    if (state.transport === "poll" || !canStream()) startPolling(key);
     else openStream(key);
+  }
+
+  function canStream() {
+    return typeof fetch === "function" && typeof ReadableStream === "function" && typeof AbortController === "function";
+  }
+
+  /** Each `data:` payload of a text/event-stream body, as it arrives (comments are skipped). */
+  async function readEvents(body, onData) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+        if (data) onData(data);
+      }
+    }
   }
 
   function openStream(key) {
     const chatRt = rt(key);
     const generation = chatRt.generation;
     const [botId, chatId] = key.split("\u241f");
-    let es;
-    try {
-      es = new EventSource(API.stream(botId, chatId, chatRt.delivered.length));
-    } catch (_) {
-      startPolling(key);
-      return;
-    }
-    chatRt.es = es;
+    const controller = new AbortController();
+    chatRt.es = controller;
     chatRt.mode = "sse";
     chatRt.opened = false;
-    es.addEventListener("open", () => {
-      if (generation !== chatRt.generation) return;
-      chatRt.opened = true;
-      chatRt.failures = 0;
-      if (key === state.chatKey) setConn("live");
-    });
-    es.addEventListener("message", (ev) => {
-      if (generation !== chatRt.generation) return;
-      let msg;
-      try {
-        msg = JSON.parse(ev.data);
-      } catch (_) {
-        return;
-      }
-      addDelivered(key, [msg]);
-    });
-    es.addEventListener("error", () => {
-      if (generation !== chatRt.generation) return;
-      es.close(); // reconnect ourselves, so that `after` is the count already shown
+    const current = () => generation === chatRt.generation;
+    const retry = () => {
       chatRt.es = null;
       chatRt.failures++;
       if (!chatRt.opened && chatRt.failures >= 2) {
@@ -1009,22 +1035,65 @@
       if (key === state.chatKey) setConn("connecting", "Reconnecting to the live stream…");
       const delay = Math.min(1000 * 2 ** (chatRt.failures - 1), 8000);
       chatRt.timer = setTimeout(() => {
-        if (generation === chatRt.generation) openStream(key);
+        if (current()) openStream(key);
       }, delay);
-    });
+    };
+    (async () => {
+      let res;
+      try {
+        res = await fetch(API.stream(botId, chatId, chatRt.lastSeq), { cache: "no-store", headers: authHeaders(), signal: controller.signal });
+      } catch (_) {
+        if (current()) retry();
+        return;
+      }
+      if (!current()) return;
+      if (res.status === 401) {
+        chatRt.es = null;
+        chatRt.mode = "idle";
+        setConn("offline", "This bot needs a token (⚙ Settings)");
+        showBanner("This console needs its bearer token: set it in ⚙ Settings.");
+        return;
+      }
+      if (res.status === 429) {
+        showBanner("Too many live viewers on this worker: polling instead.", "info");
+        startPolling(key);
+        return;
+      }
+      if (!res.ok || !res.body) {
+        retry();
+        return;
+      }
+      chatRt.opened = true;
+      chatRt.failures = 0;
+      if (key === state.chatKey) setConn("live");
+      try {
+        await readEvents(res.body, (data) => {
+          let msg;
+          try {
+            msg = JSON.parse(data);
+          } catch (_) {
+            return;
+          }
+          if (current()) addDelivered(key, [msg]);
+        });
+      } catch (_) { /* aborted, or the connection broke */ }
+      // The server ended the stream (a restart, a slow tab) or the network did: reconnect from the
+      // last seq we have.
+      if (current()) retry();
+    })();
   }
 
   function startPolling(key) {
     const chatRt = rt(key);
     const generation = chatRt.generation;
-    if (chatRt.es) chatRt.es.close();
+    if (chatRt.es) chatRt.es.abort();
     chatRt.es = null;
     chatRt.mode = "polling";
     if (key === state.chatKey) setConn("polling");
     let ticks = 0;
     const tick = async () => {
       if (generation !== chatRt.generation) return;
-      if (state.transport !== "poll" && typeof EventSource === "function" && ++ticks >= 30) {
+      if (state.transport !== "poll" && canStream() && ++ticks >= 30) {
         chatRt.failures = 0; // every 30 s, see whether the live stream works again
         openStream(key);
         return;
@@ -1046,7 +1115,7 @@
       const key = chatKeyOf(c.botId, c.id);
       const chatRt = rt(key);
       try {
-        const body = await fetchJson(API.messages(c.botId, c.id));
+        const body = await fetchJson(API.messages(c.botId, c.id), { headers: authHeaders() });
         const messages = Array.isArray(body && body.messages) ? body.messages : [];
         if (!chatRt.loaded) {
           // First look: what is already there counts as read.
@@ -1054,6 +1123,7 @@
           for (const msg of messages) {
             chatRt.ids.add(msg.id);
             chatRt.delivered.push(msg);
+            if (Number.isInteger(msg.seq) && msg.seq > chatRt.lastSeq) chatRt.lastSeq = msg.seq;
           }
           return;
         }
@@ -1093,12 +1163,9 @@
       text: m.text,
       message_id: m.id,
       mentions: m.mentions,
-      is_admin: !!m.isAdmin,
     };
     if (m.replyTo) payload.reply_to = m.replyTo;
-    const headers = { "Content-Type": "application/json" };
-    const token = state.tokens[chat.botId];
-    if (token) headers.Authorization = `Bearer ${token}`;
+    const headers = { "Content-Type": "application/json", ...authHeaders() };
     m.postedAt = Date.now();
     try {
       await fetchJson(API.webhook(chat.botId), { method: "POST", headers, body: JSON.stringify(payload) });
@@ -1106,7 +1173,7 @@
       m.ackAt = Date.now();
     } catch (err) {
       m.status = "failed";
-      m.error = err.status === 401 ? "401: this bot needs a token (⚙ Settings)" : err.message;
+      m.error = err.status === 401 ? "401: this bot needs its token (⚙ Settings)" : err.message;
       if (err.status === 401) showBanner("The bot rejected the message: set its bearer token in ⚙ Settings.");
     }
     saveSent();
@@ -1128,7 +1195,7 @@
     const replyTo = useComposer ? composer.replyTo : null;
     if (!text.trim() && !mentions.length) return false;
     const key = chatKeyOf(chat.botId, chat.id);
-    const m = { id: newId("web"), userId: user.id, userName: user.name || user.id, isAdmin: !!user.admin, text, mentions,
+    const m = { id: newId("web"), userId: user.id, userName: user.name || user.id, text, mentions,
       replyTo, sentAt: Date.now(), status: "sending" };
     (state.sent[key] = state.sent[key] || []).push(m);
     if (useComposer) {
@@ -1284,14 +1351,14 @@
         h("button", { type: "button", class: "user-open", title: `Send as ${u.name}`, "aria-pressed": String(active), onclick: () => selectUser(u.id) },
           avatar(u.name, u.id, "sm"),
           h("span", { class: "user-text" }, h("span", { class: "user-label", text: u.name }), h("span", { class: "user-id", text: u.id })),
-          u.admin ? h("span", { class: "admin-badge", text: "admin" }) : null,
+          isAdmin(u.id) ? h("span", { class: "admin-badge", text: "admin" }) : null,
           active ? h("span", { class: "you", text: "current" }) : null),
         h("button", { type: "button", class: "icon-btn small row-action", title: "Edit", "aria-label": `Edit user ${u.id}`, text: "✎", onclick: () => openUserDialog(u) }),
         h("button", { type: "button", class: "icon-btn small row-action", title: "Remove", "aria-label": `Remove user ${u.id}`, text: "✕", onclick: () => removeUser(u.id) })));
     }
     const select = $("#sender-select");
     select.textContent = "";
-    for (const u of state.users) select.append(h("option", { value: u.id, text: `${u.name}${u.admin ? " ★" : ""}` }));
+    for (const u of state.users) select.append(h("option", { value: u.id, text: `${u.name}${isAdmin(u.id) ? " ★" : ""}` }));
     select.value = state.userId || "";
     const sa = $("#sender-avatar");
     const cu = currentUser();
@@ -1375,10 +1442,10 @@
     if (!state.chatKey) setConn("idle");
   }
 
-  function saveUser(id, name, admin, originalId) {
+  function saveUser(id, name, originalId) {
     const existing = state.users.find((u) => u.id === (originalId || id));
-    if (existing) Object.assign(existing, { id, name: name || id, admin });
-    else state.users.push({ id, name: name || id, admin });
+    if (existing) Object.assign(existing, { id, name: name || id });
+    else state.users.push({ id, name: name || id });
     if (!originalId || state.userId === originalId) state.userId = id;
     saveState();
     renderUsers();
@@ -1439,7 +1506,6 @@
     if (user) {
       form.elements.user_id.value = user.id;
       form.elements.user_name.value = user.name;
-      form.elements.is_admin.checked = !!user.admin;
     }
     form.elements.user_id.placeholder = `user${state.users.length + 1}`;
     dialog.showModal();
@@ -1467,18 +1533,15 @@
       const original = form.dataset.original || "";
       if (!original && userById(id) && !window.confirm(`User “${id}” exists. Update it?`)) return;
       $("#user-dialog").close("ok");
-      saveUser(id, form.elements.user_name.value.trim(), form.elements.is_admin.checked, original || (userById(id) ? id : ""));
+      saveUser(id, form.elements.user_name.value.trim(), original || (userById(id) ? id : ""));
     });
     $("#settings-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       const form = ev.currentTarget;
       const token = form.elements.token.value.trim();
-      if (state.botId) {
-        if (token) state.tokens[state.botId] = token;
-        else delete state.tokens[state.botId];
-      }
       const transport = form.elements.transport.value === "poll" ? "poll" : "auto";
-      const changed = transport !== state.transport;
+      const changed = token !== state.token || transport !== state.transport;
+      state.token = token;
       state.transport = transport;
       saveState();
       $("#settings-dialog").close("ok");
@@ -1513,7 +1576,7 @@
     $("#new-user").addEventListener("click", () => openUserDialog(null));
     $("#open-settings").addEventListener("click", () => {
       const form = $("#settings-form");
-      form.elements.token.value = (state.botId && state.tokens[state.botId]) || "";
+      form.elements.token.value = state.token;
       form.elements.transport.value = state.transport;
       $("#settings-dialog").showModal();
     });
@@ -1581,12 +1644,18 @@
 
   async function loadConfig() {
     try {
-      const body = await fetchJson(API.config);
+      const body = await fetchJson(API.config, { headers: authHeaders() });
       state.bots = Array.isArray(body && body.bots) ? body.bots : [];
       showBanner(null);
       return true;
     } catch (err) {
-      showBanner(`Cannot load the console configuration: ${err.message}. Retrying…`);
+      if (err.status === 401) {
+        showBanner("This console needs its bearer token: enter it in ⚙ Settings (or open the page as /console/#token=…).");
+        const dialog = $("#settings-dialog");
+        if (!dialog.open) $("#open-settings").click();
+      } else {
+        showBanner(`Cannot load the console configuration: ${err.message}. Retrying…`);
+      }
       return false;
     }
   }
@@ -1600,7 +1669,7 @@
       showBanner("No bot of platform “console” is configured on this worker: add one to the settings to chat here.", "info");
     }
     if (!state.users.length) {
-      state.users.push({ id: "alice", name: "Alice", admin: false });
+      state.users.push({ id: "alice", name: "Alice" });
       state.userId = "alice";
     }
     if (!userById(state.userId)) state.userId = state.users[0].id;

@@ -1,0 +1,137 @@
+"""The worker's web server against misbehaving clients, on raw sockets: half-sent requests are
+closed after the request timeout, connections beyond the cap are closed at once, and a webhook
+body that does not parse is dead-lettered as an excerpt and a digest, not kept whole."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+import aiohttp
+from prometheus_client import REGISTRY
+
+from pipeline.records import DeadLetter
+from pipeline.topics import DEADLETTER
+
+from .conftest import TOKEN, StartWorker, Worker
+
+
+def closed_total(reason: str) -> float:
+    return REGISTRY.get_sample_value("switchboard_web_connections_closed_total", {"reason": reason}) or 0.0
+
+
+async def connect(worker: Worker) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", worker.port)
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    """Whether the server closes the connection (EOF or reset) within `within` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            while await reader.read(4096):
+                pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        pass
+    return True
+
+
+async def test_half_sent_requests_are_closed_after_the_request_timeout(start_worker: StartWorker) -> None:
+    worker = await start_worker(web_request_timeout_seconds=0.5)
+    headers_before, body_before = closed_total("header_timeout"), closed_total("body_timeout")
+    # Slow loris: a request line and some headers, never the blank line that ends them.
+    lorises = [await connect(worker) for _ in range(20)]
+    for _, writer in lorises:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: worker\r\nX-Slow: 1\r\n")
+        await writer.drain()
+    # A webhook whose body never arrives in full.
+    body_reader, body_writer = await connect(worker)
+    body_writer.write(
+        b"POST /webhooks/console/locked HTTP/1.1\r\nHost: worker\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {TOKEN}\r\nContent-Length: 500\r\n\r\n".encode()
+        + b'{"chat_id": "c"'
+    )
+    await body_writer.drain()
+    # Meanwhile a well-behaved client is served, and its kept-alive connection is not cut.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{worker.url}/healthz") as r:
+            assert r.status == 200
+        results = await asyncio.gather(*(closed_by_server(reader, within=5.0) for reader, _ in lorises))
+        assert all(results)
+        assert await closed_by_server(body_reader, within=5.0)
+        async with http.get(f"{worker.url}/healthz") as r:
+            assert r.status == 200
+    assert closed_total("header_timeout") - headers_before == 20
+    assert closed_total("body_timeout") - body_before == 1
+    assert worker.produced.records == []  # the cut webhook produced nothing
+    for _, writer in [*lorises, (body_reader, body_writer)]:
+        writer.close()
+
+
+async def test_a_slow_but_complete_request_and_a_long_stream_are_not_cut(start_worker: StartWorker) -> None:
+    worker = await start_worker(web_request_timeout_seconds=0.5)
+    before = closed_total("header_timeout") + closed_total("body_timeout")
+    reader, writer = await connect(worker)
+    # Each piece well within the deadline, the whole request within it too.
+    for piece in (b"GET /healthz HTTP/1.1\r\n", b"Host: worker\r\n", b"\r\n"):
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(0.1)
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    # A console stream lives far beyond the request timeout: its request was whole.
+    writer.write(
+        b"GET /console/api/stream?chat_id=c HTTP/1.1\r\nHost: worker\r\n"
+        + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    assert not await closed_by_server(reader, within=1.5)
+    writer.close()
+    assert closed_total("header_timeout") + closed_total("body_timeout") == before
+
+
+async def test_connections_beyond_the_cap_are_closed_at_once(start_worker: StartWorker) -> None:
+    worker = await start_worker(web_max_connections=5)
+    before = closed_total("over_limit")
+    held = [await connect(worker) for _ in range(5)]
+    await asyncio.sleep(0.1)
+    assert worker.runtime.web is not None and worker.runtime.web.open_connections == 5
+    extra_reader, extra_writer = await connect(worker)
+    assert await closed_by_server(extra_reader, within=2.0)
+    assert closed_total("over_limit") - before == 1
+    # A held connection still works, and a freed slot is usable again.
+    reader, writer = held[0]
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    assert await closed_by_server(reader, within=2.0)
+    for _ in range(50):
+        if worker.runtime.web.open_connections == 4:
+            break
+        await asyncio.sleep(0.02)
+    async with aiohttp.ClientSession() as http, http.get(f"{worker.url}/healthz") as r:
+        assert r.status == 200
+    for _, w in [*held, (extra_reader, extra_writer)]:
+        w.close()
+
+
+async def test_a_malformed_webhook_is_dead_lettered_as_an_excerpt_and_a_digest(start_worker: StartWorker) -> None:
+    worker = await start_worker()
+    body = ("{" + '"chat_id": "c", ' * 6000 + "broken").encode()  # ~100 kB, not JSON
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{worker.url}/webhooks/console/locked",
+            data=body,
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        ) as r:
+            assert r.status == 400
+            assert (await r.json())["error"] == "malformed"
+    [raw] = worker.produced.on(DEADLETTER)
+    letter = DeadLetter.model_validate_json(raw)
+    assert letter.stage == "ingress" and letter.reason == "malformed"
+    assert letter.record == body.decode()[:1000]
+    assert letter.record_bytes == len(body)
+    assert letter.record_sha256 == hashlib.sha256(body).hexdigest()
+    assert len(raw) < 3000  # not the 100 kB body
+    assert json.loads(raw)["record_sha256"] == letter.record_sha256
