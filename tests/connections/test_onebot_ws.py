@@ -90,10 +90,8 @@ async def running(
 
 
 @asynccontextmanager
-async def web_app(connections: Connections) -> AsyncIterator[str]:
-    """A worker's web server with the long-connection routes; yields its ws:// base."""
-    app = web.Application()
-    add_connection_routes(app, connections)
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """`app` served on a free loopback port; yields its ws:// base."""
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -102,6 +100,15 @@ async def web_app(connections: Connections) -> AsyncIterator[str]:
         yield f"ws://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def web_app(connections: Connections) -> AsyncIterator[str]:
+    """A worker's web server with the long-connection routes; yields its ws:// base."""
+    app = web.Application()
+    add_connection_routes(app, connections)
+    async with serving(app) as base:
+        yield base
 
 
 async def until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -339,14 +346,8 @@ async def raw_server(handler: Callable[[web.WebSocketResponse], Awaitable[None]]
 
     app = web.Application()
     app.router.add_get("/", accept)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"ws://127.0.0.1:{runner.addresses[0][1]}/"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as base:
+        yield base + "/"
 
 
 async def test_an_action_without_a_response_times_out_and_one_cut_off_says_closed() -> None:

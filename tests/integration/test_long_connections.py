@@ -127,6 +127,17 @@ def delivered_numbers(peer: PeerThread) -> set[int]:
     return {e["user_id"] - 60_000 for e, _, _ in peer.delivered()}
 
 
+async def each_answered_once(peer: PeerThread, sent: range) -> None:
+    """Every message sent reached a socket, and each is answered exactly once (none twice, even
+    after a quiet spell in which a repeat would have come)."""
+    delivered = delivered_numbers(peer) & set(sent)
+    assert delivered == set(sent), f"not delivered: {set(sent) - delivered}"
+    await wait_for(lambda: delivered <= set(answered(peer)), f"every message answered ({len(delivered)})", 120)
+    await settle(peer, quiet=6.0)
+    counts = answered(peer)
+    assert [n for n in delivered if counts[n] != 1] == [], {n: counts[n] for n in delivered if counts[n] != 1}
+
+
 async def lease_holder(stack: Stack, bot_id: str) -> tuple[WorkerProcess | None, int]:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
@@ -294,12 +305,7 @@ async def test_forward_holder_sigkilled_mid_traffic_a_survivor_dials_and_every_m
     print(
         f"\nforward WebSocket: {len(sent)} messages, takeover {takeover:.2f} s after SIGKILL (bound: lease 6 s + 1 s)"
     )
-    delivered = delivered_numbers(napcat_server) & set(sent)
-    assert delivered == set(sent), f"not delivered: {set(sent) - delivered}"
-    await wait_for(lambda: delivered <= set(answered(napcat_server)), f"every message answered ({len(delivered)})", 120)
-    await settle(napcat_server, quiet=6.0)
-    counts = answered(napcat_server)
-    assert [n for n in delivered if counts[n] != 1] == [], {n: counts[n] for n in delivered if counts[n] != 1}
+    await each_answered_once(napcat_server, sent)
     assert len(napcat_server.open_sockets()) == 1
 
 
@@ -309,10 +315,5 @@ async def test_reverse_holder_sigkilled_mid_traffic_the_stand_in_reconnects_to_a
     await wait_for(lambda: len(napcat_client.open_sockets()) == 1, "reverse connection accepted", 30)
     sent, takeover = await sigkill_holder_mid_traffic(stack, napcat_client, "rev", first=2_000)
     print(f"\nreverse WebSocket: {len(sent)} messages, takeover {takeover:.2f} s after SIGKILL (reconnect every 0.5 s)")
-    delivered = delivered_numbers(napcat_client) & set(sent)
-    assert delivered == set(sent), f"not delivered: {set(sent) - delivered}"
-    await wait_for(lambda: delivered <= set(answered(napcat_client)), f"every message answered ({len(delivered)})", 120)
-    await settle(napcat_client, quiet=6.0)
-    counts = answered(napcat_client)
-    assert [n for n in delivered if counts[n] != 1] == [], {n: counts[n] for n in delivered if counts[n] != 1}
+    await each_answered_once(napcat_client, sent)
     assert napcat_client.errors == [] and len(napcat_client.open_sockets()) == 1
