@@ -108,6 +108,8 @@ class Connections:
             if bot.transport != "webhook"
         ]
         self.router = ActionRouter(store, settings.connection_action_timeout_seconds)
+        # A holder waits for a response as long as egress keeps asking again (each ask joins it).
+        self.hold_timeout = settings.connection_action_timeout_seconds * max(2, settings.egress_max_attempts)
         self.lease_seconds = settings.connection_lease_seconds
         self.acquire_interval = settings.connection_acquire_interval_seconds
         self._stopping = asyncio.Event()
@@ -266,7 +268,9 @@ class Connections:
         stopping = asyncio.create_task(self._stopping.wait())
         server = None
         if API in connection.channels:
-            server = asyncio.create_task(ActionServer(self.store, bot, connection, lease, ended).serve())
+            server = asyncio.create_task(
+                ActionServer(self.store, bot, connection, lease, ended, hold_timeout=self.hold_timeout).serve()
+            )
         why = "closed"
         try:
             await asyncio.wait({reader, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -28,9 +28,10 @@ EVENT, API = "event", "api"
 
 @dataclass(frozen=True)
 class ActionAnswer:
-    """The outcome of one action run over a connection: the platform's response, or an error the
-    connection met (`closed`, `timeout`, `no_api`, …: short labels). `final`: a repeat of the same
-    request must get this answer instead of running again (the platform answered for good)."""
+    """The outcome of one action run over a connection: the platform's response, or an error (a
+    short label: `not_connected`, `outcome_unknown`, `no_holder`, `timeout`, `no_api`, …).
+    `final`: a repeat of the same request must get this answer instead of running again (the
+    platform answered for good, or the action was written and may have been carried out)."""
 
     response: Mapping[str, Any] | None = None
     error: str = ""

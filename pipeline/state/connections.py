@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from . import scripts
 from ._codec import text
 from .client import RedisClient
+from .exceptions import StateError
 from .keys import Keys
 
 LeaseState = Literal["dialing", "up"]
@@ -54,8 +55,11 @@ class Acquired:
 
 @dataclass(frozen=True)
 class ActionClaim:
-    kind: Literal["run", "done", "fenced"]
-    outcome: str | None = None  # the stored outcome of an earlier run (`done`)
+    # run: send it (now marked as being sent); done: it ended before (`outcome`); mine: this holder
+    # sent it already; unknown: an earlier holder sent it and never recorded how it ended; fenced:
+    # the lease is not this holder's any more.
+    kind: Literal["run", "done", "mine", "unknown", "fenced"]
+    outcome: str | None = None
 
 
 _ACQUIRE = scripts.script("lease_acquire")
@@ -136,20 +140,29 @@ class ConnectionStore:
         return text(popped[1]) if popped else None
 
     async def claim_action(self, platform: str, bot_id: str, channel: str, owner: str, request_id: str) -> ActionClaim:
+        """What to do with a request (`scripts/claim_action.lua`); `run` marks it as being sent."""
         raw = await self.redis.run_script(
-            _CLAIM_ACTION, [self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)], [owner]
+            _CLAIM_ACTION,
+            [self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)],
+            [owner, self.done_ttl],
         )
         kind = text(raw[0])
         if kind == "done":
             return ActionClaim("done", text(raw[1]))
-        return ActionClaim("fenced" if kind == "fenced" else "run")
+        if kind in ("run", "mine", "unknown", "fenced"):
+            return ActionClaim(kind)  # type: ignore[arg-type]  # one of the literals, checked
+        raise StateError(f"claim_action answered {kind!r}")
 
-    async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool) -> None:
-        """Push the answer for its sender; a final one is kept for the request id too."""
+    async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool | None) -> None:
+        """Push the answer for its sender. `final`: keep it as the action's outcome (a repeat gets
+        it); False: forget the action ran (a repeat runs it again); None: leave the record alone."""
         key = self.keys.action_reply(reply_id)
         commands: list[tuple[str | int, ...]] = [("LPUSH", key, answer), ("PEXPIRE", key, ttl_ms)]
+        marker = self.keys.action_done(request_id)
         if final:
-            commands.insert(0, ("SET", self.keys.action_done(request_id), answer, "EX", self.done_ttl))
+            commands.insert(0, ("SET", marker, f"done:{answer}", "EX", self.done_ttl))
+        elif final is False:
+            commands.insert(0, ("DEL", marker))
         await self.redis.pipeline(commands)
 
     async def wait_answer(self, reply_id: str, timeout: float) -> str | None:
