@@ -8,6 +8,7 @@ one worker at a time, taken over by another when the holder dies.
   worker, through Redis (no worker talks to another).
 - `base`: what a transport implements (`Transport`, `Connection`) and gets (`Link`).
 - `onebot`: OneBot v11 over forward and reverse WebSocket.
+- `telegram`: Telegram Bot API `getUpdates` long polling.
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
 """
@@ -25,11 +26,12 @@ from ._inbound import InboundSink, Send
 from ._manager import Connections, LongConnectionBot
 from .base import ActionAnswer, Connection, Link, Transport
 from .onebot import TRANSPORTS as _ONEBOT
+from .telegram import TRANSPORTS as _TELEGRAM
 
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return dict(_ONEBOT)
+    return {**_ONEBOT, **_TELEGRAM}
 
 
 def open_connections(

@@ -5,7 +5,8 @@ A lease is a key per channel whose value is `holder|token|state`, set with an ex
 its holder (`scripts/lease_*.lua`). Actions are a list per bot: senders push a request and wait on
 a reply list of their own; the holder pops requests (blocking, on a connection of its own), checks
 its fencing token and whether the action already ran (`scripts/claim_action.lua`), runs it and
-pushes the answer.
+pushes the answer. A polled transport's offset (how far its updates are durable) is a key per
+bot that only the lease's holder may write (`scripts/commit_offset.lua`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ _ACQUIRE = scripts.script("lease_acquire")
 _RENEW = scripts.script("lease_renew")
 _RELEASE = scripts.script("lease_release")
 _CLAIM_ACTION = scripts.script("claim_action")
+_COMMIT_OFFSET = scripts.script("commit_offset")
 
 
 class ConnectionStore:
@@ -168,6 +170,18 @@ class ConnectionStore:
     async def wait_answer(self, reply_id: str, timeout: float) -> str | None:
         popped = await self.blocking.blpop([self.keys.action_reply(reply_id)], timeout=timeout)
         return text(popped[1]) if popped else None
+
+    # -- offsets of polled transports --------------------------------------------------------------
+    async def committed_offset(self, platform: str, bot_id: str) -> int | None:
+        """Where the bot's next poll starts (None: nothing committed yet)."""
+        raw = text(await self.redis.execute("GET", self.keys.offset(platform, bot_id)))
+        return int(raw) if raw is not None and raw.lstrip("-").isdigit() else None
+
+    async def commit_offset(self, platform: str, bot_id: str, channel: str, owner: str, offset: int) -> bool:
+        """Record the offset if the lease of `channel` is still `owner`'s (`holder|token`); False:
+        the lease was lost and nothing was written."""
+        keys = [self.keys.lease(platform, bot_id, channel), self.keys.offset(platform, bot_id)]
+        return bool(await self.redis.run_script(_COMMIT_OFFSET, keys, [owner, offset]))
 
 
 __all__ = ["Acquired", "ActionClaim", "ConnectionStore", "LeaseState", "LeaseValue"]

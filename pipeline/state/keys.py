@@ -81,3 +81,8 @@ class Keys:
         """An action's record: `sending:<holder|token>` while it is sent, then `done:<answer>`, so an
         action asked for again is answered, not sent twice."""
         return self.of("action-done", request_id)
+
+    def offset(self, platform: str, bot_id: str) -> str:
+        """The committed position of a polled bot's update stream (Telegram: the next `offset` of
+        `getUpdates`), written only by the holder of its lease."""
+        return self.of("offset", f"{platform}:{bot_id}")

@@ -68,7 +68,7 @@ def bot(transport: str, **extra: Any) -> BotConfig:
 
 @asynccontextmanager
 async def running(
-    redis_url: str, redis_prefix: str, produced: Produced, *bots: BotConfig, lease: float = 3.0
+    redis_url: str, redis_prefix: str, produced: Produced, *bots: BotConfig, lease: float = 3.0, holder: str = "w1"
 ) -> AsyncIterator[Connections]:
     settings = Settings(
         bots=list(bots),
@@ -79,7 +79,7 @@ async def running(
     )
     quick = RedisClient(redis_url)
     blocking = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
-    connections = open_connections(settings, quick, blocking, produced.send, Outputs(produced.send), holder="w1")
+    connections = open_connections(settings, quick, blocking, produced.send, Outputs(produced.send), holder=holder)
     await connections.start()
     try:
         yield connections
