@@ -130,11 +130,10 @@ class TelegramPlatform(Platform):
     def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
         if entry.get("transport", "webhook") == "polling":
             return []
-        return [
-            (field, 'applies to transport = "polling" only')
-            for field in ("delete_webhook", "poll_timeout_seconds")
-            if field in entry
-        ]
+        # An entry may be a whole `BotConfig` dumped: only values other than the defaults count.
+        given = {"delete_webhook": entry.get("delete_webhook") not in (None, False)}
+        given["poll_timeout_seconds"] = entry.get("poll_timeout_seconds") not in (None, 30)
+        return [(field, 'applies to transport = "polling" only') for field, set_ in given.items() if set_]
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
         if bot.transport != "webhook":

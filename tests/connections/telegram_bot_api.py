@@ -74,6 +74,7 @@ class BotApi:
         self.webhook_url = webhook_url
         self.url = ""
         self.pending: list[dict[str, Any]] = []  # unconfirmed, by update_id
+        self.added: dict[int, dict[str, Any]] = {}  # every update, by update_id
         self.served: Counter[int] = Counter()  # times each update_id was in a poll's answer
         self.polls: list[dict[str, Any]] = []  # the parameters of each getUpdates
         self.calls: list[str] = []  # every method called, in order
@@ -99,13 +100,14 @@ class BotApi:
 
     def add(self, update: Update) -> dict[str, Any]:
         data = update.to_dict()
+        self.added[data["update_id"]] = data
         self.pending.append(data)
         self._changed.set()
         return data
 
-    def confirmed_before(self) -> int | None:
-        """The lowest update_id not confirmed yet (None: all confirmed)."""
-        return self.pending[0]["update_id"] if self.pending else None
+    def served_chats(self) -> set[int]:
+        """The chats of the updates a poll returned."""
+        return {self.added[u]["message"]["chat"]["id"] for u in list(self.served) if "message" in self.added[u]}
 
     # -- server ------------------------------------------------------------------------------------
     async def start(self, port: int = 0) -> BotApi:
