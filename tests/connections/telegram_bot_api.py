@@ -15,9 +15,7 @@ import asyncio
 import datetime as dt
 import itertools
 import json
-import threading
 from collections import Counter
-from collections.abc import Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -241,45 +239,3 @@ def _poll_problem(params: dict[str, Any]) -> str:
         return f"allowed_updates is not a list of update types: {allowed!r}"
     unknown = set(params) - {"offset", "timeout", "limit", "allowed_updates"}
     return f"unknown parameters {sorted(unknown)}" if unknown else ""
-
-
-class BotApiThread:
-    """The stand-in on a thread of its own with its own loop (the stack's workers are other
-    processes; each test runs on its own loop)."""
-
-    def __init__(self, **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bot-api", daemon=True)
-        self._options = options
-        self.api: BotApi | None = None
-
-    def start(self) -> BotApiThread:
-        self._thread.start()
-
-        async def make() -> BotApi:
-            return await BotApi(**self._options).start()
-
-        self.api = self._run(make())
-        return self
-
-    def stop(self) -> None:
-        try:
-            if self.api is not None:
-                self._run(self.api.stop())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
-
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
-
-    async def add_text(self, n: int, text: str) -> None:
-        """Queue a private text message `text` from user 60000+n (on the stand-in's loop)."""
-        api = self.api
-        assert api is not None
-
-        async def add() -> None:
-            api.add(api.private_text(n, text))
-
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(add(), self._loop))

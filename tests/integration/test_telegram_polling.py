@@ -20,15 +20,35 @@ import pytest
 from pipeline.embedded import RedisServer
 from pipeline.stack import Stack
 from tests.conftest import enabled_brokers
-from tests.connections.telegram_bot_api import USER_BASE, BotApiThread
+from tests.connections.telegram_bot_api import USER_BASE, BotApi
 from tests.platforms.test_telegram import TOKEN
 
+from .loop_thread import LoopThread
 from .stacks import running_stack
 from .test_long_connections import answered_exactly_once, lease_holder, metric, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BOT_ID = "tgp"
+
+
+class BotApiThread(LoopThread[BotApi]):
+    def __init__(self) -> None:
+        super().__init__("bot-api", BotApi().start, BotApi.stop)
+
+    @property
+    def api(self) -> BotApi | None:
+        return self.standin
+
+    async def add_text(self, n: int, text: str) -> None:
+        """Queue a private text message `text` from user 60000+n (on the stand-in's loop)."""
+        api = self.api
+        assert api is not None
+
+        async def add() -> None:
+            api.add(api.private_text(n, text))
+
+        await self._on_loop(add())
 
 
 @pytest.fixture(scope="module", params=enabled_brokers())
@@ -38,11 +58,12 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def bot_api(broker_kind: str) -> Iterator[BotApiThread]:
-    thread = BotApiThread().start()
+    thread = BotApiThread()
+    thread.start_loop()
     try:
         yield thread
     finally:
-        thread.stop()
+        thread.stop_loop()
 
 
 @pytest.fixture(scope="module")
