@@ -139,8 +139,13 @@ class TelegramPoller(Connection):
                 if not await self._refused(refused, failures, link):
                     return
                 continue
+            if not isinstance(result, list):  # not what getUpdates answers: never poll in a tight loop
+                failures += 1
+                if not await self._refused(_Refused("bad_response", "result is not a list"), failures, link):
+                    return
+                continue
             failures = 0
-            updates = [u for u in result if isinstance(u, dict)] if isinstance(result, list) else []
+            updates = [u for u in result if isinstance(u, dict)]
             if not updates:
                 continue
             acknowledgements = [await link.submit(json.dumps(u, ensure_ascii=False).encode()) for u in updates]

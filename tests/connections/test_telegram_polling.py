@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from pydantic import SecretStr
 from telegram import Message, MessageEntity, Update
 
@@ -208,3 +209,35 @@ async def test_a_wrong_token_fails_the_dial_without_showing_it(
         await until(lambda: poll_errors("unauthorized") >= unauthorized + 2, "refused dials counted")
     assert "getUpdates" not in api.calls and api.errors  # only getMe was tried, and refused
     assert wrong not in caplog.text and "is the bot's token right?" in caplog.text
+
+
+async def test_server_errors_and_rate_limits_are_waited_out(
+    api: BotApi, redis_url: str, redis_prefix: str, produced: Produced
+) -> None:
+    api.scripted = [
+        web.json_response({"ok": False, "error_code": 502, "description": "Bad Gateway"}, status=502),
+        web.json_response(
+            {
+                "ok": False,
+                "error_code": 429,
+                "description": "Too Many Requests: retry after 1",
+                "parameters": {"retry_after": 1},
+            },
+            status=429,
+        ),
+        web.json_response({"ok": True, "result": {"not": "a list"}}),
+    ]
+    before = {reason: poll_errors(reason) for reason in ("server_error", "rate_limited", "bad_response")}
+    api.add(api.private_text(6, "after the errors"))
+    started = asyncio.get_running_loop().time()
+    async with running(redis_url, redis_prefix, produced, polling_bot(api.url)):
+        await until(lambda: len(inbound(produced)) == 1, "polled after the errors", timeout=15)
+    # Backed off each time (1 s, then Telegram's retry_after of 1 s, then 4 s), never polled in a
+    # loop: the fourth poll got the update (a fifth, with its offset, may have confirmed it).
+    assert asyncio.get_running_loop().time() - started >= 6.0
+    assert len(api.polls) in (4, 5) and api.served == {900_000: 1}
+    assert {reason: poll_errors(reason) - count for reason, count in before.items()} == {
+        "server_error": 1,
+        "rate_limited": 1,
+        "bad_response": 1,
+    }
