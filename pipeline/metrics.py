@@ -144,7 +144,7 @@ CONNECTION_POLL_ERRORS = Counter(
     "switchboard_connection_poll_errors_total",
     "Polls of a polled transport (Telegram getUpdates) that failed, by reason",
     ["platform", "bot", "reason"],
-)  # conflict | webhook_active | unauthorized | rate_limited | server_error | network | bad_response
+)  # conflict | webhook_active | unauthorized | rate_limited | server_error | network | bad_request | bad_response
 
 
 def observe_hop(stage: str, hops: dict[str, float], previous: str, now: float) -> None:
