@@ -106,6 +106,10 @@ class Platform(abc.ABC):
     #: Credentials a bot of this platform must have, checked when the settings load (a worker with
     #: one missing would fail every webhook or send). A tuple entry: at least one of those names.
     required_credentials: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
+    #: The transports a bot of this platform may name (`transport` in the bots file), each with the
+    #: credentials it needs beyond `required_credentials`. Every platform takes webhooks; a long
+    #: connection (held by one worker at a time, `pipeline.connections`) is offered per platform.
+    transports: ClassVar[Mapping[str, tuple[str | tuple[str, ...], ...]]] = {"webhook": ()}
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
@@ -127,6 +131,11 @@ class Platform(abc.ABC):
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
         """Show that the bot is working, where the platform can. Default: nothing."""
+
+    def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(field, problem) for a bots-file entry whose fields do not fit together (a transport and
+        an address of the wrong kind), checked when the settings load. Default: none."""
+        return []
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
         """What leaves this bot's webhook open, said once when a worker starts. Default: nothing."""
