@@ -29,6 +29,9 @@ from pipeline.session.models import (
 ChatType = Literal["private", "group"]
 ConversationKey = str
 OutboundKind = Literal["reply", "notice", "progress", "confirmation"]
+# Facts about how a reply came to be, for a platform that can show them (the console does):
+# `corrected`: the agent's reply broke the contract and the one correction call fixed it.
+OutboundNote = Literal["corrected"]
 CommandKind = Literal[
     "user_turn",  # user.message (+ system.message) built from one or more inbound messages
     "interrupt",  # /stop: user.interrupt
@@ -172,6 +175,8 @@ class OutboundMessage(_Record):
     route: dict[str, str] = Field(default_factory=dict)
     trace_id: str | None = None
     hops: dict[str, float] = Field(default_factory=dict)
+    # Left out of the record when empty: a record without notes is what older workers read.
+    notes: list[OutboundNote] = Field(default_factory=list, exclude_if=lambda notes: not notes)
 
 
 class DeadLetter(_Record):

@@ -22,6 +22,7 @@ from pipeline import metrics
 from pipeline.records import (
     OutboundKind,
     OutboundMessage,
+    OutboundNote,
     Position,
     SessionCommand,
     SessionEventRecord,
@@ -405,10 +406,12 @@ class RenderStage:
         if outcome.notice is not None:
             metrics.NOTICES.labels(platform, outcome.notice.kind.value).inc()
             await self._emit(bot, record, state, "notice", [_text(outcome.notice.text)], suffix="reply")
-        elif outcome.passthrough is not None:
-            await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply")
-        elif outcome.segments:
-            await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply")
+        else:
+            notes: list[OutboundNote] = ["corrected"] if outcome.corrected else []
+            if outcome.passthrough is not None:
+                await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply", notes=notes)
+            elif outcome.segments:
+                await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply", notes=notes)
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
@@ -474,8 +477,9 @@ class RenderStage:
         segments: list[Segment],
         *,
         suffix: str,
+        notes: list[OutboundNote] | None = None,
     ) -> None:
-        await self.outputs.outbound(self._outbound(bot, record, state, kind, segments, suffix=suffix))
+        await self.outputs.outbound(self._outbound(bot, record, state, kind, segments, suffix=suffix, notes=notes))
 
     def _outbound(
         self,
@@ -486,6 +490,7 @@ class RenderStage:
         segments: list[Segment],
         *,
         suffix: str,
+        notes: list[OutboundNote] | None = None,
     ) -> OutboundMessage:
         turn = state.turn
         hops = dict(turn.hops) if turn else {}
@@ -501,10 +506,13 @@ class RenderStage:
             chat_type=chat_type,
             conversation_key=record.conversation_key,
             segments=segments,
-            reply_to_message_id=turn.reply_to_message_id if turn and kind == "reply" else None,
+            # A reply quotes the message it answers; so does "Stopped." (the message whose turn it
+            # stopped), as the other answers to a chat command do.
+            reply_to_message_id=turn.reply_to_message_id if turn and (kind == "reply" or suffix == "stopped") else None,
             route=turn.route if turn else {},
             trace_id=turn.trace_id if turn else record.trace_id,
             hops=hops,
+            notes=notes or [],
         )
 
     def _bot(self, conversation: str, state: ConversationState) -> BotConfig | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.state.client import RedisClient
-from pipeline.state.console import ConsoleStore, LiveMessage, message_seq
+from pipeline.state.console import ConsoleStore, LiveMessage, message_seq, note_message
 from pipeline.state.conversations import ConversationStore, TurnMode
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
@@ -93,4 +93,5 @@ __all__ = [
     "TurnRecord",
     "TurnStart",
     "message_seq",
+    "note_message",
 ]

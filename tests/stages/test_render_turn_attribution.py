@@ -172,3 +172,16 @@ TURN_C = TurnRecord(trace_id="t-C", platform="console", bot_id="demo", chat_id="
 
 def flushes(recorder: Recorder) -> int:
     return sum(1 for t, v in recorder.records if t == "session.input" and b'"flush"' in v)
+
+
+async def test_stopped_quotes_the_message_whose_turn_it_stopped(redis_url: str, redis_prefix: str) -> None:
+    """Like the answers to /reset and to a /stop with nothing running, "Stopped." says what it is
+    about: the message whose turn /stop interrupted."""
+    stage, recorder = render_stage(redis_url, redis_prefix)
+    await send_turn(stage.state, "msg-A")
+    await stage.state.conversations.update_conversation(CONVERSATION, interrupted=True)
+    await stage.handle(idle("sevt-idle-1"))
+    (notice,) = recorder.replies()
+    assert notice.kind == "notice" and notice.segments[0].data.text == "Stopped."  # type: ignore[union-attr]
+    assert notice.reply_to_message_id == "in-msg-A"
+    assert notice.notes == []
