@@ -10,7 +10,8 @@ does not list it. The answer says whether the message reaches the agent (`addres
 trigger of the bot's policy, or a chat command), decided as ingest decides it.
 Outbound: delivered messages are kept in Redis per chat (capped) and published, so any worker's
 `GET /console/api/messages?chat_id=…` and the live stream see them. Every segment type is native:
-the page renders them all.
+the page renders them all. A message carries its `notes` (`corrected`, `refused`) and
+`media_rejected` (why each "attachment unavailable" of a reply was refused) when it has any.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ class ConsolePlatform(Platform):
         }
         if message.notes:
             payload["notes"] = list(message.notes)
+        if message.media_rejected:
+            payload["media_rejected"] = list(message.media_rejected)
         return [PlatformCall(method="STORE", path=message.chat_id, json=payload)]
 
     async def send(

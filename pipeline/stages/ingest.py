@@ -301,9 +301,8 @@ class IngestStage:
             return
         if not may_answer(bot, state.turn.starter_id if state.turn else None, message):
             metrics.INBOUND_DROPPED.labels(message.platform, "confirmation_refused").inc()
-            await self.outputs.outbound(
-                self._notice(bot, message, "confirmation_refused", who=_who_may_answer(bot, state.turn))
-            )
+            refusal = self._notice(bot, message, "confirmation_refused", who=_who_may_answer(bot, state.turn))
+            await self.outputs.outbound(refusal.model_copy(update={"notes": ["refused"]}))
             return
         events: list[dict[str, object]] = []
         for pending in confirmations:

@@ -388,9 +388,11 @@ class RenderStage:
         metrics.SEGMENTS.labels(platform, _segments_outcome(outcome)).inc()
         if outcome.leak_hits:
             metrics.LEAK_HITS.labels(platform, "reply").inc(outcome.leak_hits)
+        media_rejected: list[str] = []
         for media in outcome.media:
             if not media.accepted:
                 reason = rejection_label(media.reason)
+                media_rejected.append(reason)
                 metrics.MEDIA_REJECTED.labels(platform, reason).inc()
                 log.info(
                     "reply of %s: %s media (%s) unavailable: %s",
@@ -411,7 +413,16 @@ class RenderStage:
             if outcome.passthrough is not None:
                 await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply", notes=notes)
             elif outcome.segments:
-                await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply", notes=notes)
+                await self._emit(
+                    bot,
+                    record,
+                    state,
+                    "reply",
+                    list(outcome.segments),
+                    suffix="reply",
+                    notes=notes,
+                    media_rejected=media_rejected,
+                )
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
@@ -478,8 +489,12 @@ class RenderStage:
         *,
         suffix: str,
         notes: list[OutboundNote] | None = None,
+        media_rejected: list[str] | None = None,
     ) -> None:
-        await self.outputs.outbound(self._outbound(bot, record, state, kind, segments, suffix=suffix, notes=notes))
+        outbound = self._outbound(bot, record, state, kind, segments, suffix=suffix, notes=notes)
+        if media_rejected:
+            outbound = outbound.model_copy(update={"media_rejected": media_rejected})
+        await self.outputs.outbound(outbound)
 
     def _outbound(
         self,
