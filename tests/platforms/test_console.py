@@ -114,7 +114,10 @@ def test_notes_of_a_reply_reach_the_page_and_only_when_there_are_some() -> None:
 
     (call,) = ConsolePlatform().render(BOT, outbound(notes=["corrected"]))
     assert call.json is not None and call.json["notes"] == ["corrected"]
+    (call,) = ConsolePlatform().render(BOT, outbound(notes=["refused"], media_rejected=["too_large", "timeout"]))
+    assert call.json is not None and call.json["notes"] == ["refused"]
+    assert call.json["media_rejected"] == ["too_large", "timeout"]
     (call,) = ConsolePlatform().render(BOT, outbound())
-    assert call.json is not None and "notes" not in call.json
+    assert call.json is not None and "notes" not in call.json and "media_rejected" not in call.json
     # A record without notes is written as before (older workers read it).
-    assert "notes" not in json.loads(outbound().model_dump_json())
+    assert {"notes", "media_rejected"}.isdisjoint(json.loads(outbound().model_dump_json()))
