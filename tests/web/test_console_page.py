@@ -357,16 +357,7 @@ class FakeConsole:
             or str(body.get("reply_to") or "").startswith("out-")
             or command is not None
         )
-        if command in ("/allow", "/deny") and body["user_id"] not in BOT["admins"]:
-            # The worker's refusal: a notice quoting the answer, marked `refused` (hostile text
-            # included: the page must show it as text).
-            self.notice(
-                chat_id,
-                f"Only @bob / admins may answer this confirmation. {HOSTILE}",
-                body["message_id"],
-                notes=["refused"],
-            )
-        elif command == "/stop" and chat_id in self.busy:
+        if command == "/stop" and chat_id in self.busy:
             self.notice(chat_id, "Stopped.", self.busy.pop(chat_id))  # quoting the stopped turn's message
         elif "[busy]" in body["text"]:
             self.busy[chat_id] = body["message_id"]  # a long turn: no answer until the test says
@@ -838,6 +829,16 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         await _wait_for(lambda: len(fake.webhooks) >= 4, what="Carol's /allow")
         carols = fake.webhooks[3]
         assert (carols["text"], carols["user_id"]) == ("/allow", "carol")
+        # Until the worker says, Carol's answer is pending (she is not an admin): the card stays open.
+        await page.wait_for_selector(
+            '.msg[data-id="out-6"] .confirm-hint:has-text("/allow by Carol: waiting for the bot")'
+        )
+        assert await card.get_by_test_id("confirm-allow").is_enabled()
+        # The worker's refusal: a notice quoting her answer, marked `refused` (hostile text included:
+        # the page must show it as text).
+        refusal_id = fake.notice(
+            CHAT, f"Only @bob / admins may answer this confirmation. {HOSTILE}", carols["message_id"], notes=["refused"]
+        )
         refusal = card.get_by_test_id("confirm-refused")
         await refusal.wait_for()
         assert "Only @bob / admins may answer this confirmation." in (await refusal.text_content() or "")
@@ -847,7 +848,6 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         assert "answered" not in (await card.locator(".confirm-hint").text_content() or "")
         carols_message = page.locator(f'.msg[data-id="{carols["message_id"]}"]')
         assert "Only @bob" in (await carols_message.get_by_test_id("msg-refused").text_content() or "")
-        refusal_id = fake.chats[CHAT][-1]["id"]
         assert await page.locator(f'.msg[data-id="{refusal_id}"]').count() == 0  # not a message to all
         await card.scroll_into_view_if_needed()
         await shot(page, "2-refused-confirmation.png")
@@ -859,6 +859,30 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         await page.wait_for_selector('.msg[data-id="out-6"] [data-testid=confirm-allow]:disabled')
         assert (await card.locator(".confirm-hint").text_content() or "") == "answered: /allow by Bob"
         assert await page.evaluate("window.__pwned") is None
+        # A next confirmation, answered by Carol (say, the turn's starter): pending until the bot
+        # goes on, then answered. Bob's earlier /allow was for the first card, not this one.
+        now = time.time() * 1000
+        second_card = {"id": "out-c2", "kind": "confirmation", "chat_id": CHAT, "reply_to": None, "trace_id": None}
+        fake.deliver(CHAT, second_card | {"segments": [_seg("text", text="Run rm?")], "hops": {}, "delivered_at": now})
+        card2 = page.locator('.msg[data-id="out-c2"]')
+        await card2.wait_for()
+        assert (await card2.locator(".confirm-hint").text_content() or "") == "as Bob"
+        await send_as(page, "carol")
+        await card2.get_by_test_id("confirm-deny").click()
+        await page.wait_for_selector(
+            '.msg[data-id="out-c2"] .confirm-hint:has-text("/deny by Carol: waiting for the bot")'
+        )
+        assert await card2.get_by_test_id("confirm-allow").is_enabled()
+        denied = [_seg("text", text="tool denied")]
+        fake.deliver(
+            CHAT,
+            second_card
+            | {"id": "out-denied", "kind": "reply", "segments": denied, "hops": {}, "delivered_at": now + 900},
+        )
+        await page.wait_for_selector('.msg[data-id="out-c2"] [data-testid=confirm-allow]:disabled')
+        assert (await card2.locator(".confirm-hint").text_content() or "") == "answered: /deny by Carol"
+        assert (await card.locator(".confirm-hint").text_content() or "") == "answered: /allow by Bob"
+        await send_as(page, "bob")
 
         # 10. While the bot is busy, messages are held, then merged into one turn, released, or
         # dropped by /stop, as the worker's notes arrive (live).

@@ -834,7 +834,7 @@
     const userDependent = item.who === "user" || m.kind === "confirmation" ||
       (Array.isArray(m.segments) && m.segments.some((seg) => seg && seg.type === "mention"));
     const who = item.who === "user" ? `${m.status}|${m.error || ""}|${m.note || ""}|${m.addressed}|${refusalOf(m.id)}`
-      : `${answered}|${m.kind === "confirmation" ? refusedForCurrentUser(m) : ""}`;
+      : `${answered}|${m.kind === "confirmation" ? `${refusedForCurrentUser(m)}|${pendingAnswers(m)}` : ""}`;
     return `${grouped}|${who}|${composer.replyTo === m.id}|${userDependent ? state.userId : ""}|${quoteSignature(item)}`;
   }
 
@@ -847,17 +847,43 @@
     return notice ? snippetOf(notice.segments, 200) || "refused" : "";
   }
 
-  /** The answers sent from here to a confirmation: /allow or /deny after it, not failed. */
-  function confirmationAnswers(msg) {
-    const after = Number(msg.delivered_at) - clockSkew;
-    return (state.sent[state.chatKey] || []).filter((m) => m.sentAt >= after - 1000 && /^\s*\/(allow|deny)\b/i.test(m.text) &&
-      m.status !== "failed");
+  function latestConfirmation(key) {
+    const confirmations = rt(key).delivered.filter((d) => d.kind === "confirmation");
+    return confirmations.length ? confirmations[confirmations.length - 1].id : null;
   }
 
-  /** Who answered a confirmation ("/allow by Bob"); an answer the bot refused does not count. */
+  /** The answers sent from here to a confirmation, not failed: those sent for it (an answer kept
+   *  by an older version of this page: any /allow or /deny sent after it). */
+  function confirmationAnswers(msg) {
+    const after = Number(msg.delivered_at) - clockSkew;
+    return (state.sent[state.chatKey] || []).filter((m) => ANSWER.test(m.text) && m.status !== "failed" &&
+      (m.confirms !== undefined ? m.confirms === msg.id : m.sentAt >= after - 1000));
+  }
+
+  /** What became of an answer: "refused" (the bot's notice says so), "accepted" (sure to be let
+   *  through, in a private chat or from one of the bot's admins, or the bot went on after it), else
+   *  "pending": until the bot says, the confirmation stays open. */
+  function answerState(answer) {
+    if (refusalOf(answer.id)) return "refused";
+    const chat = currentChat();
+    if ((chat && chat.type === "private") || isAdmin(answer.userId)) return "accepted";
+    const chatRt = runtime.get(state.chatKey);
+    // Delivered after it by the server's clock, and seen here after it was sent.
+    const after = (d) => !isRefusal(d) && Number(d.delivered_at) > answer.sentAt + clockSkew && (arrivals.get(d) ?? Infinity) > answer.sentAt;
+    return chatRt && chatRt.delivered.some(after) ? "accepted" : "pending";
+  }
+
+  const answerLabel = (m) => `${m.text.trim().split(/\s/)[0]} by ${m.userName || m.userId}`;
+
+  /** Who answered a confirmation ("/allow by Bob"); an answer refused, or not yet let through, does not count. */
   function answeredConfirmation(msg) {
-    const answer = confirmationAnswers(msg).find((m) => !refusalOf(m.id));
-    return answer ? `${answer.text.trim().split(/\s/)[0]} by ${answer.userName || answer.userId}` : "";
+    const answer = confirmationAnswers(msg).find((m) => answerState(m) === "accepted");
+    return answer ? answerLabel(answer) : "";
+  }
+
+  /** Answers sent and not yet let through nor refused ("/allow by Carol"). */
+  function pendingAnswers(msg) {
+    return confirmationAnswers(msg).filter((m) => answerState(m) === "pending").map(answerLabel).join(", ");
   }
 
   /** The refusal of the current user's last answer to a confirmation (shown to them only). */
@@ -923,10 +949,11 @@
       const answered = answeredConfirmation(msg);
       bubble.append(h("div", { class: "confirm-actions" },
         h("button", { type: "button", class: "btn ok", dataset: { testid: "confirm-allow" }, disabled: !!answered || undefined,
-          onclick: () => sendText("/allow") }, "✓ Allow"),
+          onclick: () => sendText("/allow", { confirms: msg.id }) }, "✓ Allow"),
         h("button", { type: "button", class: "btn danger", dataset: { testid: "confirm-deny" }, disabled: !!answered || undefined,
-          onclick: () => sendText("/deny") }, "✕ Deny"),
-        h("span", { class: "confirm-hint", text: answered ? `answered: ${answered}` : `as ${currentUser() ? currentUser().name : "?"}` })));
+          onclick: () => sendText("/deny", { confirms: msg.id }) }, "✕ Deny"),
+        h("span", { class: "confirm-hint", text: answered ? `answered: ${answered}`
+          : [pendingAnswers(msg) && `${pendingAnswers(msg)}: waiting for the bot…`, `as ${currentUser() ? currentUser().name : "?"}`].filter(Boolean).join(" · ") })));
       const refused = !answered && refusedForCurrentUser(msg);
       if (refused) {
         bubble.append(h("div", { class: "confirm-refused", role: "status", dataset: { testid: "confirm-refused" },
@@ -1337,7 +1364,9 @@
     if (key === state.chatKey) renderMessages();
   }
 
-  function sendText(text, { useComposer = false } = {}) {
+  const ANSWER = /^\s*\/(allow|deny)\b/i;
+
+  function sendText(text, { useComposer = false, confirms = null } = {}) {
     const user = currentUser();
     const chat = currentChat();
     if (!chat) {
@@ -1355,6 +1384,8 @@
     const key = chatKeyOf(chat.botId, chat.id);
     const m = { id: newId("web"), userId: user.id, userName: user.name || user.id, text, mentions,
       replyTo, sentAt: Date.now(), status: "sending" };
+    // An /allow or /deny answers the card it was clicked on, else the newest confirmation here.
+    if (ANSWER.test(text)) m.confirms = confirms || latestConfirmation(key);
     (state.sent[key] = state.sent[key] || []).push(m);
     if (useComposer) {
       composer.mentions = [];
