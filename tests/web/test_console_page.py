@@ -981,17 +981,21 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         await box.fill("")
         await page.set_viewport_size({"width": 375, "height": 740})
         await page.wait_for_timeout(100)
-        fits = await box.evaluate(
-            """e => {
-                const s = getComputedStyle(e), probe = document.createElement('span');
-                probe.style.cssText = `position:absolute;visibility:hidden;white-space:pre;font:${s.font}`;
-                probe.textContent = e.placeholder;
-                document.body.append(probe);
-                const width = probe.getBoundingClientRect().width;
-                probe.remove();
-                const room = e.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
-                return [e.placeholder, width, room];
-            }"""
-        )
+        placeholder_room = """e => {
+            const s = getComputedStyle(e), probe = document.createElement('span');
+            probe.style.cssText = `position:absolute;visibility:hidden;white-space:pre;font:${s.font}`;
+            probe.textContent = e.placeholder;
+            document.body.append(probe);
+            const width = probe.getBoundingClientRect().width;
+            probe.remove();
+            const room = e.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight);
+            return [e.placeholder, width, room];
+        }"""
+        fits = await box.evaluate(placeholder_room)
         assert fits[0] == "Message the bot…" and fits[1] <= fits[2], fits
+        await page.get_by_test_id("menu-btn").click()  # the sidebar, folded away at this width
+        await page.locator(f".chat-item[data-chat={CHAT}] .chat-open").click()
+        await page.wait_for_selector(f".chat-item.active[data-chat={CHAT}]")
+        fits = await box.evaluate(placeholder_room)
+        assert fits[0] == "Message the group…" and fits[1] <= fits[2], fits
         await shot(page, "7-phone-375.png")
