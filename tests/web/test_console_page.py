@@ -232,6 +232,7 @@ class FakeConsole:
         self.chats: dict[str, list[dict[str, Any]]] = {}
         self.notes: dict[str, list[dict[str, Any]]] = {}  # per chat: status notes, live only
         self.busy: dict[str, str] = {}  # chat → the message whose (pretend) turn is running
+        self.received: dict[str, float] = {}  # message id → when its webhook came (its `ingress`)
         self.webhooks: list[dict[str, Any]] = []
         self.changed = asyncio.Event()
         self.base = ""
@@ -280,7 +281,8 @@ class FakeConsole:
                 "reply_to": reply_to,
                 "segments": [_seg("text", text=text)],
                 "trace_id": None,
-                "hops": {"ingress": now - 30},
+                # As the worker stamps a notice: the hops of the message it answers.
+                "hops": {"ingress": self.received[reply_to]} if reply_to in self.received else {},
                 "delivered_at": now,
                 **extra,
             },
@@ -348,6 +350,7 @@ class FakeConsole:
         assert request.match_info["bot_id"] == BOT["bot_id"]
         body = await request.json()
         self.webhooks.append(body)
+        self.received[body["message_id"]] = received
         chat_id = body["chat_id"]
         command = body["text"].strip().split(" ")[0] if body["text"].startswith("/") else None
         # As the worker decides it: a private chat, a mention of the bot, a reply to it, a command.
@@ -361,7 +364,7 @@ class FakeConsole:
             self.notice(chat_id, "Stopped.", self.busy.pop(chat_id))  # quoting the stopped turn's message
         elif "[busy]" in body["text"]:
             self.busy[chat_id] = body["message_id"]  # a long turn: no answer until the test says
-        elif addressed and command is None:
+        elif addressed and command is None and chat_id not in self.busy:  # held while busy: the test's notes say
             reply = [_seg("mention", target=body["user_id"]), _seg("text", text=f" echo: {body['text']}")]
             self.deliver(
                 body["chat_id"],
@@ -874,11 +877,8 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         )
         assert await card2.get_by_test_id("confirm-allow").is_enabled()
         denied = [_seg("text", text="tool denied")]
-        fake.deliver(
-            CHAT,
-            second_card
-            | {"id": "out-denied", "kind": "reply", "segments": denied, "hops": {}, "delivered_at": now + 900},
-        )
+        denied_reply = {"id": "out-denied", "kind": "reply", "segments": denied, "hops": {}}
+        fake.deliver(CHAT, second_card | denied_reply | {"delivered_at": time.time() * 1000})
         await page.wait_for_selector('.msg[data-id="out-c2"] [data-testid=confirm-allow]:disabled')
         assert (await card2.locator(".confirm-hint").text_content() or "") == "answered: /deny by Carol"
         assert (await card.locator(".confirm-hint").text_content() or "") == "answered: /allow by Bob"
