@@ -838,6 +838,7 @@
     return `${grouped}|${who}|${composer.replyTo === m.id}|${userDependent ? state.userId : ""}|${quoteSignature(item)}`;
   }
 
+  const ANSWER = /^\s*\/(allow|deny)\b/i; // an answer to a tool confirmation
   const isRefusal = (msg) => msg.kind === "notice" && Array.isArray(msg.notes) && msg.notes.includes("refused");
 
   /** The text of the notice refusing the message `id` (an /allow or /deny), if one came. */
@@ -1364,8 +1365,6 @@
     if (key === state.chatKey) renderMessages();
   }
 
-  const ANSWER = /^\s*\/(allow|deny)\b/i;
-
   function sendText(text, { useComposer = false, confirms = null } = {}) {
     const user = currentUser();
     const chat = currentChat();
@@ -1465,10 +1464,7 @@
   function renderMentionMenu() {
     const menu = $("#mention-menu");
     menu.textContent = "";
-    const bot = currentBot();
-    const options = [];
-    if (bot && bot.self_id) options.push({ id: bot.self_id, name: bot.bot_id, seed: `bot:${bot.bot_id}`, bot: true });
-    for (const u of state.users) if (u.id !== state.userId) options.push({ id: u.id, name: u.name, seed: u.id });
+    const options = mentionables().filter((o) => o.id !== state.userId);
     if (!options.length) menu.append(h("div", { class: "menu-empty", text: "Add more users to mention them" }));
     for (const o of options) {
       const on = composer.mentions.includes(o.id);
