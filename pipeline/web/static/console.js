@@ -841,11 +841,20 @@
   const ANSWER = /^\s*\/(allow|deny)\b/i; // an answer to a tool confirmation
   const isRefusal = (msg) => msg.kind === "notice" && Array.isArray(msg.notes) && msg.notes.includes("refused");
 
+  // The refusals of the open chat by the message they refuse, rebuilt when its deliveries change
+  // (every message drawn asks).
+  const refusals = { list: null, length: -1, byAnswer: new Map() };
+
   /** The text of the notice refusing the message `id` (an /allow or /deny), if one came. */
   function refusalOf(id) {
     const chatRt = state.chatKey ? runtime.get(state.chatKey) : null;
-    const notice = chatRt && chatRt.delivered.find((msg) => isRefusal(msg) && msg.reply_to === id);
-    return notice ? snippetOf(notice.segments, 200) || "refused" : "";
+    if (!chatRt) return "";
+    if (refusals.list !== chatRt.delivered || refusals.length !== chatRt.delivered.length) {
+      refusals.byAnswer = new Map(chatRt.delivered.filter(isRefusal).map((msg) => [msg.reply_to, snippetOf(msg.segments, 200) || "refused"]));
+      refusals.list = chatRt.delivered;
+      refusals.length = chatRt.delivered.length;
+    }
+    return refusals.byAnswer.get(id) || "";
   }
 
   function latestConfirmation(key) {
