@@ -998,4 +998,5 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         await page.wait_for_selector(f".chat-item.active[data-chat={CHAT}]")
         fits = await box.evaluate(placeholder_room)
         assert fits[0] == "Message the group…" and fits[1] <= fits[2], fits
+        await page.wait_for_timeout(300)  # the sidebar's slide out, for the picture only
         await shot(page, "7-phone-375.png")
