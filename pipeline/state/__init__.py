@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pipeline.state.client import RedisClient
 from pipeline.state.connections import Acquired, ActionClaim, ConnectionStore, LeaseState, LeaseValue
-from pipeline.state.console import ConsoleStore, LiveMessage, message_seq
+from pipeline.state.console import ConsoleStore, LiveMessage, message_seq, note_message
 from pipeline.state.conversations import ConversationStore, TurnMode
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
@@ -101,4 +101,5 @@ __all__ = [
     "TurnRecord",
     "TurnStart",
     "message_seq",
+    "note_message",
 ]
