@@ -9,6 +9,7 @@ one worker at a time, taken over by another when the holder dies.
 - `base`: what a transport implements (`Transport`, `Connection`) and gets (`Link`).
 - `onebot`: OneBot v11 over forward and reverse WebSocket.
 - `telegram`: Telegram Bot API `getUpdates` long polling.
+- `dingtalk`: DingTalk Stream mode (a WebSocket opened with a ticket of `connections/open`).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
 """
@@ -25,13 +26,14 @@ from ._actions import ActionRouter
 from ._inbound import InboundSink, Send
 from ._manager import Connections, LongConnectionBot
 from .base import ActionAnswer, Connection, Link, Transport
+from .dingtalk import TRANSPORTS as _DINGTALK
 from .onebot import TRANSPORTS as _ONEBOT
 from .telegram import TRANSPORTS as _TELEGRAM
 
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return {**_ONEBOT, **_TELEGRAM}
+    return {**_ONEBOT, **_TELEGRAM, **_DINGTALK}
 
 
 def open_connections(
