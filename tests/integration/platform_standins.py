@@ -1,6 +1,6 @@
 """The platform API stand-ins of `tests/platforms` (OneBot HTTP API, Telegram Bot API, Lark Open API,
-Slack Web API), served from a background thread with its own event loop, so a whole stack started
-in other processes can call them while the tests (each on its own loop) read what they received.
+Slack Web API, DingTalk robot OpenAPI), served from a background thread with its own event loop, so
+a whole stack started in other processes can call them while the tests (each on its own loop) read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
 `errors` (the test asserts there are none) and answered with a 400 in the platform's own format. The
@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.platforms.conftest import PNG, Answer, FakeApi, Seen
+from tests.platforms.test_dingtalk import GROUP_PATH as DINGTALK_GROUP
+from tests.platforms.test_dingtalk import PRIVATE_PATH as DINGTALK_PRIVATE
+from tests.platforms.test_dingtalk import TOKEN_PATH as DINGTALK_TOKEN
+from tests.platforms.test_dingtalk import UPLOAD_PATH as DINGTALK_UPLOAD
+from tests.platforms.test_dingtalk import DingTalkStandIn
 from tests.platforms.test_lark import LarkStandIn
 from tests.platforms.test_onebot import check_onebot
 from tests.platforms.test_slack import BOT_TOKEN as SLACK_TOKEN
@@ -38,6 +43,7 @@ MESSAGE_PATHS: dict[str, tuple[str, ...]] = {
     "telegram": tuple(f"/bot{TELEGRAM_TOKEN}/{m}" for m in ("sendMessage", "sendPhoto", "sendDocument")),
     "lark": (LARK_MESSAGES,),  # and LARK_MESSAGES/{message_id}/reply
     "slack": ("/chat.postMessage", "/files.completeUploadExternal"),
+    "dingtalk": (DINGTALK_PRIVATE, DINGTALK_GROUP),
 }
 
 # What a failed stand-in check answers: a permanent error in the platform's format, never a retry.
@@ -46,6 +52,7 @@ _CHECK_FAILED: dict[str, Answer] = {
     "telegram": (400, {"ok": False, "error_code": 400, "description": "Bad Request: stand-in check failed"}),
     "lark": (400, {"code": 230001, "msg": "stand-in check failed"}),
     "slack": (200, {"ok": False, "error": "invalid_arguments"}),
+    "dingtalk": (400, {"code": "invalidParameter", "message": "stand-in check failed"}),
 }
 
 
@@ -78,6 +85,8 @@ class Call:
             return answer.get("status") in ("ok", "async")
         if self.platform == "lark":
             return answer.get("code") == 0
+        if self.platform == "dingtalk":
+            return "processQueryKey" in answer or answer.get("errcode") == 0 or "accessToken" in answer
         if self.platform in ("telegram", "slack"):
             return answer.get("ok") is True or isinstance(self.answer, str)  # the upload answers text
         return False
@@ -92,11 +101,12 @@ def _is_message_path(platform: str, path: str) -> bool:
 
 
 class StandIns:
-    """The four stand-ins; `url(platform)` is what a bot's `api_base` points at."""
+    """The stand-ins; `url(platform)` is what a bot's `api_base` points at."""
 
     def __init__(self) -> None:
-        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack")}
+        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "dingtalk")}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
+        self.dingtalk = DingTalkStandIn(self.apis["dingtalk"])
         self.calls: list[Call] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -201,6 +211,11 @@ class StandIns:
         slack.on("/chat.postMessage", self._wrap("slack", check_slack))
         slack.on("/files.getUploadURLExternal", self._wrap("slack", self._slack_upload_url))
         slack.on("/files.completeUploadExternal", self._wrap("slack", _slack_complete_upload))
+        dingtalk = self.apis["dingtalk"]
+        dingtalk.on(DINGTALK_TOKEN, self._wrap("dingtalk", self.dingtalk.token))
+        dingtalk.on(DINGTALK_UPLOAD, self._wrap("dingtalk", self.dingtalk.upload))
+        for path in MESSAGE_PATHS["dingtalk"]:
+            dingtalk.on(path, self._wrap("dingtalk", self.dingtalk.send))
 
     def _wrap(self, platform: str, checker: Callable[[Seen], Any]) -> Callable[[Seen], Answer]:
         def handle(seen: Seen) -> Answer:
@@ -243,6 +258,10 @@ class StandIns:
             return str(receive_id) if receive_id is not None else None
         if platform == "slack":
             chat = body.get("channel") or body.get("channel_id")
+            return str(chat) if chat is not None else None
+        if platform == "dingtalk":
+            users = body.get("userIds")
+            chat = body.get("openConversationId") or (users[0] if isinstance(users, list) and users else None)
             return str(chat) if chat is not None else None
         return None
 
