@@ -20,8 +20,9 @@ from dingtalk_stream.chatbot import ChatbotMessage
 
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.records import OutboundMessage
+from pipeline.runtime import leak_scanner
 from pipeline.segments import segment_list_adapter
-from pipeline.settings import BotConfig
+from pipeline.settings import BotConfig, Settings
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
 
@@ -486,3 +487,10 @@ def test_startup_warning_names_the_unsigned_body() -> None:
     [warning] = platform.startup_warnings(bot_config())
     assert "not the body" in warning and "300 s" in warning
     assert platform.startup_warnings(bot_config(transport="stream")) == []
+
+
+def test_the_app_secret_is_in_the_leak_check() -> None:
+    scanner = leak_scanner(Settings(bots=[bot_config()]))
+    scan = scanner.scan(f"here it is: {CLIENT_SECRET}!")
+    assert scan.hits == 1 and CLIENT_SECRET not in scan.text and scan.text.startswith("here it is: ")
+    assert scanner.scan("nothing secret here").hits == 0
