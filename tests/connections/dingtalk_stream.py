@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +34,16 @@ class StreamGateway:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _runner: web.AppRunner | None = None
 
-    async def start(self) -> StreamGateway:
+    async def start(
+        self, other_paths: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
+    ) -> StreamGateway:
+        """Serve the gateway; `other_paths` answers every other path (the robot OpenAPI stand-in, so
+        that one `api_base` serves both, as api.dingtalk.com does)."""
         app = web.Application()
         app.router.add_post("/v1.0/gateway/connections/open", self._open)
         app.router.add_get("/connect", self._socket)
+        if other_paths is not None:
+            app.router.add_route("*", "/{tail:.*}", other_paths)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from tests.connections.dingtalk_stream import StreamGateway
 from tests.platforms.conftest import PNG, Answer, FakeApi, Seen
 from tests.platforms.test_dingtalk import GROUP_PATH as DINGTALK_GROUP
 from tests.platforms.test_dingtalk import PRIVATE_PATH as DINGTALK_PRIVATE
@@ -107,6 +108,8 @@ class StandIns:
         self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "dingtalk")}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
         self.dingtalk = DingTalkStandIn(self.apis["dingtalk"])
+        # DingTalk's Stream gateway, serving the robot OpenAPI stand-in on its other paths.
+        self.dingtalk_stream = StreamGateway()
         self.calls: list[Call] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -122,17 +125,23 @@ class StandIns:
         self._thread.start()
         for api in self.apis.values():
             self._run(api.start())
+        self._run(self.dingtalk_stream.start(other_paths=self.apis["dingtalk"]._handle))
         self._routes()
         return self
 
     def stop(self) -> None:
         try:
+            self._run(self.dingtalk_stream.stop())
             for api in self.apis.values():
                 self._run(api.stop())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the stand-ins' loop (a push over the Stream gateway's socket)."""
+        return self._run(coro)
 
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=15)

@@ -4,12 +4,15 @@ One stack for the module (a fresh broker, the session's Redis under a unique pre
 one worker) with one bot per platform whose `api_base` points at the stand-ins of `tests/platforms`
 (served from a background thread, see `platform_standins.py`). Inbound requests are built and signed
 with the fixture builders of `tests/platforms` (python-telegram-bot objects, slack_sdk signatures,
-lark-oapi's event model encrypted as Lark does, the OneBot v11 spec's events). The simulator's agent
-echoes, so a message `T` is answered with `echo: T`.
+lark-oapi's event model encrypted as Lark does, the OneBot v11 spec's events, DingTalk robot
+messages read back by the dingtalk-stream SDK). DingTalk has a second bot on transport `stream`,
+dialled by the worker to the stand-in Stream gateway. The simulator's agent echoes, so a message `T`
+is answered with `echo: T`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import itertools
@@ -44,6 +47,7 @@ pytestmark = [pytest.mark.integration]
 BOTS = {"onebot": "qq1", "telegram": "tg1", "lark": "lk1", "slack": "sl1"}
 # Platforms in the stack whose tests are their own (not in the loops over BOTS above).
 OWN_TESTS = {"dingtalk": "dt1"}
+DINGTALK_STREAM_BOT = "dt2"  # the same app on transport "stream"
 
 
 def _bots_toml(standins: StandIns) -> str:
@@ -99,6 +103,16 @@ def _bots_toml(standins: StandIns) -> str:
         out.append('language = "en"')
         out.append(f"credentials = {creds(credentials)}")
         out.append("")
+    out += [
+        "[[bots]]",
+        'platform = "dingtalk"',
+        f'bot_id = "{DINGTALK_STREAM_BOT}"',
+        'transport = "stream"',
+        f'api_base = "{standins.dingtalk_stream.url}"',
+        'language = "en"',
+        f"credentials = {creds({'client_id': dingtalk_fx.CLIENT_ID, 'client_secret': dingtalk_fx.CLIENT_SECRET})}",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -731,3 +745,27 @@ async def test_dingtalk_image_reply_is_uploaded(stack: Stack, standins: StandIns
     media_id = json.loads(image.seen.json["msgParam"])["photoURL"]
     assert standins.dingtalk.media[media_id] == PNG
     await standins.settle()
+
+
+async def test_dingtalk_stream_mode_one_reply_per_message(stack: Stack, standins: StandIns) -> None:
+    """The stream bot's holder dials the gateway; a robot message over the socket is acknowledged
+    after the broker has it and answered once, also when DingTalk sends the frame again."""
+    gateway = standins.dingtalk_stream
+    deadline = time.monotonic() + 30
+    while gateway.live is None:
+        assert time.monotonic() < deadline, f"no Stream connection; opens: {len(gateway.opens)}"
+        await asyncio.sleep(0.1)
+    payload, chat = dt_group(_n(), "over the stream")
+    frame = gateway.callback(payload)
+    frame_id = standins.run(gateway.push(frame))
+    [call] = await standins.wait_for("dingtalk", chat, within=45)
+    assert call.path == dingtalk_fx.GROUP_PATH and "over the stream" in reply_text(call)
+    ack = standins.run(gateway.wait_ack(frame_id, timeout=10))
+    assert ack["code"] == 200
+    standins.run(gateway.push(frame))  # a redelivery: same frame, same msgId
+    while len(gateway.acks_for(frame_id)) < 2:  # acknowledged again (ingest drops the copy)
+        assert time.monotonic() < deadline + 60, "the redelivered frame was not acknowledged"
+        await asyncio.sleep(0.1)
+    await standins.settle(quiet=3)
+    assert len(standins.calls_for("dingtalk", chat)) == 1
+    assert len(gateway.acks_for(frame_id)) == 2 and gateway.errors == []
