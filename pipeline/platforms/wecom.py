@@ -23,7 +23,6 @@ hour, for one call), so a reply there is one message.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
@@ -31,7 +30,6 @@ import json
 import os
 import re
 import struct
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -42,6 +40,7 @@ import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from pipeline.platforms._common import (
+    TokenCache,
     arr,
     attachment_unavailable,
     base_url,
@@ -73,6 +72,7 @@ from pipeline.platforms.base import (
 )
 from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import OutboundMessage, Sender
+from pipeline.records.models import ChatType
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -164,10 +164,7 @@ class WeComPlatform(Platform):
     )
 
     def __init__(self) -> None:
-        # (api base, corp id, agent id) → (token, monotonic expiry). Per process.
-        self._tokens: dict[tuple[str, str, str], tuple[str, float]] = {}
-        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
-        self._token_locks: dict[tuple[str, str, str, int], asyncio.Lock] = {}
+        self._tokens = TokenCache(TOKEN_MARGIN_S)  # per (api base, corp id, agent id)
 
     # --- in --------------------------------------------------------------------------------------
 
@@ -242,21 +239,10 @@ class WeComPlatform(Platform):
         else:
             return WebhookResult(text="", ignored="unsupported_message")
         created = fields.get("CreateTime") or ""
-        message = build_inbound(
-            self.name,
-            bot,
-            chat_id=user,
-            chat_type="private",
-            sender=Sender(user_id=user),
-            message_id=msg_id,
-            event_id=msg_id,
-            text="".join(parts.plain).strip(),
-            segments=parts.segments,
-            mentions=[],
-            mentions_bot=False,
-            sent_at_ms=float(created) * 1000 if created.isdigit() else None,
+        sent_at_ms = float(created) * 1000 if created.isdigit() else None
+        return self._message(
+            bot, parts, chat_id=user, chat_type="private", user=user, msg_id=msg_id, sent_at_ms=sent_at_ms
         )
-        return WebhookResult(messages=[message], text="")
 
     def _parse_aibot(self, bot: BotConfig, plain: bytes) -> WebhookResult:
         payload = load_json(plain)
@@ -290,21 +276,47 @@ class WeComPlatform(Platform):
             parts.item(payload)
         else:
             return WebhookResult(text="", ignored="unsupported_message")
-        mentions = [bot.self_id] if group and bot.self_id else []
+        return self._message(
+            bot,
+            parts,
+            chat_id=chat_id,
+            chat_type="group" if group else "private",
+            user=user,
+            msg_id=msg_id,
+            mentions=[bot.self_id] if group and bot.self_id else [],
+            # WeCom calls the AI bot's URL from a group only when the bot is @-mentioned.
+            mentions_bot=group,
+            route={"response_url": response_url},
+        )
+
+    def _message(
+        self,
+        bot: BotConfig,
+        parts: _Parts,
+        *,
+        chat_id: str,
+        chat_type: ChatType,
+        user: str,
+        msg_id: str,
+        mentions: list[str] | None = None,
+        mentions_bot: bool = False,
+        route: dict[str, str] | None = None,
+        sent_at_ms: float | None = None,
+    ) -> WebhookResult:
         message = build_inbound(
             self.name,
             bot,
             chat_id=chat_id,
-            chat_type="group" if group else "private",
+            chat_type=chat_type,
             sender=Sender(user_id=user),
             message_id=msg_id,
-            event_id=msg_id,
+            event_id=msg_id,  # WeCom's message id is also what a redelivery repeats
             text="".join(parts.plain).strip(),
             segments=parts.segments,
-            mentions=mentions,
-            # WeCom calls the AI bot's URL from a group only when the bot is @-mentioned.
-            mentions_bot=group,
-            route={"response_url": response_url},
+            mentions=mentions or [],
+            mentions_bot=mentions_bot,
+            route=route,
+            sent_at_ms=sent_at_ms,
         )
         return WebhookResult(messages=[message], text="")
 
@@ -365,15 +377,9 @@ class WeComPlatform(Platform):
                 if not isinstance(media_id, str) or not media_id:
                     return SendOutcome("retry", reason="bad_response", detail="media/upload without media_id")
                 body[kind] = {"media_id": media_id}
-        content = json.dumps(body, ensure_ascii=False).encode()
 
         def post(token: str) -> Awaitable[httpx.Response]:
-            return http.post(
-                root + call.path,
-                params={"access_token": token},
-                content=content,
-                headers={"Content-Type": "application/json; charset=utf-8"},
-            )
+            return _post_json(http, root + call.path, body, {"access_token": token})
 
         outcome, reply = await self._with_token(bot, http, root, post)
         if outcome is not None:
@@ -389,11 +395,7 @@ class WeComPlatform(Platform):
         if not _same_origin(url, root):  # a route is data: never post to another host
             return SendOutcome("permanent", reason="bad_request", detail="response_url is not on the WeCom API host")
         try:
-            response = await http.post(
-                url,
-                content=json.dumps(call.json, ensure_ascii=False).encode(),
-                headers={"Content-Type": "application/json; charset=utf-8"},
-            )
+            response = await _post_json(http, url, call.json or {})
         except httpx.HTTPError as exc:
             return network_outcome(exc)
         outcome, _ = _classify(response)
@@ -430,22 +432,12 @@ class WeComPlatform(Platform):
         return (root, bot.secret("corp_id") or "", bot.secret("agent_id") or "")
 
     def _drop_token(self, bot: BotConfig, root: str, token: str) -> None:
-        key = self._token_key(bot, root)
-        cached = self._tokens.get(key)
-        if cached is not None and cached[0] == token:  # not one another send fetched meanwhile
-            del self._tokens[key]
+        self._tokens.drop(self._token_key(bot, root), token)
 
     async def _token(self, bot: BotConfig, http: httpx.AsyncClient, root: str) -> str | SendOutcome:
-        key = self._token_key(bot, root)
-        cached = self._tokens.get(key)
-        if cached and cached[1] > time.monotonic():
-            return cached[0]
-        lock = self._token_locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
-        async with lock:  # one fetch per expiry, however many sends are waiting
-            cached = self._tokens.get(key)
-            if cached and cached[1] > time.monotonic():
-                return cached[0]
-            params = {"corpid": bot.secret("corp_id") or "", "corpsecret": bot.secret("corp_secret") or ""}
+        params = {"corpid": bot.secret("corp_id") or "", "corpsecret": bot.secret("corp_secret") or ""}
+
+        async def fetch() -> tuple[str, float] | SendOutcome:
             try:
                 response = await http.get(root + TOKEN_PATH, params=params)
             except httpx.HTTPError as exc:
@@ -459,9 +451,9 @@ class WeComPlatform(Platform):
             token, expires = data.get("access_token"), data.get("expires_in")
             if not isinstance(token, str) or not token:
                 return SendOutcome("retry", reason="bad_response", detail="gettoken without access_token")
-            lifetime = float(expires) if isinstance(expires, int | float) else 7200.0
-            self._tokens[key] = (token, time.monotonic() + max(lifetime - TOKEN_MARGIN_S, 1.0))
-            return token
+            return token, float(expires) if isinstance(expires, int | float) else 7200.0
+
+        return await self._tokens.get(self._token_key(bot, root), fetch)
 
 
 # --- crypto (WeCom's callback encryption; the AI bot's is the same) ------------------------------
@@ -574,6 +566,18 @@ def _same_origin(url: str, root: str) -> bool:
 def _agent_id(bot: BotConfig) -> int | str:
     value = bot.secret("agent_id") or ""
     return int(value) if value.isdigit() else value
+
+
+def _post_json(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], params: dict[str, str] | None = None
+) -> Awaitable[httpx.Response]:
+    # UTF-8 as is, not escaped: WeCom's limits count the content's bytes.
+    return http.post(
+        url,
+        params=params,
+        content=json.dumps(body, ensure_ascii=False).encode(),
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
 
 
 def _response_call(response_url: str, content: str) -> PlatformCall:
