@@ -195,6 +195,20 @@ class WeComPlatform(Platform):
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         self._keys(bot, request)
 
+    def startup_warnings(self, bot: BotConfig) -> list[str]:
+        """Credentials that would have WeCom's callbacks refused (named, never shown)."""
+        warnings = []
+        for name in ("encoding_aes_key", "aibot_encoding_aes_key"):
+            value = bot.secret(name)
+            if value is not None:
+                try:
+                    _aes_key(value)
+                except ValueError:
+                    warnings.append(f"{name} is not 43 characters of base64: every callback it signs is refused")
+        if (bot.secret("aibot_token") is None) != (bot.secret("aibot_encoding_aes_key") is None):
+            warnings.append("aibot_token and aibot_encoding_aes_key go together: the AI bot's callbacks are refused")
+        return warnings
+
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         keys, encrypted = self._keys(bot, request)

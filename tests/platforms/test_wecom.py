@@ -16,6 +16,7 @@ import pytest
 import xmltodict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr, ValidationError
 from wechatpy.crypto import _get_signature
 from wechatpy.enterprise.crypto import PrpCrypto, WeChatCrypto
 from wechatpy.exceptions import InvalidSignatureException
@@ -23,8 +24,9 @@ from wechatpy.exceptions import InvalidSignatureException
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult
 from pipeline.platforms.wecom import WeComPlatform, decrypt, encrypt, msg_signature, split_utf8
 from pipeline.records import OutboundMessage
+from pipeline.runtime import deployment_secrets
 from pipeline.segments import segment_list_adapter
-from pipeline.settings import BotConfig
+from pipeline.settings import BotConfig, Settings
 
 from .conftest import PNG, FakeApi, Seen, broken_loader, load_media, rejected_count
 from .test_fuzz import _paths, _replace, json_values
@@ -645,7 +647,7 @@ async def test_a_bad_secret_is_permanent(api: FakeApi, http: httpx.AsyncClient) 
     WeComStandIn(api)
     platform = WeComPlatform()
     bot = bot_config(api)
-    bot.credentials["corp_secret"] = type(bot.credentials["corp_secret"])("wrong")
+    bot.credentials["corp_secret"] = SecretStr("wrong")
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason) == ("permanent", "unauthorized")
@@ -687,3 +689,30 @@ async def test_an_existing_media_id_and_an_unreadable_upload(api: FakeApi, http:
         "text": {"content": "[attachment unavailable]"},
     }
     assert rejected_count("wecom", "unreadable") == before + 1 and not api.calls("/cgi-bin/media/upload")
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+def test_required_credentials_secrets_and_start_up_warnings() -> None:
+    with pytest.raises(ValidationError) as exc:
+        Settings(bots=[{"platform": "wecom", "bot_id": "w", "credentials": {"corp_id": CORP_ID, "token": TOKEN}}])
+    text = str(exc.value)
+    for name in ("corp_secret", "agent_id", "encoding_aes_key"):
+        assert f"credentials.{name}" in text and "required for wecom" in text
+    found = {(s.source, s.value) for s in deployment_secrets(Settings(bots=[bot_config()]))}
+    for name, value in (
+        ("corp_secret", CORP_SECRET),
+        ("token", TOKEN),
+        ("encoding_aes_key", AES_KEY),
+        ("aibot_token", AIBOT_TOKEN),
+        ("aibot_encoding_aes_key", AIBOT_AES_KEY),
+    ):
+        assert (f"bot wecom/wc1, credential '{name}'", value) in found
+    assert WeComPlatform().startup_warnings(bot_config()) == []
+    bad = bot_config()
+    bad.credentials["encoding_aes_key"] = SecretStr("too-short")
+    del bad.credentials["aibot_token"]
+    warnings = WeComPlatform().startup_warnings(bad)
+    assert len(warnings) == 2 and "too-short" not in "".join(warnings)
+    assert warnings[0].startswith("encoding_aes_key is not 43 characters")
