@@ -375,6 +375,9 @@ class WeComPlatform(Platform):
                 body = {k: v for k, v in body.items() if k not in ("msgtype", kind)}
                 body.update(msgtype="text", text={"content": shown})
             else:
+                if kind == "image" and len(data) > MAX_UPLOAD_BYTES["image"]:  # too big for an image: a file
+                    del body[kind]
+                    kind = body["msgtype"] = "file"
                 name = file_name(call.media, mime)
 
                 def upload(token: str) -> Awaitable[httpx.Response]:
@@ -398,7 +401,9 @@ class WeComPlatform(Platform):
         outcome, reply = await self._with_token(bot, http, root, post)
         if outcome is not None:
             return outcome
-        invalid = [str(reply.get(k)) for k in ("invaliduser", "invalidparty", "invalidtag") if reply.get(k)]
+        invalid = [
+            str(reply.get(k)) for k in ("invaliduser", "invalidparty", "invalidtag", "unlicenseduser") if reply.get(k)
+        ]
         if invalid:  # errcode 0, but the one recipient was not reached
             return SendOutcome("permanent", reason="bad_recipient", detail=f"invalid recipient: {', '.join(invalid)}")
         msgid = reply.get("msgid")

@@ -736,3 +736,28 @@ async def test_wecom_rate_limited_once_then_delivered_and_permanent_dead_lettere
     assert letter["attempts"] == 1 and letter["topic"] == "im.outbound.wecom"
     [call] = standins.calls_for("wecom", dead_user)  # no retry of a permanent error
     assert not call.accepted
+
+
+async def test_wecom_media_reply_is_uploaded_first(stack: Stack, standins: StandIns) -> None:
+    """An agent reply with a base64 image and text: `media/upload` for a media_id, then an `image`
+    message with it, then the text."""
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    request, user = wecom_app_text(_n(), f"picture please [sim:reply={reply}]")
+    assert (await wecom_call(stack, request)).status_code == 200
+    image, text = await standins.wait_for("wecom", user, 2)
+    assert image.body["msgtype"] == "image" and text.body == {
+        "touser": user,
+        "agentid": int(wecom_fx.AGENT_ID),
+        "msgtype": "text",
+        "text": {"content": "a pixel"},
+    }
+    assert standins.wecom.media[image.body["image"]["media_id"]] == ("image", PNG)
+    await standins.settle()

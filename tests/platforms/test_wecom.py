@@ -594,6 +594,19 @@ async def test_an_expired_token_is_refreshed_once_within_the_send(api: FakeApi, 
     assert stand_in.tokens_issued == 4 and "42001" in outcome.detail
 
 
+async def test_an_image_over_10_mb_goes_as_a_file(api: FakeApi, http: httpx.AsyncClient, tmp_path) -> None:
+    stand_in = WeComStandIn(api)
+    platform, bot = WeComPlatform(), bot_config(api)
+    big = tmp_path / "big.png"
+    big.write_bytes(PNG + b"\0" * (10 * 1024 * 1024))
+    message = outbound([{"type": "image", "data": {"media": {"kind": "path", "value": str(big)}}}])
+    assert [o.status for o in await send_all(platform, bot, message, http)] == ["delivered"]
+    [body] = sent(api)
+    assert body["msgtype"] == "file" and "image" not in body
+    assert stand_in.media[body["file"]["media_id"]][0] == "file"
+    assert [s.query["type"] for s in api.calls("/cgi-bin/media/upload")] == ["file"]
+
+
 async def test_concurrent_sends_share_one_token_refreshed_before_it_expires(
     api: FakeApi, http: httpx.AsyncClient
 ) -> None:
