@@ -338,6 +338,9 @@ class WeComPlatform(Platform):
 
     def render(self, bot: BotConfig, message: OutboundMessage) -> list[PlatformCall]:
         response_url = message.route.get("response_url")
+        if response_url and message.kind in ("notice", "progress"):
+            # The AI bot's response_url takes one message: kept for the reply (or a confirmation).
+            return []
         segments = with_own_file_ids(bot, message.segments, {} if response_url else FILE_ID_SHAPES)
         builder = _Builder(bot, message.outbound_id)
         for index, segment in enumerate(segments):

@@ -548,6 +548,10 @@ async def test_an_ai_bot_message_is_answered_once_through_its_response_url(
     content = seen.json["markdown"]["content"]
     assert content.startswith("answer answer") and content.endswith("…") and len(content.encode()) <= 4096
     assert stand_in.tokens_issued == 0 and stand_in.responded == {"RC7"}
+    # Notices and progress do not use up the one call the reply needs.
+    for kind in ("notice", "progress"):
+        assert platform.render(bot, message.model_copy(update={"kind": kind})) == []
+    assert len(platform.render(bot, message.model_copy(update={"kind": "confirmation"}))) == 1
     # A route pointing anywhere else is never called.
     foreign = message.model_copy(update={"route": {"response_url": "http://169.254.169.254/x"}})
     [call] = platform.render(bot, foreign)
