@@ -111,6 +111,10 @@ class Platform(abc.ABC):
     required_credentials: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
     #: HTTP methods its webhook takes (WeCom checks its callback URL with a GET); others get a 405.
     webhook_methods: ClassVar[frozenset[str]] = frozenset({"POST"})
+    #: The transports a bot of this platform may name (`transport` in the bots file), each with the
+    #: credentials it needs beyond `required_credentials`. Every platform takes webhooks; a long
+    #: connection (held by one worker at a time, `pipeline.connections`) is offered per platform.
+    transports: ClassVar[Mapping[str, tuple[str | tuple[str, ...], ...]]] = {"webhook": ()}
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
@@ -132,6 +136,11 @@ class Platform(abc.ABC):
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
         """Show that the bot is working, where the platform can. Default: nothing."""
+
+    def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(field, problem) for a bots-file entry whose fields do not fit together (a transport and
+        an address of the wrong kind), checked when the settings load. Default: none."""
+        return []
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
         """What leaves this bot's webhook open, said once when a worker starts. Default: nothing."""

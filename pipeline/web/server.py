@@ -76,9 +76,11 @@ class WebServer:
         produce: ProduceAcked,
         outputs: Outputs,
         ready: Callable[[], Awaitable[dict[str, bool]]],
+        add_routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         self.settings = settings
         self.deps = WebDeps(settings=settings, produce=produce, outputs=outputs, ready=ready)
+        self._add_routes = add_routes  # more routes (long connections: pipeline/web/connections.py)
         self.port: int | None = None
         self._runner: GuardedAppRunner | None = None
 
@@ -107,8 +109,11 @@ class WebServer:
             hub = ConsoleHub(store, Redis(connection_pool=subscription), s.console_max_viewers)
             await hub.start()
             self.deps.console = ConsoleDeps(store=store, hub=hub)
+        app = build_web_app(self.deps)
+        if self._add_routes is not None:
+            self._add_routes(app)
         self._runner = GuardedAppRunner(
-            build_web_app(self.deps),
+            app,
             max_connections=s.web_max_connections,
             request_timeout=s.web_request_timeout_seconds,
             keepalive_timeout=s.web_keepalive_seconds,
@@ -156,6 +161,9 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     if bot is None:
         metrics.WEBHOOKS.labels("unknown", "unknown_bot").inc()
         return web.json_response({"error": "unknown bot"}, status=404)
+    if bot.transport != "webhook":  # its updates come over its long connection: no second way in
+        metrics.WEBHOOKS.labels(platform_name, "not_a_webhook_bot").inc()
+        return web.json_response({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
     if request.method not in platform.webhook_methods:
         metrics.WEBHOOKS.labels(platform_name, "method_not_allowed").inc()
         allow = ", ".join(sorted(platform.webhook_methods))
