@@ -90,7 +90,7 @@ class BotConfig(BaseModel):
     notices: dict[str, str] = Field(default_factory=dict)
     rate_limit_chat: RateLimit | None = None
     rate_limit_bot: RateLimit | None = None
-    # Lark and Slack: a signed webhook whose timestamp is further than this from its receipt is
+    # Lark, Slack and WeCom: a signed webhook whose timestamp is further than this from its receipt is
     # refused (401 stale_timestamp), so a captured request cannot be replayed later. Well below
     # the de-duplication window, which catches replays inside it.
     replay_window_seconds: int = Field(default=300, ge=30, le=3600)

@@ -3,6 +3,7 @@ classification and the text fallbacks for segments a platform cannot show."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import functools
 import hashlib
@@ -10,7 +11,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -337,3 +338,43 @@ def obj(value: Any) -> dict[str, Any]:
 
 def arr(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+class TokenCache:
+    """Access tokens per key (API base and app), each until `margin_s` before it expires; one fetch
+    per expiry however many sends wait for it. Per process: a few token calls per worker."""
+
+    def __init__(self, margin_s: float) -> None:
+        self.margin_s = margin_s
+        self._tokens: dict[tuple[str, ...], tuple[str, float]] = {}  # key → (token, monotonic expiry)
+        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
+        self._locks: dict[tuple[tuple[str, ...], int], asyncio.Lock] = {}
+
+    def _cached(self, key: tuple[str, ...]) -> str | None:
+        cached = self._tokens.get(key)
+        return cached[0] if cached and cached[1] > time.monotonic() else None
+
+    async def get(
+        self, key: tuple[str, ...], fetch: Callable[[], Awaitable[tuple[str, float] | SendOutcome]]
+    ) -> str | SendOutcome:
+        """The cached token, or one `fetch` gives (token and lifetime in seconds), or its outcome."""
+        token = self._cached(key)
+        if token is not None:
+            return token
+        async with self._locks.setdefault((key, id(asyncio.get_running_loop())), asyncio.Lock()):
+            token = self._cached(key)
+            if token is not None:
+                return token
+            fetched = await fetch()
+            if isinstance(fetched, SendOutcome):
+                return fetched
+            token, lifetime = fetched
+            self._tokens[key] = (token, time.monotonic() + max(lifetime - self.margin_s, 1.0))
+            return token
+
+    def drop(self, key: tuple[str, ...], token: str | None = None) -> None:
+        """Forget the token of `key` (only if it is still `token`, when given: not one another send
+        fetched meanwhile)."""
+        cached = self._tokens.get(key)
+        if cached is not None and (token is None or cached[0] == token):
+            del self._tokens[key]

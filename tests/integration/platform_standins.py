@@ -1,5 +1,5 @@
 """The platform API stand-ins of `tests/platforms` (OneBot HTTP API, Telegram Bot API, Lark Open API,
-Slack Web API), served from a background thread with its own event loop, so a whole stack started
+Slack Web API, WeCom API), served from a background thread with its own event loop, so a whole stack started
 in other processes can call them while the tests (each on its own loop) read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
@@ -27,6 +27,7 @@ from tests.platforms.test_slack import BOT_TOKEN as SLACK_TOKEN
 from tests.platforms.test_slack import check_slack
 from tests.platforms.test_telegram import TOKEN as TELEGRAM_TOKEN
 from tests.platforms.test_telegram import check_telegram_request
+from tests.platforms.test_wecom import WeComStandIn
 
 LARK_MESSAGES = "/open-apis/im/v1/messages"
 LARK_IMAGES = "/open-apis/im/v1/images"
@@ -38,6 +39,7 @@ MESSAGE_PATHS: dict[str, tuple[str, ...]] = {
     "telegram": tuple(f"/bot{TELEGRAM_TOKEN}/{m}" for m in ("sendMessage", "sendPhoto", "sendDocument")),
     "lark": (LARK_MESSAGES,),  # and LARK_MESSAGES/{message_id}/reply
     "slack": ("/chat.postMessage", "/files.completeUploadExternal"),
+    "wecom": ("/cgi-bin/message/send", "/cgi-bin/appchat/send", "/cgi-bin/aibot/response"),
 }
 
 # What a failed stand-in check answers: a permanent error in the platform's format, never a retry.
@@ -46,6 +48,7 @@ _CHECK_FAILED: dict[str, Answer] = {
     "telegram": (400, {"ok": False, "error_code": 400, "description": "Bad Request: stand-in check failed"}),
     "lark": (400, {"code": 230001, "msg": "stand-in check failed"}),
     "slack": (200, {"ok": False, "error": "invalid_arguments"}),
+    "wecom": (200, {"errcode": 40058, "errmsg": "stand-in check failed"}),
 }
 
 
@@ -78,6 +81,8 @@ class Call:
             return answer.get("status") in ("ok", "async")
         if self.platform == "lark":
             return answer.get("code") == 0
+        if self.platform == "wecom":
+            return answer.get("errcode") == 0
         if self.platform in ("telegram", "slack"):
             return answer.get("ok") is True or isinstance(self.answer, str)  # the upload answers text
         return False
@@ -95,8 +100,9 @@ class StandIns:
     """The four stand-ins; `url(platform)` is what a bot's `api_base` points at."""
 
     def __init__(self) -> None:
-        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack")}
+        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "wecom")}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
+        self.wecom = WeComStandIn(self.apis["wecom"])
         self.calls: list[Call] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -201,6 +207,12 @@ class StandIns:
         slack.on("/chat.postMessage", self._wrap("slack", check_slack))
         slack.on("/files.getUploadURLExternal", self._wrap("slack", self._slack_upload_url))
         slack.on("/files.completeUploadExternal", self._wrap("slack", _slack_complete_upload))
+        wecom = self.apis["wecom"]
+        wecom.on("/cgi-bin/gettoken", self._wrap("wecom", self.wecom.token))
+        wecom.on("/cgi-bin/media/upload", self._wrap("wecom", self.wecom.upload))
+        for path in ("/cgi-bin/message/send", "/cgi-bin/appchat/send"):
+            wecom.on(path, self._wrap("wecom", self.wecom.send))
+        wecom.on("/cgi-bin/aibot/response", self._wrap("wecom", self.wecom.respond))
 
     def _wrap(self, platform: str, checker: Callable[[Seen], Any]) -> Callable[[Seen], Answer]:
         def handle(seen: Seen) -> Answer:
@@ -243,6 +255,9 @@ class StandIns:
             return str(receive_id) if receive_id is not None else None
         if platform == "slack":
             chat = body.get("channel") or body.get("channel_id")
+            return str(chat) if chat is not None else None
+        if platform == "wecom":  # an AI bot answer: the e2e tests use the chat id as response code
+            chat = body.get("touser") or body.get("chatid") or seen.query.get("response_code")
             return str(chat) if chat is not None else None
         return None
 
