@@ -8,6 +8,7 @@ one worker at a time, taken over by another when the holder dies.
   worker, through Redis (no worker talks to another).
 - `base`: what a transport implements (`Transport`, `Connection`) and gets (`Link`).
 - `onebot`: OneBot v11 over forward and reverse WebSocket.
+- `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
 """
@@ -24,12 +25,14 @@ from ._actions import ActionRouter
 from ._inbound import InboundSink, Send
 from ._manager import Connections, LongConnectionBot
 from .base import ActionAnswer, Connection, Link, Transport
+from .lark import TRANSPORTS as _LARK
 from .onebot import TRANSPORTS as _ONEBOT
+from .slack import TRANSPORTS as _SLACK
 
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return dict(_ONEBOT)
+    return {**_ONEBOT, **_SLACK, **_LARK}
 
 
 def open_connections(
