@@ -271,7 +271,7 @@ class LarkSocket(Connection):
     async def close(self) -> None:
         """Stop taking frames, let the answers of what was read go out, close the socket."""
         self._closed.set()
-        if self._acks:
+        if self._acks and not self._socket.ws.closed:
             await asyncio.wait(set(self._acks), timeout=_ACK_GRACE_SECONDS)
         with contextlib.suppress(Exception):
             await self._socket.ws.close()

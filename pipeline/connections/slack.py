@@ -197,7 +197,8 @@ class SlackSocket(Connection):
     async def close(self) -> None:
         """Stop taking envelopes, let acknowledgements of what was read go out, close every socket."""
         self._closing = True
-        await self._settle_acks()
+        if any(not ws.closed for ws in self._sockets):  # else no acknowledgement can go out anyway
+            await self._settle_acks()
         for ws in list(self._sockets):
             with contextlib.suppress(Exception):
                 await ws.close()
