@@ -128,6 +128,7 @@ class LarkSocket(Connection):
         self._acks: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
         self._closed = asyncio.Event()
+        self._reconfigured = asyncio.Event()
 
     async def run(self, link: Link) -> None:
         reconnects = 0
@@ -182,7 +183,13 @@ class LarkSocket(Connection):
                 await self._send(socket, ping)
             except Exception:
                 return  # the reader sees the socket close
-            await asyncio.sleep(self._config.ping_interval)
+            while True:  # a pong with a new `PingInterval` restarts the wait with it
+                self._reconfigured.clear()
+                try:
+                    async with asyncio.timeout(self._config.ping_interval):
+                        await self._reconfigured.wait()
+                except TimeoutError:
+                    break
 
     async def _frame(self, data: bytes, link: Link) -> None:
         try:
@@ -198,6 +205,7 @@ class LarkSocket(Connection):
                 if frame.payload:
                     with contextlib.suppress(ValueError):
                         self._config.update(json.loads(frame.payload))
+                        self._reconfigured.set()
             return
         if frame.method != DATA:
             metrics.CONNECTION_FRAMES.labels(self.bot.platform, "unknown_frame").inc()
