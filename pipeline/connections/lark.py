@@ -40,6 +40,7 @@ from pipeline.platforms.lark import DEFAULT_API_BASE
 from pipeline.settings import BotConfig
 
 from . import _frame
+from ._acks import Acknowledgements
 from ._frame import CONTROL, DATA, Frame, FrameError
 from .base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
 
@@ -52,7 +53,6 @@ _PARTS_SECONDS = 5.0
 _PARTS_PENDING = 256
 # Reconnects inside one hold; then `Connections` dials (with backoff, and may let the lease go).
 _RECONNECTS_PER_HOLD = 3
-_ACK_GRACE_SECONDS = 5.0
 
 
 @dataclass
@@ -125,7 +125,7 @@ class LarkSocket(Connection):
         self._socket = socket
         self._config = config
         self._parts: dict[str, tuple[float, list[bytes | None]]] = {}
-        self._acks: set[asyncio.Task[None]] = set()
+        self._acks = Acknowledgements()
         self._send_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._reconfigured = asyncio.Event()
@@ -218,9 +218,7 @@ class LarkSocket(Connection):
             return
         started = time.monotonic()
         durable = await link.submit(payload)
-        task = asyncio.create_task(self._answer(self._socket, frame, durable, started))
-        self._acks.add(task)
-        task.add_done_callback(self._acks.discard)
+        self._acks.after(self._answer(self._socket, frame, durable, started))
 
     def _whole(self, frame: Frame) -> bytes | None:
         """The payload of a message, once all its parts came (None until then)."""
@@ -279,8 +277,8 @@ class LarkSocket(Connection):
     async def close(self) -> None:
         """Stop taking frames, let the answers of what was read go out, close the socket."""
         self._closed.set()
-        if self._acks and not self._socket.ws.closed:
-            await asyncio.wait(set(self._acks), timeout=_ACK_GRACE_SECONDS)
+        if not self._socket.ws.closed:  # else no answer can go out anyway
+            await self._acks.settle()
         with contextlib.suppress(Exception):
             await self._socket.ws.close()
 

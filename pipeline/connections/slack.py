@@ -32,6 +32,7 @@ from pipeline.platforms._common import base_url
 from pipeline.platforms.slack import DEFAULT_API_BASE
 from pipeline.settings import BotConfig
 
+from ._acks import Acknowledgements
 from .base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,6 @@ PING_SECONDS = 10.0
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 # A socket Slack asked us to leave is read this long at most after its replacement is up.
 _RETIRE_SECONDS = 15.0
-# On close, acknowledgements waiting for the broker get this long before the sockets close.
-_ACK_GRACE_SECONDS = 5.0
 _DISCONNECT_REASONS = frozenset({"refresh_requested", "warning", "link_disabled", "socket_mode_disabled"})
 _UNHANDLED = frozenset({"slash_commands", "interactive"})
 
@@ -80,7 +79,7 @@ class SlackSocket(Connection):
         self._http = http
         self._ws = ws
         self._sockets: set[aiohttp.ClientWebSocketResponse] = {ws}
-        self._acks: set[asyncio.Task[None]] = set()
+        self._acks = Acknowledgements()
         self._closing = False
 
     async def run(self, link: Link) -> None:
@@ -109,7 +108,7 @@ class SlackSocket(Connection):
             async with asyncio.timeout(_RETIRE_SECONDS):
                 while await self._read(ws, link):  # a second `disconnect` on it changes nothing
                     pass
-        await self._settle_acks()
+        await self._acks.settle()
         await ws.close()
         self._sockets.discard(ws)
 
@@ -159,18 +158,13 @@ class SlackSocket(Connection):
         if kind == "events_api":
             payload = envelope.get("payload")
             body = json.dumps(payload, ensure_ascii=False).encode()
-            self._after(await link.submit(body), ws, envelope_id)
+            self._acks.after(self._ack_when_durable(await link.submit(body), ws, envelope_id))
             return False
         # The webhook path takes neither slash commands nor interactions: acknowledged (or Slack
         # shows the user an error and retries) and dropped, counted.
         metrics.CONNECTION_FRAMES.labels(self.bot.platform, kind if kind in _UNHANDLED else "unknown_envelope").inc()
         await self._ack(ws, envelope_id)
         return False
-
-    def _after(self, durable: Awaitable[FrameOutcome], ws: aiohttp.ClientWebSocketResponse, envelope_id: str) -> None:
-        task = asyncio.create_task(self._ack_when_durable(durable, ws, envelope_id))
-        self._acks.add(task)
-        task.add_done_callback(self._acks.discard)
 
     async def _ack_when_durable(
         self, durable: Awaitable[FrameOutcome], ws: aiohttp.ClientWebSocketResponse, envelope_id: str
@@ -189,16 +183,11 @@ class SlackSocket(Connection):
         except Exception:  # the socket closed first: Slack redelivers; ingest drops the copy
             metrics.CONNECTION_FRAMES.labels(self.bot.platform, "ack_lost").inc()
 
-    async def _settle_acks(self) -> None:
-        pending = set(self._acks)
-        if pending:
-            await asyncio.wait(pending, timeout=_ACK_GRACE_SECONDS)
-
     async def close(self) -> None:
         """Stop taking envelopes, let acknowledgements of what was read go out, close every socket."""
         self._closing = True
         if any(not ws.closed for ws in self._sockets):  # else no acknowledgement can go out anyway
-            await self._settle_acks()
+            await self._acks.settle()
         for ws in list(self._sockets):
             with contextlib.suppress(Exception):
                 await ws.close()

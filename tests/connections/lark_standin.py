@@ -24,6 +24,7 @@ from lark_oapi.core.json import JSON
 from lark_oapi.ws.model import EndpointResp
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
+from tests.connections.standin_support import ServedSocket, start_app
 from tests.platforms.test_lark import APP_ID, APP_SECRET
 
 SERVICE_ID = 32417
@@ -38,11 +39,7 @@ class Answer:
 
 
 @dataclass
-class Socket:
-    id: int
-    ws: web.WebSocketResponse
-    opened: float
-    closed: float | None = None
+class Socket(ServedSocket):
     pings: list[float] = field(default_factory=list)
     sent: dict[str, Frame] = field(default_factory=dict)  # message id → the last part sent
     answers: list[Answer] = field(default_factory=list)
@@ -70,11 +67,7 @@ class LarkStandIn:
         app = web.Application()
         app.router.add_post("/callback/ws/endpoint", self._endpoint)
         app.router.add_get("/ws", self._socket)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await start_app(app)
         return self.url
 
     async def stop(self) -> None:

@@ -25,6 +25,7 @@ from aiohttp import web
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 
+from tests.connections.standin_support import ServedSocket, start_app
 from tests.platforms.conftest import Seen
 from tests.platforms.test_slack import check_slack
 
@@ -32,11 +33,7 @@ APP_TOKEN = "xapp-1-A0123456789-0123456789012-0a1b2c3d4e5f6a7b8c9d"
 
 
 @dataclass
-class Socket:
-    id: int
-    ws: web.WebSocketResponse
-    opened: float
-    closed: float | None = None
+class Socket(ServedSocket):
     sent: dict[str, dict[str, Any]] = field(default_factory=dict)  # envelope id → envelope
     acked: list[str] = field(default_factory=list)
     given_up: set[str] = field(default_factory=set)  # sent again elsewhere
@@ -63,7 +60,7 @@ class SlackStandIn:
         self.posts: list[dict[str, Any]] = []
         self._tickets: set[str] = set()
         self._ids = itertools.count(1)
-        self._waiting: list[dict[str, Any]] = []  # envelopes  # events with no socket open to take them
+        self._waiting: list[dict[str, Any]] = []  # envelopes with no socket open to take them
         self._runner: web.AppRunner | None = None
         self._retrier: asyncio.Task[None] | None = None
         self.socket_opened = asyncio.Event()
@@ -73,11 +70,7 @@ class SlackStandIn:
         app.router.add_post("/apps.connections.open", self._open)
         app.router.add_get("/link/", self._link)
         app.router.add_post("/chat.postMessage", self._post_message)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await start_app(app)
         self._retrier = asyncio.create_task(self._retry_unacknowledged())
         return self.url
 

@@ -7,7 +7,6 @@ real Redis; the producer is the recording stand-in of `conftest`."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,14 +15,14 @@ from lark_oapi.ws.pb.pbbp2_pb2 import Frame as SdkFrame
 
 from pipeline import metrics
 from pipeline.connections._frame import Frame, FrameError, decode, encode
-from pipeline.platforms import WebhookRequest, get_platform
-from pipeline.records import InboundMessage
+from pipeline.platforms import get_platform
 from pipeline.settings import BotConfig, Settings
 from pipeline.topics import DEADLETTER
 from tests.platforms.test_lark import APP_ID, APP_SECRET, BOT_OPEN_ID, mention, receive_event
 
 from .conftest import Produced
 from .lark_standin import LarkStandIn
+from .standin_support import frames, same_message, webhook_messages
 from .test_onebot_ws import inbound, running, until
 
 
@@ -47,20 +46,6 @@ def bot(lark: LarkStandIn, secret: str = APP_SECRET) -> BotConfig:
         api_base=lark.url,
         credentials={"app_id": APP_ID, "app_secret": secret},
     )
-
-
-def frames(outcome: str) -> float:
-    return metrics.CONNECTION_FRAMES.labels("lark", outcome)._value.get()
-
-
-def webhook_messages(config: BotConfig, event: dict[str, Any]) -> list[InboundMessage]:
-    request = WebhookRequest(headers={}, body=json.dumps(event).encode(), received_at_ms=0)
-    return list(get_platform("lark").parse(config, request).messages)
-
-
-def same_message(a: InboundMessage, b: InboundMessage) -> bool:
-    volatile = {"received_at_ms", "hops", "trace_id"}
-    return a.model_dump(exclude=volatile) == b.model_dump(exclude=volatile)
 
 
 def text_event(text: str, event_id: str) -> dict[str, Any]:
@@ -149,7 +134,7 @@ async def test_a_split_message_is_put_together_and_answered_once(
 async def test_cards_are_counted_not_answered_and_a_bad_event_is_dead_lettered_and_answered(
     lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
-    card_before, malformed_before = frames("card"), frames("malformed_payload")
+    card_before, malformed_before = frames("lark", "card"), frames("lark", "malformed_payload")
     async with running(redis_url, redis_prefix, produced, bot(lark)):
         await until(lambda: len(lark.open_sockets()) == 1, "socket dialed")
         await lark.send_event({"schema": "2.0", "header": {"event_type": "card.action.trigger"}}, kind="card")
@@ -157,7 +142,7 @@ async def test_cards_are_counted_not_answered_and_a_bad_event_is_dead_lettered_a
         del broken["event"]["message"]
         await lark.send_event(broken)
         await until(lambda: len(lark.sockets[0].answers) == 1, "the bad event answered (it is dead-lettered)")
-    assert frames("card") == card_before + 1 and frames("malformed_payload") == malformed_before + 1
+    assert frames("lark", "card") == card_before + 1 and frames("lark", "malformed_payload") == malformed_before + 1
     assert [topic for topic, _, _ in produced.records] == [DEADLETTER]
 
 

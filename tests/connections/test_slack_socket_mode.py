@@ -7,21 +7,18 @@ real Redis; the producer is the recording stand-in of `conftest`."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from pipeline import metrics
-from pipeline.platforms import WebhookRequest, get_platform
-from pipeline.records import InboundMessage
 from pipeline.runtime import deployment_secrets
 from pipeline.settings import BotConfig, Settings
 from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, callback
 
 from .conftest import Produced
 from .slack_standin import APP_TOKEN, SlackStandIn
+from .standin_support import frames, same_message, webhook_messages
 from .test_onebot_ws import inbound, running, until
 
 
@@ -47,21 +44,6 @@ def bot(slack: SlackStandIn, **credentials: str) -> BotConfig:
     )
 
 
-def frames(outcome: str) -> float:
-    return metrics.CONNECTION_FRAMES.labels("slack", outcome)._value.get()
-
-
-def as_webhook(bot_config: BotConfig, payload: dict[str, Any]) -> list[InboundMessage]:
-    """What the webhook path makes of the same Events API body."""
-    request = WebhookRequest(headers={}, body=json.dumps(payload).encode(), received_at_ms=0)
-    return list(get_platform("slack").parse(bot_config, request).messages)
-
-
-def same_message(a: InboundMessage, b: InboundMessage) -> bool:
-    volatile = {"received_at_ms", "hops", "trace_id"}
-    return a.model_dump(exclude=volatile) == b.model_dump(exclude=volatile)
-
-
 async def test_an_event_becomes_the_webhooks_message_and_is_acknowledged_only_once_on_the_broker(
     slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
@@ -75,7 +57,7 @@ async def test_an_event_becomes_the_webhooks_message_and_is_acknowledged_only_on
         envelope_id = await slack.send_event(payload)
         await until(lambda: len(inbound(produced)) == 1, "produced")
         [message] = inbound(produced)
-        [expected] = as_webhook(config, payload)
+        [expected] = webhook_messages(config, payload)
         assert same_message(message, expected), (message, expected)
         assert message.event_id == "Ev0SOCKET01" and message.mentions_bot
         await asyncio.sleep(0.5)  # the broker has not acknowledged: neither may we
@@ -89,10 +71,10 @@ async def test_an_event_becomes_the_webhooks_message_and_is_acknowledged_only_on
 async def test_unhandled_envelopes_are_acknowledged_and_counted_and_hello_is_no_message(
     slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
-    before = {k: frames(k) for k in ("slash_commands", "interactive", "heartbeat", "not_message")}
+    before = {k: frames("slack", k) for k in ("slash_commands", "interactive", "heartbeat", "not_message")}
     async with running(redis_url, redis_prefix, produced, bot(slack)):
         await until(lambda: len(slack.open_sockets()) == 1, "socket dialed")
-        await until(lambda: frames("heartbeat") > before["heartbeat"], "hello seen")
+        await until(lambda: frames("slack", "heartbeat") > before["heartbeat"], "hello seen")
         slash = {
             "type": "slash_commands",
             "envelope_id": "c1d2e3f4-0000-4000-8000-000000000001",
@@ -112,9 +94,9 @@ async def test_unhandled_envelopes_are_acknowledged_and_counted_and_hello_is_no_
         await until(lambda: len(slack.acked()) == 3, "every envelope acknowledged")
         assert set(slack.acked()) == {slash["envelope_id"], interactive["envelope_id"], other}
     assert inbound(produced) == []
-    assert frames("slash_commands") == before["slash_commands"] + 1
-    assert frames("interactive") == before["interactive"] + 1
-    assert frames("not_message") == before["not_message"] + 1
+    assert frames("slack", "slash_commands") == before["slash_commands"] + 1
+    assert frames("slack", "interactive") == before["interactive"] + 1
+    assert frames("slack", "not_message") == before["not_message"] + 1
 
 
 async def test_refresh_opens_the_new_socket_before_the_old_one_closes(
@@ -137,7 +119,7 @@ async def test_refresh_opens_the_new_socket_before_the_old_one_closes(
         await until(lambda: after in new.acked, "the new socket's envelope acknowledged on it")
         assert first in old.acked
         assert [m.event_id for m in inbound(produced)] == ["Ev0BEFORE", "Ev0LATE", "Ev0AFTER"]
-        assert len(slack.open_sockets()) == 1 and frames("disconnect_refresh_requested") >= 1
+        assert len(slack.open_sockets()) == 1 and frames("slack", "disconnect_refresh_requested") >= 1
 
 
 async def test_a_dropped_socket_is_dialed_again_and_unacknowledged_events_come_again(
@@ -148,12 +130,12 @@ async def test_a_dropped_socket_is_dialed_again_and_unacknowledged_events_come_a
         produced.hold = True
         await slack.send_event(callback(DM, event_id="Ev0DROPPED"))
         await until(lambda: len(inbound(produced)) == 1, "produced, not yet acknowledged")
-        lost = frames("ack_lost")
+        lost = frames("slack", "ack_lost")
         await slack.sockets[0].ws.close()  # Slack drops it (no `disconnect` first)
         produced.hold = False
         for ack in produced.acks:  # the broker has it now, but the socket is gone
             ack.set_result(None)
-        await until(lambda: frames("ack_lost") == lost + 1, "the acknowledgement had no socket to go out on")
+        await until(lambda: frames("slack", "ack_lost") == lost + 1, "the acknowledgement had no socket to go out on")
         # Slack sends the unacknowledged event again on the next socket, with a new envelope id.
         await until(lambda: len(slack.open_sockets()) == 1 and len(slack.sockets) == 2, "dialed again")
         await until(lambda: len(slack.sockets[1].acked) == 1, "the redelivery acknowledged")

@@ -138,11 +138,13 @@ async def each_answered_once(peer: PeerThread, sent: range) -> None:
     assert [n for n in delivered if counts[n] != 1] == [], {n: counts[n] for n in delivered if counts[n] != 1}
 
 
-async def lease_holder(stack: Stack, bot_id: str) -> tuple[WorkerProcess | None, int]:
+async def lease_holder(
+    stack: Stack, bot_id: str, *, platform: str = "onebot", channel: str = "api"
+) -> tuple[WorkerProcess | None, int]:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
     try:
-        value = await client.get(f"{settings.redis_prefix}lease:onebot:{bot_id}:api")
+        value = await client.get(f"{settings.redis_prefix}lease:{platform}:{bot_id}:{channel}")
     finally:
         await client.aclose()
     if not value:

@@ -21,7 +21,6 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from pipeline.embedded import RedisServer
 from pipeline.stack import Stack, WorkerProcess
@@ -30,7 +29,7 @@ from tests.connections.slack_standin import APP_TOKEN, SlackStandIn
 from tests.platforms.test_slack import BOT_TOKEN, BOT_USER, DM, callback
 
 from .stacks import running_stack
-from .test_long_connections import metric, wait_for
+from .test_long_connections import lease_holder, metric, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -114,16 +113,7 @@ def answered(slack: SlackStandIn) -> Counter[int]:
 
 
 async def holder(stack: Stack) -> tuple[WorkerProcess | None, int]:
-    settings = stack.settings()
-    client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
-    try:
-        value = await client.get(f"{settings.redis_prefix}lease:slack:sm:event")
-    finally:
-        await client.aclose()
-    if not value:
-        return None, 0
-    worker_id, token, _state = value.split("|")
-    return next((w for w in stack.workers if w.instance_id == worker_id and w.is_running), None), int(token)
+    return await lease_holder(stack, "sm", platform="slack", channel="event")
 
 
 async def test_the_socket_is_held_exactly_once(stack: Stack, slack: SlackThread) -> None:
