@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 ENDPOINT_PATH = "/callback/ws/endpoint"
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+# WebSocket pings (RFC 6455) besides Lark's own ping frames, as the SDK's `websockets` client sends
+# them (every 20 s): a path that died silently is noticed in seconds, not at the next ping frame.
+PING_SECONDS = 20.0
 # Parts of a split message wait this long for the rest (the SDK's cache keeps them 5 s).
 _PARTS_SECONDS = 5.0
 _PARTS_PENDING = 256
@@ -111,7 +114,7 @@ async def open_socket(bot: BotConfig, http: aiohttp.ClientSession, config: Clien
         service_id = int(parse_qs(urlsplit(wss).query)["service_id"][0])
     except (KeyError, ValueError) as exc:
         raise EndpointFailed("the endpoint's URL has no service_id") from exc
-    ws = await http.ws_connect(wss, max_msg_size=MAX_FRAME_BYTES)
+    ws = await http.ws_connect(wss, heartbeat=PING_SECONDS, max_msg_size=MAX_FRAME_BYTES)
     return _Socket(ws, service_id)
 
 

@@ -104,10 +104,14 @@ class SlackSocket(Connection):
 
     async def _retire(self, ws: aiohttp.ClientWebSocketResponse, link: Link) -> None:
         """Read what the old socket still delivers until Slack closes it, then close it ourselves."""
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(_RETIRE_SECONDS):
                 while await self._read(ws, link):  # a second `disconnect` on it changes nothing
                     pass
+        except TimeoutError:
+            pass
+        except Exception as exc:  # its envelopes not acknowledged come again on the new socket
+            log.info("%s/%s: the old socket failed: %s", self.bot.platform, self.bot.bot_id, type(exc).__name__)
         await self._acks.settle()
         await ws.close()
         self._sockets.discard(ws)

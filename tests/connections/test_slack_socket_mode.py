@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from pipeline import metrics
 from pipeline.runtime import deployment_secrets
-from pipeline.settings import BotConfig, Settings
+from pipeline.settings import BotConfig, Settings, SettingsError, load_settings
 from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, callback
 
 from .conftest import Produced
@@ -169,3 +170,43 @@ def test_the_app_token_is_a_checked_secret_of_the_deployment() -> None:
     )
     assert APP_TOKEN in {s.value for s in deployment_secrets(settings)}
     assert APP_TOKEN not in repr(settings) and APP_TOKEN not in str(settings.model_dump())
+
+
+def test_socket_mode_settings_are_checked_with_the_bots_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "bots.toml"
+    config.write_text(
+        f"""
+[[bots]]
+platform = "slack"
+bot_id = "ok"
+transport = "socket_mode"
+credentials = {{ bot_token = "{BOT_TOKEN}", app_token = "{APP_TOKEN}" }}
+
+[[bots]]
+platform = "slack"
+bot_id = "no_app_token"
+transport = "socket_mode"
+credentials = {{ bot_token = "{BOT_TOKEN}" }}
+
+[[bots]]
+platform = "slack"
+bot_id = "bot_token_twice"
+transport = "socket_mode"
+credentials = {{ bot_token = "{BOT_TOKEN}", app_token = "{BOT_TOKEN}" }}
+
+[[bots]]
+platform = "slack"
+bot_id = "hook"
+credentials = {{ bot_token = "{BOT_TOKEN}" }}
+"""
+    )
+    monkeypatch.setenv("SWITCHBOARD_CONFIG", str(config))
+    with pytest.raises(SettingsError) as error:
+        load_settings("up")
+    assert error.value.problems == [
+        f"{config}: bots[1].credentials.app_token: required for slack socket_mode (bot 'no_app_token')",
+        f"{config}: bots[2].credentials.app_token: Socket Mode needs the app-level token, which starts with "
+        "xapp- (bot 'bot_token_twice')",
+        f"{config}: bots[3].credentials.signing_secret: required for slack webhook (bot 'hook')",
+    ]
+    assert BOT_TOKEN not in str(error.value)
