@@ -8,6 +8,12 @@
   `pong_config` when set); a data frame sent back must answer an event sent on that socket, once,
   with its `message_id`, a `biz_rt` header and a JSON payload with a `code`. Anything else is kept
   in `errors`.
+- An event not answered `200` when its socket closes is pushed again on the next socket (Lark
+  retries an event push that got no success answer), with a new `message_id`.
+- The Open API for replies: a tenant token from `/open-apis/auth/v3/tenant_access_token/internal`
+  (each one issued stays valid: every worker fetches its own), `POST /open-apis/im/v1/messages` and
+  `…/messages/{message_id}/reply` (to a message it sent), checked with the Open API stand-in's
+  checker (`tests/platforms/test_lark.py`).
 """
 
 from __future__ import annotations
@@ -25,9 +31,21 @@ from lark_oapi.ws.model import EndpointResp
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
 from tests.connections.standin_support import ServedSocket, start_app
+from tests.platforms.conftest import FakeApi, Seen
 from tests.platforms.test_lark import APP_ID, APP_SECRET
+from tests.platforms.test_lark import LarkStandIn as LarkOpenApi
 
 SERVICE_ID = 32417
+TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+MESSAGES_PATH = "/open-apis/im/v1/messages"
+
+
+class _OpenApi(LarkOpenApi):
+    """The Open API stand-in's checks, with every token issued valid (one per worker process)."""
+
+    def _auth(self, seen: Seen) -> bool:
+        issued = {f"Bearer t-{n}" for n in range(1, self.tokens_issued + 1)}
+        return seen.headers.get("authorization") in issued
 
 
 @dataclass
@@ -43,6 +61,7 @@ class Socket(ServedSocket):
     pings: list[float] = field(default_factory=list)
     sent: dict[str, Frame] = field(default_factory=dict)  # message id → the last part sent
     answers: list[Answer] = field(default_factory=list)
+    events: dict[str, dict[str, Any]] = field(default_factory=dict)  # message id → the event
 
 
 class LarkStandIn:
@@ -58,15 +77,23 @@ class LarkStandIn:
         self.endpoint_requests: list[dict[str, Any]] = []
         self.sockets: list[Socket] = []
         self.errors: list[str] = []
+        self.pushed_again = 0
         self._tickets: set[str] = set()
         self._ids = itertools.count(1)
         self._seq = itertools.count(1)
         self._runner: web.AppRunner | None = None
+        self._waiting: list[dict[str, Any]] = []  # events with no socket open to take them
+        self.open_api = _OpenApi(FakeApi())
+        self.posts: list[dict[str, Any]] = []  # message bodies the Open API accepted, with the chat id
+        self._chats: dict[str, str] = {}  # message id of an event sent → its chat id
 
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/callback/ws/endpoint", self._endpoint)
         app.router.add_get("/ws", self._socket)
+        app.router.add_post(TOKEN_PATH, self._open_api_call)
+        app.router.add_post(MESSAGES_PATH, self._open_api_call)
+        app.router.add_post(MESSAGES_PATH + "/{message_id}/reply", self._open_api_call)
         self._runner, self.url = await start_app(app)
         return self.url
 
@@ -109,6 +136,9 @@ class LarkStandIn:
         await ws.prepare(request)
         socket = Socket(id=next(self._ids), ws=ws, opened=time.monotonic())
         self.sockets.append(socket)
+        waiting, self._waiting = self._waiting, []
+        for event in waiting:
+            await self.send_event(event, socket=socket)
         try:
             async for message in ws:
                 if message.type != web.WSMsgType.BINARY:
@@ -117,7 +147,37 @@ class LarkStandIn:
                 await self._frame(socket, message.data)
         finally:
             socket.closed = time.monotonic()
+            answered = {a.message_id for a in socket.answers if a.code == 200}
+            for message_id, event in list(socket.events.items()):
+                if message_id not in answered:
+                    self.pushed_again += 1
+                    await self.send_event(event)
         return ws
+
+    async def _open_api_call(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        seen = Seen(
+            method=request.method,
+            path=request.path,
+            query=dict(request.query),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=body,
+            json=json.loads(body) if body else None,
+        )
+        checker = self.open_api.token if request.path == TOKEN_PATH else self.open_api.create
+        try:
+            status, answer = checker(seen)
+        except (AssertionError, KeyError, TypeError, ValueError) as exc:
+            self.errors.append(f"{request.path} refused: {exc!r}")
+            return web.json_response({"code": 230001, "msg": "stand-in check failed"}, status=400)
+        if request.path != TOKEN_PATH and answer.get("code") == 0:
+            replied_to = request.match_info.get("message_id")
+            if replied_to is not None and replied_to not in self._chats:
+                self.errors.append(f"a reply to {replied_to}, which Lark never sent")
+                return web.json_response({"code": 230011, "msg": "message not found"}, status=400)
+            chat = self._chats[replied_to] if replied_to is not None else seen.json["receive_id"]
+            self.posts.append({**seen.json, "receive_id": chat})
+        return web.json_response(answer, status=status)
 
     async def _frame(self, socket: Socket, data: bytes) -> None:
         frame = Frame()
@@ -167,8 +227,16 @@ class LarkStandIn:
         socket: Socket | None = None,
     ) -> str:
         """`event` as a data frame (split in `parts`, sent in `order`) on the newest open socket."""
-        target = socket or self.open_sockets()[-1]
+        target = socket or (self.open_sockets() or [None])[-1]
+        if target is None:
+            self._waiting.append(event)
+            return ""
         message_id = uuid.uuid4().hex
+        if kind == "event":
+            target.events[message_id] = event
+            message = event.get("event", {}).get("message", {}) if isinstance(event.get("event"), dict) else {}
+            if isinstance(message, dict) and "message_id" in message:
+                self._chats[message["message_id"]] = message.get("chat_id", "")
         payload = json.dumps(event, ensure_ascii=False).encode()
         size = -(-len(payload) // parts)
         chunks = [payload[i * size : (i + 1) * size] for i in range(parts)]
