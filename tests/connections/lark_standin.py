@@ -31,6 +31,7 @@ from lark_oapi.ws.model import EndpointResp
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
 from tests.connections.standin_support import ServedSocket, start_app
+from tests.connections.standin_support import seen as seen_request
 from tests.platforms.conftest import FakeApi, Seen
 from tests.platforms.test_lark import APP_ID, APP_SECRET
 from tests.platforms.test_lark import LarkStandIn as LarkOpenApi
@@ -155,15 +156,7 @@ class LarkStandIn:
         return ws
 
     async def _open_api_call(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        seen = Seen(
-            method=request.method,
-            path=request.path,
-            query=dict(request.query),
-            headers={k.lower(): v for k, v in request.headers.items()},
-            body=body,
-            json=json.loads(body) if body else None,
-        )
+        seen = await seen_request(request)
         checker = self.open_api.token if request.path == TOKEN_PATH else self.open_api.create
         try:
             status, answer = checker(seen)
@@ -227,7 +220,8 @@ class LarkStandIn:
         socket: Socket | None = None,
     ) -> str:
         """`event` as a data frame (split in `parts`, sent in `order`) on the newest open socket."""
-        target = socket or (self.open_sockets() or [None])[-1]
+        open_now = self.open_sockets()
+        target = socket or (open_now[-1] if open_now else None)
         if target is None:
             self._waiting.append(event)
             return ""

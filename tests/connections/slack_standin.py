@@ -26,6 +26,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 
 from tests.connections.standin_support import ServedSocket, start_app
+from tests.connections.standin_support import seen as seen_request
 from tests.platforms.conftest import Seen
 from tests.platforms.test_slack import check_slack
 
@@ -84,13 +85,7 @@ class SlackStandIn:
 
     # -- Slack's side ------------------------------------------------------------------------------
     async def _open(self, request: web.Request) -> web.Response:
-        seen = Seen(
-            method=request.method,
-            path=request.path,
-            query=dict(request.query),
-            headers={k.lower(): v for k, v in request.headers.items()},
-            body=await request.read(),
-        )
+        seen = await seen_request(request)
         self.opens.append(seen)
         authorization = seen.headers.get("authorization", "")
         if not authorization.startswith("Bearer "):
@@ -158,15 +153,7 @@ class SlackStandIn:
         self.envelopes[envelope_id].acked_at = time.monotonic()
 
     async def _post_message(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        seen = Seen(
-            method=request.method,
-            path=request.path,
-            query=dict(request.query),
-            headers={k.lower(): v for k, v in request.headers.items()},
-            body=body,
-            json=json.loads(body) if request.content_type == "application/json" else None,
-        )
+        seen = await seen_request(request)
         try:
             status, answer = check_slack(seen)
         except (AssertionError, KeyError, TypeError) as exc:
@@ -195,7 +182,8 @@ class SlackStandIn:
         return await self.send({**request.to_dict(), "accepts_response_payload": False, **retry}, socket=socket)
 
     async def send(self, message: dict[str, Any], *, socket: Socket | None = None) -> str:
-        target = socket or (self.open_sockets() or [None])[-1]
+        open_now = self.open_sockets()
+        target = socket or (open_now[-1] if open_now else None)
         if target is None:
             if message.get("type") == "events_api":
                 self._waiting.append(message)

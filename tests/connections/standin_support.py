@@ -14,6 +14,7 @@ from pipeline import metrics
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.records import InboundMessage
 from pipeline.settings import BotConfig
+from tests.platforms.conftest import Seen
 
 # Set when a message is made, not by what it says.
 _VOLATILE = {"received_at_ms", "hops", "trace_id"}
@@ -36,6 +37,19 @@ async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def seen(request: web.Request) -> Seen:
+    """A request as the platform stand-ins' checkers take it (a JSON body decoded)."""
+    body = await request.read()
+    return Seen(
+        method=request.method,
+        path=request.path,
+        query=dict(request.query),
+        headers={k.lower(): v for k, v in request.headers.items()},
+        body=body,
+        json=json.loads(body) if body and request.content_type == "application/json" else None,
+    )
 
 
 def webhook_messages(bot: BotConfig, body: dict[str, Any]) -> list[InboundMessage]:
