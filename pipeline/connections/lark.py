@@ -103,7 +103,9 @@ async def open_socket(bot: BotConfig, http: aiohttp.ClientSession, config: Clien
     if response.status != 200 or not isinstance(answer, dict) or answer.get("code") != 0:
         code = answer.get("code") if isinstance(answer, dict) else None
         message = answer.get("msg") if isinstance(answer, dict) else None
-        raise EndpointFailed(f"HTTP {response.status}, code {code}: {str(message or '')[:80]}")
+        failure = EndpointFailed(f"HTTP {response.status}, code {code}: {str(message or '')[:80]}")
+        log.warning("%s/%s: the long-connection endpoint refused: %s", bot.platform, bot.bot_id, failure)
+        raise failure
     data = answer.get("data") if isinstance(answer.get("data"), dict) else {}
     assert isinstance(data, dict)
     config.update(data.get("ClientConfig"))

@@ -61,7 +61,9 @@ async def open_socket(bot: BotConfig, http: aiohttp.ClientSession) -> aiohttp.Cl
             body = None
     if not isinstance(body, dict) or body.get("ok") is not True:
         error = body.get("error") if isinstance(body, dict) else None
-        raise SocketOpenFailed(f"HTTP {response.status}, {str(error or 'no JSON body')[:60]}")
+        failure = SocketOpenFailed(f"HTTP {response.status}, {str(error or 'no JSON body')[:60]}")
+        log.warning("%s/%s: apps.connections.open refused: %s", bot.platform, bot.bot_id, failure)
+        raise failure
     wss = body.get("url")
     if not isinstance(wss, str) or not wss.startswith(("wss://", "ws://")):
         raise SocketOpenFailed("apps.connections.open answered without a WebSocket URL")

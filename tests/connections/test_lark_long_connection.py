@@ -7,6 +7,7 @@ real Redis; the producer is the recording stand-in of `conftest`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -161,8 +162,9 @@ async def test_an_event_that_cannot_be_produced_is_answered_500(
 
 
 async def test_pong_config_and_reconnects_follow_the_client_config(
-    lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced
+    lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="pipeline")
     reconnects = metrics.CONNECTION_RECONNECTS.labels("lark", "long_connection")
     before = reconnects._value.get()
     lark.pong_config = {"ReconnectCount": -1, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 1}
@@ -175,16 +177,21 @@ async def test_pong_config_and_reconnects_follow_the_client_config(
         assert len(lark.endpoint_requests) == 2 and reconnects._value.get() == before + 1
         await lark.send_event(text_event("again", event_id="ev-again"))
         await until(lambda: len(lark.sockets[1].answers) == 1, "answered on the new socket")
+    assert "long connection made again" in caplog.text
+    assert "ticket=" not in caplog.text and "access_key" not in caplog.text and APP_SECRET not in caplog.text
 
 
-async def test_a_wrong_secret_fails_the_dial_and_is_counted(
-    lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced
+async def test_a_wrong_secret_fails_the_dial_and_is_counted_and_logged_without_it(
+    lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="pipeline")
     failed = metrics.CONNECTION_HANDSHAKES.labels("lark", "dial_failed")
     before = failed._value.get()
     async with running(redis_url, redis_prefix, produced, bot(lark, secret="not-the-secret")):
         await until(lambda: failed._value.get() > before, "dial failed")
     assert lark.sockets == [] and lark.endpoint_requests[0]["body"]["AppSecret"] == "not-the-secret"
+    assert "the long-connection endpoint refused: HTTP 200, code 403: app id or secret is invalid" in caplog.text
+    assert "not-the-secret" not in caplog.text
 
 
 def test_a_long_connection_bot_needs_no_webhook_credentials() -> None:

@@ -7,6 +7,7 @@ real Redis; the producer is the recording stand-in of `conftest`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -101,8 +102,9 @@ async def test_unhandled_envelopes_are_acknowledged_and_counted_and_hello_is_no_
 
 
 async def test_refresh_opens_the_new_socket_before_the_old_one_closes(
-    slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced
+    slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="pipeline")
     async with running(redis_url, redis_prefix, produced, bot(slack)):
         await until(lambda: len(slack.open_sockets()) == 1, "socket dialed")
         old = slack.sockets[0]
@@ -121,6 +123,8 @@ async def test_refresh_opens_the_new_socket_before_the_old_one_closes(
         assert first in old.acked
         assert [m.event_id for m in inbound(produced)] == ["Ev0BEFORE", "Ev0LATE", "Ev0AFTER"]
         assert len(slack.open_sockets()) == 1 and frames("slack", "disconnect_refresh_requested") >= 1
+    assert "Socket Mode socket refreshed" in caplog.text
+    assert "ticket=" not in caplog.text and APP_TOKEN not in caplog.text, "the socket URL and the token are secrets"
 
 
 async def test_a_dropped_socket_is_dialed_again_and_unacknowledged_events_come_again(
@@ -146,15 +150,18 @@ async def test_a_dropped_socket_is_dialed_again_and_unacknowledged_events_come_a
         assert [m.event_id for m in inbound(produced)] == ["Ev0DROPPED", "Ev0DROPPED"]
 
 
-async def test_a_wrong_app_token_fails_the_dial_and_is_counted(
-    slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced
+async def test_a_wrong_app_token_fails_the_dial_and_is_counted_and_logged_without_it(
+    slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="pipeline")
     failed = metrics.CONNECTION_HANDSHAKES.labels("slack", "dial_failed")
     before = failed._value.get()
     wrong = bot(slack, app_token="xapp-1-A0123456789-0000000000000-wrongwrongwrong")
     async with running(redis_url, redis_prefix, produced, wrong):
         await until(lambda: failed._value.get() > before, "dial failed")
     assert slack.sockets == [] and slack.opens[0].headers["authorization"].startswith("Bearer xapp-")
+    assert "apps.connections.open refused: HTTP 200, invalid_auth" in caplog.text
+    assert "wrongwrong" not in caplog.text and APP_TOKEN not in caplog.text
 
 
 def test_the_app_token_is_a_checked_secret_of_the_deployment() -> None:
