@@ -74,6 +74,7 @@ class LarkStandIn:
             "PingInterval": 120,
         }
         self.pong_config: dict[str, int] | None = None
+        self.answer_pings = True  # False: a peer gone silent (WebSocket pings get no pong)
         self.url = ""
         self.endpoint_requests: list[dict[str, Any]] = []
         self.sockets: list[Socket] = []
@@ -133,7 +134,7 @@ class LarkStandIn:
             self.errors.append("a socket dialed with an unknown or used ticket")
             return web.Response(status=403, headers={"handshake-status": "403", "handshake-msg": "forbidden"})
         self._tickets.discard(ticket)
-        ws = web.WebSocketResponse()
+        ws = web.WebSocketResponse(autoping=self.answer_pings)
         await ws.prepare(request)
         socket = Socket(id=next(self._ids), ws=ws, opened=time.monotonic())
         self.sockets.append(socket)
@@ -142,6 +143,8 @@ class LarkStandIn:
             await self.send_event(event, socket=socket)
         try:
             async for message in ws:
+                if message.type == web.WSMsgType.PING:  # only when not answering them
+                    continue
                 if message.type != web.WSMsgType.BINARY:
                     self.errors.append(f"socket {socket.id}: a {message.type.name} frame")
                     continue

@@ -53,6 +53,7 @@ class SlackStandIn:
     def __init__(self, *, app_token: str = APP_TOKEN, retry_after: float = 30.0) -> None:
         self.app_token = app_token
         self.retry_after = retry_after
+        self.answer_pings = True  # False: a peer gone silent (WebSocket pings get no pong)
         self.url = ""
         self.opens: list[Seen] = []
         self.sockets: list[Socket] = []
@@ -106,7 +107,7 @@ class SlackStandIn:
             self.errors.append("a socket dialed with an unknown or used ticket")
             return web.Response(status=403)
         self._tickets.discard(ticket)
-        ws = web.WebSocketResponse(autoping=True)
+        ws = web.WebSocketResponse(autoping=self.answer_pings)
         await ws.prepare(request)
         socket = Socket(id=next(self._ids), ws=ws, opened=time.monotonic())
         self.sockets.append(socket)
@@ -126,7 +127,7 @@ class SlackStandIn:
             async for message in ws:
                 if message.type == web.WSMsgType.TEXT:
                     self._acknowledged(socket, message.data)
-                else:
+                elif message.type != web.WSMsgType.PING:  # PING: only when not answering them
                     self.errors.append(f"socket {socket.id}: a {message.type.name} frame")
         finally:
             socket.closed = time.monotonic()

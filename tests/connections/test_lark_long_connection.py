@@ -15,6 +15,7 @@ import pytest
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame as SdkFrame
 
 from pipeline import metrics
+from pipeline.connections import lark as long_connection
 from pipeline.connections._frame import Frame, FrameError, decode, encode
 from pipeline.platforms import get_platform
 from pipeline.settings import BotConfig, Settings
@@ -179,6 +180,20 @@ async def test_pong_config_and_reconnects_follow_the_client_config(
         await until(lambda: len(lark.sockets[1].answers) == 1, "answered on the new socket")
     assert "long connection made again" in caplog.text
     assert "ticket=" not in caplog.text and "access_key" not in caplog.text and APP_SECRET not in caplog.text
+
+
+async def test_a_socket_whose_peer_stops_answering_pings_is_dropped_and_made_again(
+    lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(long_connection, "PING_SECONDS", 0.4)  # 20 s in production
+    lark.answer_pings = False
+    async with running(redis_url, redis_prefix, produced, bot(lark)):
+        await until(lambda: len(lark.sockets) == 1, "socket dialed")
+        await until(lambda: lark.sockets[0].closed is not None, "the silent socket closed by its pings", 5)
+        lark.answer_pings = True
+        await until(lambda: len(lark.open_sockets()) == 1 and len(lark.sockets) == 2, "made again")
+        await lark.send_event(text_event("after", event_id="ev-after-ping"))
+        await until(lambda: len(lark.sockets[1].answers) == 1, "the new socket works")
 
 
 async def test_a_wrong_secret_fails_the_dial_and_is_counted_and_logged_without_it(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import metrics
+from pipeline.connections import slack as socket_mode
 from pipeline.runtime import deployment_secrets
 from pipeline.settings import BotConfig, Settings, SettingsError, load_settings
 from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, callback
@@ -148,6 +149,20 @@ async def test_a_dropped_socket_is_dialed_again_and_unacknowledged_events_come_a
         assert redelivered["retry_attempt"] == 1
         # Both copies carry the event id: ingest keeps one (its de-duplication, tested with ingest).
         assert [m.event_id for m in inbound(produced)] == ["Ev0DROPPED", "Ev0DROPPED"]
+
+
+async def test_a_socket_whose_peer_stops_answering_pings_is_dropped_and_dialed_again(
+    slack: SlackStandIn, redis_url: str, redis_prefix: str, produced: Produced, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(socket_mode, "PING_SECONDS", 0.4)  # 10 s in production
+    slack.answer_pings = False
+    async with running(redis_url, redis_prefix, produced, bot(slack)):
+        await until(lambda: len(slack.sockets) == 1, "socket dialed")
+        await until(lambda: slack.sockets[0].closed is not None, "the silent socket closed by its pings", 5)
+        slack.answer_pings = True
+        await until(lambda: len(slack.open_sockets()) == 1 and len(slack.sockets) == 2, "dialed again")
+        envelope_id = await slack.send_event(callback(DM, event_id="Ev0AFTERPING"))
+        await until(lambda: slack.acked() == [envelope_id], "the new socket works")
 
 
 async def test_a_wrong_app_token_fails_the_dial_and_is_counted_and_logged_without_it(
