@@ -138,7 +138,13 @@ CONNECTION_FRAMES = Counter(
 )  # produced | heartbeat | meta | the parser's ignored and rejection reasons | produce_failed | …
 CONNECTION_ACTIONS = Counter(
     "switchboard_connection_actions_total", "Actions over held connections by outcome", ["platform", "outcome"]
-)  # sender: answered | no_holder | timeout; holder: run | repeated | joined | fenced | expired | malformed
+)  # sender: answered | no_holder | timeout
+# holder: run | repeated | joined | outcome_unknown | fenced | expired | malformed
+CONNECTION_POLL_ERRORS = Counter(
+    "switchboard_connection_poll_errors_total",
+    "Polls of a polled transport (Telegram getUpdates) that failed, by reason",
+    ["platform", "bot", "reason"],
+)  # conflict | webhook_active | unauthorized | rate_limited | server_error | network | bad_request | bad_response
 
 
 def observe_hop(stage: str, hops: dict[str, float], previous: str, now: float) -> None:

@@ -68,8 +68,13 @@ class BotConfig(BaseModel):
     api_base: str | None = None
     # How the platform and Switchboard reach each other: `webhook` (the default: the platform posts to
     # `/webhooks/{platform}/{bot_id}`) or a long connection the platform module offers
-    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`), held by one worker at a time.
+    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`; Telegram: `polling`; Slack:
+    # `socket_mode`; Lark: `long_connection`), held by one worker at a time.
     transport: str = "webhook"
+    # Telegram `polling`: call deleteWebhook when polling starts (without it, a webhook still set is
+    # an error the holder logs and counts), and how long one getUpdates waits for updates.
+    delete_webhook: bool = False
+    poll_timeout_seconds: int = Field(default=30, ge=1, le=50)
     trigger: TriggerPolicy = Field(default_factory=TriggerPolicy)
     session_scope: SessionScope = "chat"
     busy_policy: BusyPolicy = "merge"

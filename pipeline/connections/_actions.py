@@ -7,7 +7,10 @@ action over its connection and pushes the answer. No worker talks to another dir
 
 Request ids are stable per platform call (`<outbound id>:<call index>`): a sender that gave up
 waiting asks again with the same id, and an action the platform answered for good is answered
-from Redis instead of running twice. One still running on the holder is joined, not repeated.
+from Redis instead of running twice. One still running on the holder is joined, not repeated. The
+claim marks an action as being sent before it is written to the socket: when a holder dies (or the
+socket closes) after writing it and before its answer, nobody knows whether the platform posted
+it, and it is answered `outcome_unknown` (final: dead-lettered) instead of being sent twice.
 """
 
 from __future__ import annotations
@@ -121,13 +124,23 @@ class ActionServer:
     the connection ends."""
 
     def __init__(
-        self, store: ConnectionStore, bot: BotConfig, connection: Connection, lease: HeldLease, stop: asyncio.Event
+        self,
+        store: ConnectionStore,
+        bot: BotConfig,
+        connection: Connection,
+        lease: HeldLease,
+        stop: asyncio.Event,
+        *,
+        hold_timeout: float,
     ) -> None:
         self.store = store
         self.bot = bot
         self.connection = connection
         self.lease = lease
         self.stop = stop  # set when the connection ended
+        # How long the holder waits for the platform's response: longer than a sender waits, since
+        # a sender that gave up asks again (with the same id) and joins the action still running.
+        self.hold_timeout = hold_timeout
         self._running: dict[str, asyncio.Future[ActionAnswer]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(_CONCURRENT_ACTIONS)
@@ -177,38 +190,52 @@ class ActionServer:
                 return
             if claim.kind == "done" and claim.outcome is not None:
                 metrics.CONNECTION_ACTIONS.labels(platform, "repeated").inc()
-                await self.store.answer(
-                    request.reply, claim.outcome, self._reply_ttl(), request_id=request.id, final=False
-                )
+                await self._reply(request, claim.outcome, record=None)
                 return
-            answer = await self._run(request)
-            await self.store.answer(
-                request.reply, encode_answer(answer), self._reply_ttl(), request_id=request.id, final=answer.final
+            running = self._running.get(request.id)
+            if claim.kind == "mine" and running is not None:  # asked again while it runs: joined
+                metrics.CONNECTION_ACTIONS.labels(platform, "joined").inc()
+                await self._reply(request, encode_answer(await asyncio.shield(running)), record=None)
+                return
+            if claim.kind == "run":
+                await self._run(request)
+                return
+            # Sent before (by an earlier holder, or by this one without recording how it ended), and
+            # nobody knows whether the platform posted it: sending it again could post it twice.
+            metrics.CONNECTION_ACTIONS.labels(platform, "outcome_unknown").inc()
+            unknown = ActionAnswer(
+                error="outcome_unknown",
+                detail="sent by a holder that ended before its answer; not sent again (it may have been posted)",
+                final=True,
             )
+            await self._reply(request, encode_answer(unknown), record=True)
         except Exception:
             log.exception("%s/%s: an action failed in the holder", platform, self.bot.bot_id)
         finally:
             self._slots.release()
 
-    async def _run(self, request: ActionRequest) -> ActionAnswer:
-        running = self._running.get(request.id)
-        if running is not None:  # asked again while it runs: one run, both answered
-            metrics.CONNECTION_ACTIONS.labels(self.bot.platform, "joined").inc()
-            return await asyncio.shield(running)
+    async def _run(self, request: ActionRequest) -> None:
+        """Send the action (marked as being sent by the claim), record how it ended, then answer its
+        sender and any repeat that joined it meanwhile."""
         future: asyncio.Future[ActionAnswer] = asyncio.get_running_loop().create_future()
         self._running[request.id] = future
         try:
-            timeout = max(1.0, request.deadline_ms / 1000 - time.time())
-            answer = await self.connection.call(request.action, request.params, timeout)
+            answer = await self.connection.call(request.action, request.params, self.hold_timeout)
             metrics.CONNECTION_ACTIONS.labels(self.bot.platform, "run").inc()
+            # Recorded before a repeat can find it not running: a repeat sees `done`, or joins.
+            await self._reply(request, encode_answer(answer), record=answer.final)
             future.set_result(answer)
-            return answer
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: a joiner may never come
             raise
         finally:
-            del self._running[request.id]
+            # A repeat that found it not final and not running (`run` again) put its own future here.
+            if self._running.get(request.id) is future:
+                del self._running[request.id]
+
+    async def _reply(self, request: ActionRequest, answer: str, *, record: bool | None) -> None:
+        await self.store.answer(request.reply, answer, self._reply_ttl(), request_id=request.id, final=record)
 
     def _reply_ttl(self) -> int:
         return int(max(self.lease.seconds, 10.0) * 1000)

@@ -33,7 +33,7 @@ from pipeline.state.exceptions import UNAVAILABLE
 from ._actions import ActionRouter, ActionServer
 from ._inbound import InboundSink
 from ._lease import HeldLease
-from .base import API, Connection, DialContext, FrameOutcome, Link, Transport
+from .base import API, EVENT, Connection, DialContext, FrameOutcome, Link, Transport
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,14 @@ class LongConnectionBot:
 class _Link(Link):
     """Frames of one held connection into the sink; the acknowledgements awaited on the side."""
 
-    def __init__(self, bot: BotConfig, platform: Platform, sink: InboundSink) -> None:
+    def __init__(
+        self, bot: BotConfig, platform: Platform, sink: InboundSink, store: ConnectionStore, lease: HeldLease
+    ) -> None:
         self.bot = bot
         self.platform = platform
         self.sink = sink
+        self.store = store
+        self.lease = lease
         self.pending: set[asyncio.Future[FrameOutcome]] = set()
 
     async def submit(self, body: bytes) -> Awaitable[FrameOutcome]:
@@ -79,6 +83,20 @@ class _Link(Link):
 
     def alive(self) -> None:
         metrics.CONNECTION_FRAMES.labels(self.bot.platform, "heartbeat").inc()
+
+    async def committed_offset(self) -> int | None:
+        return await self.store.committed_offset(self.bot.platform, self.bot.bot_id)
+
+    async def commit_offset(self, offset: int) -> bool:
+        channel = EVENT if EVENT in self.lease.channels else self.lease.channels[0]
+        if await self.store.commit_offset(self.bot.platform, self.bot.bot_id, channel, self.lease.owner, offset):
+            return True
+        self.lease.lose("taken")
+        return False
+
+    async def still_held(self) -> bool:
+        await self.lease.set_state(self.lease.state)  # a renewal: it finds out whether the lease is ours
+        return not self.lease.lost.is_set()
 
     async def drain(self, timeout: float = 10.0) -> None:
         """Wait until the frames read so far are acknowledged (or failed)."""
@@ -108,6 +126,8 @@ class Connections:
             if bot.transport != "webhook"
         ]
         self.router = ActionRouter(store, settings.connection_action_timeout_seconds)
+        # A holder waits for a response as long as egress keeps asking again (each ask joins it).
+        self.hold_timeout = settings.connection_action_timeout_seconds * max(2, settings.egress_max_attempts)
         self.lease_seconds = settings.connection_lease_seconds
         self.acquire_interval = settings.connection_acquire_interval_seconds
         self._stopping = asyncio.Event()
@@ -258,7 +278,7 @@ class Connections:
         """Run a connection until it ends or the lease is lost; then close it, let the frames read
         be acknowledged and the actions in flight answered. Returns why it ended."""
         platform = self.platform_for(bot.platform)
-        link = _Link(bot, platform, self.sink)
+        link = _Link(bot, platform, self.sink, self.store, lease)
         ended = asyncio.Event()
         metrics.CONNECTIONS_HELD.labels(bot.platform, connection.transport).inc()
         reader = asyncio.create_task(connection.run(link))
@@ -266,7 +286,9 @@ class Connections:
         stopping = asyncio.create_task(self._stopping.wait())
         server = None
         if API in connection.channels:
-            server = asyncio.create_task(ActionServer(self.store, bot, connection, lease, ended).serve())
+            server = asyncio.create_task(
+                ActionServer(self.store, bot, connection, lease, ended, hold_timeout=self.hold_timeout).serve()
+            )
         why = "closed"
         try:
             await asyncio.wait({reader, lost, stopping}, return_when=asyncio.FIRST_COMPLETED)

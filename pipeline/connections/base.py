@@ -1,7 +1,7 @@
 """What a long-connection transport implements, and what the framework gives it.
 
 A `Transport` is one way a platform's bot stays connected to Switchboard instead of webhooks (OneBot
-`ws-forward` and `ws-reverse`, Slack `socket_mode`, Lark `long_connection`; later Telegram polling).
+`ws-forward` and `ws-reverse`, Telegram `polling`, Slack `socket_mode`, Lark `long_connection`).
 Either Switchboard dials it (`dialed = True`: the workers compete for the bot's lease and the winner
 calls `connect`), or the platform's side dials a worker, which hands the accepted `Connection` to
 `Connections.accept` (the newest connection wins the lease).
@@ -28,9 +28,10 @@ EVENT, API = "event", "api"
 
 @dataclass(frozen=True)
 class ActionAnswer:
-    """The outcome of one action run over a connection: the platform's response, or an error the
-    connection met (`closed`, `timeout`, `no_api`, …: short labels). `final`: a repeat of the same
-    request must get this answer instead of running again (the platform answered for good)."""
+    """The outcome of one action run over a connection: the platform's response, or an error (a
+    short label: `not_connected`, `outcome_unknown`, `no_holder`, `timeout`, `no_api`, …).
+    `final`: a repeat of the same request must get this answer instead of running again (the
+    platform answered for good, or the action was written and may have been carried out)."""
 
     response: Mapping[str, Any] | None = None
     error: str = ""
@@ -62,6 +63,21 @@ class Link(abc.ABC):
     @abc.abstractmethod
     def alive(self) -> None:
         """The connection showed it is alive (a heartbeat frame): nothing is produced."""
+
+    # Polled transports (Telegram `getUpdates`): where the next poll starts, kept in Redis under the
+    # bot's lease so a new holder resumes there. Only a dialed connection's link has them.
+    async def committed_offset(self) -> int | None:
+        """The offset the last holder committed (None: none yet)."""
+        raise NotImplementedError
+
+    async def commit_offset(self, offset: int) -> bool:
+        """Record the offset (after the updates before it were acknowledged by the broker); False
+        when the lease is not this holder's any more (nothing written: stop polling)."""
+        raise NotImplementedError
+
+    async def still_held(self) -> bool:
+        """Check with Redis that the lease is still this holder's (renewing it)."""
+        raise NotImplementedError
 
 
 class Connection(abc.ABC):

@@ -143,15 +143,19 @@ class OneBotSocket(Connection):
             try:
                 async with self._send_lock:
                     await self.ws.send_str(frame)
-            except Exception as exc:  # closing or closed: nothing was written
+            except Exception as exc:  # closing or closed: nothing was written, it may be sent again
                 return ActionAnswer(error="not_connected", detail=type(exc).__name__)
+            # Written: without a response nobody knows whether QQ posted it, so it is final (a repeat
+            # gets this answer instead of posting it twice).
             try:
                 async with asyncio.timeout(timeout):
                     response = await future
             except TimeoutError:
-                return ActionAnswer(error="timeout", detail=f"{action}: no response within {timeout:.0f} s")
+                detail = f"{action}: no response within {timeout:.0f} s"
+                return ActionAnswer(error="outcome_unknown", detail=detail, final=True)
             except _Closed:
-                return ActionAnswer(error="closed", detail=f"{action}: the socket closed before the response")
+                detail = f"{action}: the socket closed before the response"
+                return ActionAnswer(error="outcome_unknown", detail=detail, final=True)
         finally:
             self._responses.pop(echo, None)
         # The implementation answered: unless it asks for a retry, a repeat must not run it again.

@@ -123,6 +123,8 @@ class HeldActionAnswer(Protocol):
     def error(self) -> str: ...
     @property
     def detail(self) -> str: ...
+    @property
+    def final(self) -> bool: ...
 
 
 class HeldActions(Protocol):
@@ -442,8 +444,11 @@ class OneBotPlatform(Platform):
             return SendOutcome("retry", reason="no_holder", detail="this process routes no actions")
         request_id = str(call.meta.get("call_id") or uuid.uuid4().hex)
         answer = await self.actions.call(bot, call.path.lstrip("/"), body, request_id)
-        if answer.response is None:  # no holder, no answer in time, the connection dropped
-            return SendOutcome("retry", reason=answer.error or "no_answer", detail=answer.detail[:500])
+        if answer.response is None:
+            # No holder or no answer in time: retried. Sent without a response (`outcome_unknown`):
+            # final, since sending it again could post it twice.
+            status: SendStatus = "permanent" if answer.final else "retry"
+            return SendOutcome(status, reason=answer.error or "no_answer", detail=answer.detail[:500])
         return response_outcome(answer.response)
 
 

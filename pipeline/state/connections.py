@@ -5,7 +5,8 @@ A lease is a key per channel whose value is `holder|token|state`, set with an ex
 its holder (`scripts/lease_*.lua`). Actions are a list per bot: senders push a request and wait on
 a reply list of their own; the holder pops requests (blocking, on a connection of its own), checks
 its fencing token and whether the action already ran (`scripts/claim_action.lua`), runs it and
-pushes the answer.
+pushes the answer. A polled transport's offset (how far its updates are durable) is a key per
+bot that only the lease's holder may write (`scripts/commit_offset.lua`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from redis.asyncio import Redis
 from . import scripts
 from ._codec import text
 from .client import RedisClient
+from .exceptions import StateError
 from .keys import Keys
 
 LeaseState = Literal["dialing", "up"]
@@ -54,14 +56,18 @@ class Acquired:
 
 @dataclass(frozen=True)
 class ActionClaim:
-    kind: Literal["run", "done", "fenced"]
-    outcome: str | None = None  # the stored outcome of an earlier run (`done`)
+    # run: send it (now marked as being sent); done: it ended before (`outcome`); mine: this holder
+    # sent it already; unknown: an earlier holder sent it and never recorded how it ended; fenced:
+    # the lease is not this holder's any more.
+    kind: Literal["run", "done", "mine", "unknown", "fenced"]
+    outcome: str | None = None
 
 
 _ACQUIRE = scripts.script("lease_acquire")
 _RENEW = scripts.script("lease_renew")
 _RELEASE = scripts.script("lease_release")
 _CLAIM_ACTION = scripts.script("claim_action")
+_COMMIT_OFFSET = scripts.script("commit_offset")
 
 
 class ConnectionStore:
@@ -136,25 +142,46 @@ class ConnectionStore:
         return text(popped[1]) if popped else None
 
     async def claim_action(self, platform: str, bot_id: str, channel: str, owner: str, request_id: str) -> ActionClaim:
+        """What to do with a request (`scripts/claim_action.lua`); `run` marks it as being sent."""
         raw = await self.redis.run_script(
-            _CLAIM_ACTION, [self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)], [owner]
+            _CLAIM_ACTION,
+            [self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)],
+            [owner, self.done_ttl],
         )
         kind = text(raw[0])
         if kind == "done":
             return ActionClaim("done", text(raw[1]))
-        return ActionClaim("fenced" if kind == "fenced" else "run")
+        if kind in ("run", "mine", "unknown", "fenced"):
+            return ActionClaim(kind)  # type: ignore[arg-type]  # one of the literals, checked
+        raise StateError(f"claim_action answered {kind!r}")
 
-    async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool) -> None:
-        """Push the answer for its sender; a final one is kept for the request id too."""
+    async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool | None) -> None:
+        """Push the answer for its sender. `final`: keep it as the action's outcome (a repeat gets
+        it); False: forget the action ran (a repeat runs it again); None: leave the record alone."""
         key = self.keys.action_reply(reply_id)
         commands: list[tuple[str | int, ...]] = [("LPUSH", key, answer), ("PEXPIRE", key, ttl_ms)]
+        marker = self.keys.action_done(request_id)
         if final:
-            commands.insert(0, ("SET", self.keys.action_done(request_id), answer, "EX", self.done_ttl))
+            commands.insert(0, ("SET", marker, f"done:{answer}", "EX", self.done_ttl))
+        elif final is False:
+            commands.insert(0, ("DEL", marker))
         await self.redis.pipeline(commands)
 
     async def wait_answer(self, reply_id: str, timeout: float) -> str | None:
         popped = await self.blocking.blpop([self.keys.action_reply(reply_id)], timeout=timeout)
         return text(popped[1]) if popped else None
+
+    # -- offsets of polled transports --------------------------------------------------------------
+    async def committed_offset(self, platform: str, bot_id: str) -> int | None:
+        """Where the bot's next poll starts (None: nothing committed yet)."""
+        raw = text(await self.redis.execute("GET", self.keys.offset(platform, bot_id)))
+        return int(raw) if raw is not None and raw.lstrip("-").isdigit() else None
+
+    async def commit_offset(self, platform: str, bot_id: str, channel: str, owner: str, offset: int) -> bool:
+        """Record the offset if the lease of `channel` is still `owner`'s (`holder|token`); False:
+        the lease was lost and nothing was written."""
+        keys = [self.keys.lease(platform, bot_id, channel), self.keys.offset(platform, bot_id)]
+        return bool(await self.redis.run_script(_COMMIT_OFFSET, keys, [owner, offset]))
 
 
 __all__ = ["Acquired", "ActionClaim", "ConnectionStore", "LeaseState", "LeaseValue"]

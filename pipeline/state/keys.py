@@ -78,5 +78,11 @@ class Keys:
         return self.of("action-reply", reply_id)
 
     def action_done(self, request_id: str) -> str:
-        """An action's final outcome, so an action asked for again is answered, not run twice."""
+        """An action's record: `sending:<holder|token>` while it is sent, then `done:<answer>`, so an
+        action asked for again is answered, not sent twice."""
         return self.of("action-done", request_id)
+
+    def offset(self, platform: str, bot_id: str) -> str:
+        """The committed position of a polled bot's update stream (Telegram: the next `offset` of
+        `getUpdates`), written only by the holder of its lease."""
+        return self.of("offset", f"{platform}:{bot_id}")

@@ -160,6 +160,9 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     if bot is None:
         metrics.WEBHOOKS.labels("unknown", "unknown_bot").inc()
         return web.json_response({"error": "unknown bot"}, status=404)
+    if bot.transport != "webhook":  # its updates come over its long connection: no second way in
+        metrics.WEBHOOKS.labels(platform_name, "not_a_webhook_bot").inc()
+        return web.json_response({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:

@@ -68,7 +68,7 @@ def bot(transport: str, **extra: Any) -> BotConfig:
 
 @asynccontextmanager
 async def running(
-    redis_url: str, redis_prefix: str, produced: Produced, *bots: BotConfig, lease: float = 3.0
+    redis_url: str, redis_prefix: str, produced: Produced, *bots: BotConfig, lease: float = 3.0, holder: str = "w1"
 ) -> AsyncIterator[Connections]:
     settings = Settings(
         bots=list(bots),
@@ -79,7 +79,7 @@ async def running(
     )
     quick = RedisClient(redis_url)
     blocking = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
-    connections = open_connections(settings, quick, blocking, produced.send, Outputs(produced.send), holder="w1")
+    connections = open_connections(settings, quick, blocking, produced.send, Outputs(produced.send), holder=holder)
     await connections.start()
     try:
         yield connections
@@ -350,7 +350,7 @@ async def raw_server(handler: Callable[[web.WebSocketResponse], Awaitable[None]]
         yield base + "/"
 
 
-async def test_an_action_without_a_response_times_out_and_one_cut_off_says_closed() -> None:
+async def test_an_action_written_without_a_response_is_final_outcome_unknown() -> None:
     got: list[dict[str, Any]] = []
 
     async def silent(ws: web.WebSocketResponse) -> None:
@@ -368,10 +368,14 @@ async def test_an_action_without_a_response_times_out_and_one_cut_off_says_close
         )
         reader = asyncio.create_task(socket.run(Captured()))
         timed_out = await socket.call("send_private_msg", {"user_id": 1, "message": []}, timeout=0.3)
-        assert timed_out.error == "timeout" and not timed_out.final
+        # Written, never answered: QQ may have posted it, so it is final (never sent again).
+        assert timed_out.error == "outcome_unknown" and timed_out.final and timed_out.response is None
         closed = await socket.call("send_private_msg", {"user_id": 2, "message": []}, timeout=5)
-        assert closed.error == "closed"
+        assert closed.error == "outcome_unknown" and closed.final and "closed" in closed.detail
         await reader
+        # Nothing can be written any more: not sent, so it may be sent again (not final).
+        unwritten = await socket.call("send_private_msg", {"user_id": 3, "message": []}, timeout=5)
+        assert unwritten.error == "not_connected" and not unwritten.final
     assert [g["action"] for g in got] == ["send_private_msg", "send_private_msg"]
     assert got[0]["echo"] != got[1]["echo"] and got[0]["params"] == {"user_id": 1, "message": []}
 

@@ -4,44 +4,31 @@ the stand-in (a server Switchboard dials, or a client dialling the workers) outl
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.bench.onebot_peer import Action, OneBotPeer, Socket
 
+from .loop_thread import LoopThread
 
-class PeerThread:
+
+class PeerThread(LoopThread[OneBotPeer]):
     def __init__(self, **options: Any) -> None:
-        self._options = options
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="onebot-peer", daemon=True)
-        self.peer: OneBotPeer | None = None
+        async def make() -> OneBotPeer:
+            return OneBotPeer(**options)
+
+        super().__init__("onebot-peer", make, OneBotPeer.stop)
+
+    @property
+    def peer(self) -> OneBotPeer | None:
+        return self.standin
 
     def start(self) -> PeerThread:
-        self._thread.start()
-
-        async def make() -> OneBotPeer:
-            return OneBotPeer(**self._options)
-
-        self.peer = self._run(make())
+        self.start_loop()
         return self
 
     def stop(self) -> None:
-        try:
-            if self.peer is not None:
-                self._run(self.peer.stop())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
-
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
-
-    async def _on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        self.stop_loop()
 
     @property
     def _peer(self) -> OneBotPeer:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -33,43 +32,32 @@ from tests.connections.slack_standin import APP_TOKEN, SlackStandIn
 from tests.platforms import test_lark as lark_fx
 from tests.platforms.test_slack import BOT_TOKEN, BOT_USER, DM, callback
 
+from .loop_thread import LoopThread
 from .stacks import running_stack
-from .test_long_connections import lease_holder, metric, wait_for
+from .test_long_connections import answered_exactly_once, lease_holder, metric, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-StandIn = TypeVar("StandIn", SlackStandIn, LarkStandIn)
+StandIn = TypeVar("StandIn", bound=SlackStandIn | LarkStandIn)
 
 
-class StandInThread(Generic[StandIn]):
-    """A stand-in on a thread with its own loop: it outlives each test's loop, and the workers
-    (other processes) reach it the whole time."""
+class StandInThread(LoopThread[StandIn]):
+    """A stand-in of `kind` on a thread of its own, started at once."""
 
-    def __init__(self, make: Callable[[], StandIn]) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="standin", daemon=True)
-        self._thread.start()
-
-        async def start() -> StandIn:
-            standin = make()
+    def __init__(self, kind: type[StandIn]) -> None:
+        async def make() -> StandIn:
+            standin = kind()
             await standin.start()
             return standin
 
-        self.standin: StandIn = self.run(start())
+        async def close(standin: StandIn) -> None:
+            await standin.stop()
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+        super().__init__(kind.__name__, make, close)
+        self.standin_started: StandIn = self.start_loop()
 
-    async def on_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-
-    def stop(self) -> None:
-        try:
-            self.run(self.standin.stop())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+    def on_loop(self, coro: Coroutine[Any, Any, Any]) -> Awaitable[Any]:
+        return self._on_loop(coro)
 
 
 @pytest.fixture(scope="module", params=enabled_brokers())
@@ -83,7 +71,7 @@ def slack(broker_kind: str) -> Iterator[StandInThread[SlackStandIn]]:
     try:
         yield thread
     finally:
-        thread.stop()
+        thread.stop_loop()
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +80,7 @@ def lark(broker_kind: str) -> Iterator[StandInThread[LarkStandIn]]:
     try:
         yield thread
     finally:
-        thread.stop()
+        thread.stop_loop()
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +89,10 @@ def stack(
 ) -> Iterator[Stack]:
     toml = (
         '[[bots]]\nplatform = "slack"\nbot_id = "sm"\ntransport = "socket_mode"\nlanguage = "en"\n'
-        f'self_id = "{BOT_USER}"\napi_base = "{slack.standin.url}"\n'
+        f'self_id = "{BOT_USER}"\napi_base = "{slack.standin_started.url}"\n'
         f'credentials = {{ bot_token = "{BOT_TOKEN}", app_token = "{APP_TOKEN}" }}\n\n'
         '[[bots]]\nplatform = "lark"\nbot_id = "lc"\ntransport = "long_connection"\nlanguage = "en"\n'
-        f'self_id = "{lark_fx.BOT_OPEN_ID}"\napi_base = "{lark.standin.url}"\n'
+        f'self_id = "{lark_fx.BOT_OPEN_ID}"\napi_base = "{lark.standin_started.url}"\n'
         f'credentials = {{ app_id = "{lark_fx.APP_ID}", app_secret = "{lark_fx.APP_SECRET}" }}\n'
     )
     with running_stack(broker_kind, name="dial", bots_toml=toml, redis_url=redis_server.url, partitions=4) as s:
@@ -117,8 +105,8 @@ def _stand_ins_saw_only_valid_requests(
     slack: StandInThread[SlackStandIn], lark: StandInThread[LarkStandIn]
 ) -> Iterator[None]:
     yield
-    assert slack.standin.errors == [], "requests or acknowledgements Slack would refuse"
-    assert lark.standin.errors == [], "requests or frames Lark would refuse"
+    assert slack.standin_started.errors == [], "requests or acknowledgements Slack would refuse"
+    assert lark.standin_started.errors == [], "requests or frames Lark would refuse"
 
 
 # -- the two platforms, side by side ----------------------------------------------------------------
@@ -173,19 +161,28 @@ class Platform:
         self._answers: Callable[[Any], Counter[int]] = slack_answers if name == "slack" else lark_answers
 
     def sockets(self) -> list[Any]:
-        return list(self.thread.standin.sockets)
+        return list(self.thread.standin_started.sockets)
 
     def open_sockets(self) -> list[Any]:
-        return list(self.thread.standin.open_sockets())
+        return list(self.thread.standin_started.open_sockets())
 
     def answers(self) -> Counter[int]:
-        return self._answers(self.thread.standin)
+        return self._answers(self.thread.standin_started)
 
-    def posted(self) -> int:
-        return len(self.thread.standin.posts)
+    def posts(self) -> list[dict[str, Any]]:
+        return list(self.thread.standin_started.posts)
+
+    def delivered(self) -> set[int]:
+        """The messages whose event reached a socket (Slack: in an envelope; Lark: in a data frame)."""
+        standin = self.thread.standin_started
+        if isinstance(standin, SlackStandIn):
+            ids = [e.message["payload"]["event_id"] for e in list(standin.envelopes.values())]
+        else:
+            ids = [event["header"]["event_id"] for s in list(standin.sockets) for event in list(s.events.values())]
+        return {int(i.removeprefix("Ev").removeprefix("ev-")) for i in ids}
 
     def send(self, n: int) -> Awaitable[Any]:
-        return self.thread.on_loop(self.thread.standin.send_event(self.event(n)))
+        return self.thread.on_loop(self.thread.standin_started.send_event(self.event(n)))
 
     async def holder(self, stack: Stack) -> tuple[WorkerProcess | None, int]:
         return await lease_holder(stack, self.bot_id, platform=self.name, channel=self.channel)
@@ -252,15 +249,10 @@ async def test_holder_sigkilled_mid_traffic_a_survivor_dials_and_every_message_i
     stop.set()
     await flowing
 
-    await wait_for(lambda: set(sent) <= set(platform.answers()), f"every message answered ({len(sent)})", 120)
-    quiet_since, count = time.monotonic(), platform.posted()
-    while time.monotonic() - quiet_since < 6.0:  # a repeat would come within this
-        await asyncio.sleep(0.1)
-        if platform.posted() != count:
-            quiet_since, count = time.monotonic(), platform.posted()
-    counts = platform.answers()
-    assert [n for n in sent if counts[n] != 1] == [], {n: counts[n] for n in sent if counts[n] != 1}
-    standin = platform.thread.standin
+    await answered_exactly_once(
+        range(first, sent[-1] + 1), delivered=platform.delivered, answered=platform.answers, activity=platform.posts
+    )
+    standin = platform.thread.standin_started
     if isinstance(standin, SlackStandIn):
         again = sum(1 for e in list(standin.envelopes.values()) if e.message.get("retry_attempt"))
         acked = {standin.envelopes[e].message["payload"]["event_id"] for e in standin.acked()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 import httpx
@@ -130,12 +130,26 @@ def delivered_numbers(peer: PeerThread) -> set[int]:
 async def each_answered_once(peer: PeerThread, sent: range) -> None:
     """Every message sent reached a socket, and each is answered exactly once (none twice, even
     after a quiet spell in which a repeat would have come)."""
-    delivered = delivered_numbers(peer) & set(sent)
-    assert delivered == set(sent), f"not delivered: {set(sent) - delivered}"
-    await wait_for(lambda: delivered <= set(answered(peer)), f"every message answered ({len(delivered)})", 120)
-    await settle(peer, quiet=6.0)
-    counts = answered(peer)
-    assert [n for n in delivered if counts[n] != 1] == [], {n: counts[n] for n in delivered if counts[n] != 1}
+    await answered_exactly_once(
+        sent, delivered=lambda: delivered_numbers(peer), answered=lambda: answered(peer), activity=peer.actions
+    )
+
+
+async def answered_exactly_once(
+    sent: range,
+    *,
+    delivered: Callable[[], set[int]],
+    answered: Callable[[], Counter[int]],
+    activity: Callable[[], Sized],
+) -> None:
+    """Every message sent was delivered to Switchboard, and each is answered exactly once, even
+    after a quiet spell (no new `activity`: replies the stand-in saw) in which a repeat would come."""
+    reached = delivered() & set(sent)
+    assert reached == set(sent), f"not delivered: {set(sent) - reached}"
+    await wait_for(lambda: reached <= set(answered()), f"every message answered ({len(reached)})", 120)
+    await settle(activity, quiet=6.0)
+    counts = answered()
+    assert [n for n in reached if counts[n] != 1] == [], {n: counts[n] for n in reached if counts[n] != 1}
 
 
 async def lease_holder(
@@ -171,13 +185,13 @@ async def wait_for(predicate: Any, what: str, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def settle(peer: PeerThread, quiet: float = 4.0) -> None:
-    """Until no action arrived for `quiet` seconds (to prove "exactly once")."""
-    count, since = len(peer.actions()), time.monotonic()
+async def settle(activity: Callable[[], Sized], quiet: float = 4.0) -> None:
+    """Until nothing new arrived for `quiet` seconds (to prove "exactly once")."""
+    count, since = len(activity()), time.monotonic()
     while time.monotonic() - since < quiet:
         await asyncio.sleep(0.1)
-        if len(peer.actions()) != count:
-            count, since = len(peer.actions()), time.monotonic()
+        if len(activity()) != count:
+            count, since = len(activity()), time.monotonic()
 
 
 class Traffic:
@@ -282,7 +296,7 @@ async def test_replies_are_sent_over_the_connection_from_a_worker_that_does_not_
     for number in numbers:
         await napcat_server.send_event(event(number, f"m{number}"))
     await wait_for(lambda: set(numbers) <= set(answered(napcat_server)), "every message answered")
-    await settle(napcat_server)
+    await settle(napcat_server.actions)
     counts = answered(napcat_server)
     assert all(counts[n] == 1 for n in numbers), counts
     routed = {
