@@ -68,8 +68,8 @@ class BotConfig(BaseModel):
     api_base: str | None = None
     # How the platform and Switchboard reach each other: `webhook` (the default: the platform posts to
     # `/webhooks/{platform}/{bot_id}`) or a long connection the platform module offers
-    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`; Telegram: `polling`), held by one
-    # worker at a time.
+    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`; Telegram: `polling`; Slack:
+    # `socket_mode`; Lark: `long_connection`), held by one worker at a time.
     transport: str = "webhook"
     # Telegram `polling`: call deleteWebhook when polling starts (without it, a webhook still set is
     # an error the holder logs and counts), and how long one getUpdates waits for updates.

@@ -120,7 +120,10 @@ FILE_ID_SHAPES = {"image": _IMAGE_KEY, "audio": _FILE_KEY, "video": _FILE_KEY, "
 
 class LarkPlatform(Platform):
     name: ClassVar[str] = "lark"
-    required_credentials = ("app_id", "app_secret", ("verification_token", "encrypt_key"))
+    required_credentials = ("app_id", "app_secret")
+    # The long connection (`pipeline.connections.lark`): events over a WebSocket Switchboard dials
+    # with the app's id and secret; no event callbacks, so no token or key to check them with.
+    transports = {"webhook": (("verification_token", "encrypt_key"),), "long_connection": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "file", "reply", "share"}),
         max_text_chars=MAX_TEXT,
@@ -186,6 +189,8 @@ class LarkPlatform(Platform):
                 raise WebhookRejected(401, "bad_token")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
+        if bot.transport != "webhook":
+            return []  # nothing posts to its webhook
         return missing_credential(
             bot,
             "encrypt_key",
