@@ -80,10 +80,14 @@ class BotConfig(BaseModel):
     notices: dict[str, str] = Field(default_factory=dict)
     rate_limit_chat: RateLimit | None = None
     rate_limit_bot: RateLimit | None = None
-    # Lark and Slack: a signed webhook whose timestamp is further than this from its receipt is
+    # Lark, Slack and QQ bot: a signed webhook whose timestamp is further than this from its receipt is
     # refused (401 stale_timestamp), so a captured request cannot be replayed later. Well below
     # the de-duplication window, which catches replays inside it.
     replay_window_seconds: int = Field(default=300, ge=30, le=3600)
+    # QQ bot: when a passive reply is no longer possible (the window after the user's message has
+    # passed), send an active message instead of dead-lettering the reply. QQ allows few of them
+    # (4 per month per user or group), and users can switch them off.
+    active_messages: bool = False
 
     def secret(self, name: str) -> str | None:
         value = self.credentials.get(name)

@@ -156,6 +156,10 @@ _TEXTS = {
     "attachment_unavailable": {"zh": "[附件不可用]", "en": "[attachment unavailable]"},
     "forward": {"zh": "[合并转发的消息无法在此显示]", "en": "[forwarded messages cannot be shown here]"},
     "face": {"zh": "[表情]", "en": "[emoji]"},
+    "reply_limit": {
+        "zh": "[QQ 只允许对一条消息回复 5 次 其余内容未能发送]",
+        "en": "[QQ allows 5 replies to one message: the rest of this reply could not be sent]",
+    },
 }
 
 # A few QQ face ids that have an obvious emoji, for platforms without QQ faces.
