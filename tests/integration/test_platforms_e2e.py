@@ -31,6 +31,7 @@ from pipeline.topics import DEADLETTER, IM_INBOUND
 from tests.conftest import enabled_brokers
 from tests.platforms import test_lark as lark_fx
 from tests.platforms import test_onebot as onebot_fx
+from tests.platforms import test_qqbot as qq_fx
 from tests.platforms import test_slack as slack_fx
 from tests.platforms import test_telegram as telegram_fx
 from tests.platforms.conftest import PNG, PNG_B64
@@ -40,7 +41,7 @@ from .stacks import running_stack
 
 pytestmark = [pytest.mark.integration]
 
-BOTS = {"onebot": "qq1", "telegram": "tg1", "lark": "lk1", "slack": "sl1"}
+BOTS = {"onebot": "qq1", "telegram": "tg1", "lark": "lk1", "slack": "sl1", "qqbot": "qb1"}
 
 
 def _bots_toml(standins: StandIns) -> str:
@@ -77,6 +78,7 @@ def _bots_toml(standins: StandIns) -> str:
             None,
             {"signing_secret": slack_fx.SIGNING_SECRET, "bot_token": slack_fx.BOT_TOKEN},
         ),
+        ("qqbot", qq_fx.BOT_USER, None, {"app_id": qq_fx.APP_ID, "app_secret": qq_fx.APP_SECRET}),
     ]
     out = []
     for platform, self_id, username, credentials in bots:
@@ -374,7 +376,7 @@ async def test_bad_signature_is_rejected_and_reaches_nothing(stack: Stack, stand
 
     async with httpx.AsyncClient(timeout=10) as client:
         metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
-    for platform in BOTS:
+    for platform in ("telegram", "onebot", "lark", "slack"):
         assert f'switchboard_webhooks_total{{outcome="bad_signature",platform="{platform}"}} 1.0' in metrics
 
 
@@ -610,4 +612,146 @@ async def test_another_bots_secret_is_cut_from_a_reply_in_any_form(stack: Stack,
     [call] = await standins.wait_for("onebot", chat)
     shown = reply_text(call)
     assert shown == "first [redacted]. then [redacted][redacted]** end"  # each piece of the split one cut
+    await standins.settle()
+
+
+# -- QQ bot (official API): signed with Ed25519 as QQ documents, fixtures read back by qq-botpy --------
+
+
+def qq_group(n: int, text: str) -> tuple[dict[str, Any], str, str]:
+    group, message_id = f"E2EGROUP{n:024d}", f"ROBOT1.0_e2e_group_{n:06d}"
+    return qq_fx.group_at(text, message_id=message_id, group=group), f"group:{group}", message_id
+
+
+def qq_c2c(n: int, text: str) -> tuple[dict[str, Any], str, str]:
+    user, message_id = f"E2EUSER{n:025d}", f"ROBOT1.0_e2e_c2c_{n:06d}"
+    return qq_fx.c2c(text, message_id=message_id, user=user), f"c2c:{user}", message_id
+
+
+async def test_qqbot_url_validation_group_and_c2c(stack: Stack, standins: StandIns) -> None:
+    # The callback URL check QQ makes when the URL is set (its docs' example): answered with the
+    # signature QQ computes itself.
+    url = f"{stack.workers[0].url}/webhooks/qqbot/{BOTS['qqbot']}"
+    validation = b'{"d":{"plain_token":"Arq0D5A61EgUu4OxUvOp","event_ts":"1725442341"},"op":13}'
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(url, content=validation, headers={"x-bot-appid": qq_fx.APP_ID})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["plain_token"] == "Arq0D5A61EgUu4OxUvOp"
+    qq_fx.qq_key().public_key().verify(bytes.fromhex(answer["signature"]), b"1725442341Arq0D5A61EgUu4OxUvOp")
+
+    for build, text in ((qq_group, "qq group ask"), (qq_c2c, "hello from qq c2c")):
+        payload, chat, message_id = build(_n(), text)
+        standins.qq.received(message_id)
+        response = await post(stack, "qqbot", qq_fx.signed(payload))
+        assert response.status_code == 200 and response.json() == {"op": 12, "d": 0}, response.text
+        [call] = await standins.wait_for("qqbot", chat)
+        kind, ident = chat.split(":")
+        assert call.path == (f"/v2/groups/{ident}/messages" if kind == "group" else f"/v2/users/{ident}/messages")
+        assert call.seen.headers["authorization"] == f"QQBot qq-token-{standins.qq.tokens_issued}"
+        body = call.seen.json
+        assert body["msg_type"] == 0 and body["msg_id"] == message_id and isinstance(body["msg_seq"], int)
+        assert body["content"].startswith("echo: ") and text in body["content"]
+    token_calls = [c for c in standins.all_calls() if c.path == "/app/getAppAccessToken"]
+    assert len(token_calls) == 1  # cached by the worker
+    await standins.settle()
+
+
+async def test_qqbot_forged_and_malformed_webhooks_reach_nothing(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    payload, chat, message_id = qq_c2c(n, "forged qqbot")
+    forged = qq_fx.signed(payload, secret="not-the-bot-secret-at-all")
+    response = await post(stack, "qqbot", forged)
+    assert response.status_code == 401 and response.json() == {"error": "bad_signature"}
+    malformed = qq_fx.signed_raw(b'{"op":0,"id":"x","t":"C2C_MESSAGE_CREATE","d":{"id":"m","author":{}}}')
+    response = await post(stack, "qqbot", malformed)
+    assert response.status_code == 400 and response.json()["error"] == "malformed_payload"
+
+    genuine, _, _ = qq_c2c(n, "genuine qqbot")  # the same ids: had the forged one got in, this is a duplicate
+    standins.qq.received(message_id)
+    assert (await post(stack, "qqbot", qq_fx.signed(genuine))).status_code == 200
+    texts = await _inbound_texts_until(stack, ["genuine qqbot"])
+    assert not [t for t in texts if "forged qqbot" in t], texts
+    [call] = await standins.wait_for("qqbot", chat)
+    assert call.seen.json["content"] == "echo: genuine qqbot"
+    await standins.settle()
+    assert len(standins.calls_for("qqbot", chat)) == 1
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
+    assert 'switchboard_webhooks_total{outcome="bad_signature",platform="qqbot"} 1.0' in metrics
+
+
+async def test_qqbot_redelivered_webhook_gets_one_reply(stack: Stack, standins: StandIns) -> None:
+    payload, chat, message_id = qq_group(_n(), "only once qqbot")
+    standins.qq.received(message_id)
+    for _ in range(3):  # QQ posts the same event again (signed anew) when it saw no answer in time
+        assert (await post(stack, "qqbot", qq_fx.signed(payload))).status_code == 200
+    await standins.wait_for("qqbot", chat)
+    await standins.settle(quiet=3)
+    [call] = standins.calls_for("qqbot", chat)
+    assert call.accepted and "only once qqbot" in call.seen.json["content"]
+
+
+async def test_qqbot_rate_limited_send_waits_and_delivers_once(stack: Stack, standins: StandIns) -> None:
+    payload, chat, message_id = qq_c2c(_n(), "after the wait qqbot")
+    standins.qq.received(message_id)
+    standins.script("qqbot", chat, (429, {"code": 22009, "message": "msg limit exceed"}, {"Retry-After": "2"}))
+    assert (await post(stack, "qqbot", qq_fx.signed(payload))).status_code == 200
+    await standins.wait_for("qqbot", chat)
+    await standins.settle(quiet=3)
+    limited, delivered = standins.calls_for("qqbot", chat)
+    assert limited.status == 429 and delivered.accepted
+    assert delivered.at - limited.at >= 1.9, delivered.at - limited.at  # retry_after honoured
+    assert limited.seen.json == delivered.seen.json  # the same msg_seq: QQ would drop a second copy
+    assert delivered.seen.json["content"] == "echo: after the wait qqbot"
+
+
+async def test_qqbot_permanent_error_is_dead_lettered_with_qqs_reason(stack: Stack, standins: StandIns) -> None:
+    payload, chat, message_id = qq_c2c(_n(), "nobody hears qqbot")
+    standins.qq.received(message_id)
+    refusal = (403, {"code": 11253, "message": "check app privilege not pass"})
+    standins.script("qqbot", chat, refusal, sticky=True)
+    assert (await post(stack, "qqbot", qq_fx.signed(payload))).status_code == 200
+    letters: list[dict[str, Any]] = []
+
+    def dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
+            letters.append(letter)
+        return bool(letters)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    await standins.settle(quiet=3)
+    [letter] = letters
+    assert letter["reason"] == "missing_permission" and letter["attempts"] == 1, letter
+    assert letter["topic"] == "im.outbound.qqbot"
+    assert "11253" in letter["error"] and "check app privilege not pass" in letter["error"]
+    [call] = standins.calls_for("qqbot", chat)  # no retry of a permanent error
+    assert not call.accepted
+
+
+async def test_qqbot_media_reply_is_uploaded_then_sent_as_media(stack: Stack, standins: StandIns) -> None:
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    payload, chat, message_id = qq_c2c(_n(), f"picture please [sim:reply={reply}]")
+    standins.qq.received(message_id)
+    assert (await post(stack, "qqbot", qq_fx.signed(payload))).status_code == 200
+    image, text = await standins.wait_for("qqbot", chat, 2)
+    upload = [c for c in standins.calls_for("qqbot", chat, messages_only=False) if c.path.endswith("/files")]
+    assert len(upload) == 1 and base64.b64decode(upload[0].seen.json["file_data"]) == PNG
+    assert image.seen.json["msg_type"] == 7 and image.seen.json["media"] == {"file_info": upload[0].answer["file_info"]}
+    assert text.seen.json == {
+        "content": "a pixel",
+        "msg_type": 0,
+        "msg_id": message_id,
+        "msg_seq": text.seen.json["msg_seq"],
+    }
+    assert image.seen.json["msg_seq"] != text.seen.json["msg_seq"]
     await standins.settle()
