@@ -3,6 +3,7 @@ classification and the text fallbacks for segments a platform cannot show."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import functools
 import hashlib
@@ -10,7 +11,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -341,3 +342,42 @@ def obj(value: Any) -> dict[str, Any]:
 
 def arr(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+class TokenCache:
+    """App access tokens per (token URL, app id), each kept until `margin_s` before it expires. One
+    fetch at a time per key, however many sends are waiting. Per process: a few token calls per
+    worker."""
+
+    def __init__(self, margin_s: float) -> None:
+        self.margin_s = margin_s
+        self._tokens: dict[tuple[str, str], tuple[str, float]] = {}  # key → (token, monotonic expiry)
+        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
+        self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+
+    def _cached(self, key: tuple[str, str]) -> str | None:
+        cached = self._tokens.get(key)
+        return cached[0] if cached and cached[1] > time.monotonic() else None
+
+    async def get(
+        self, key: tuple[str, str], fetch: Callable[[], Awaitable[tuple[str, float] | SendOutcome]]
+    ) -> str | SendOutcome:
+        """The cached token, else `fetch()`'s (token, lifetime in seconds), cached; or its outcome."""
+        token = self._cached(key)
+        if token is not None:
+            return token
+        lock = self._locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
+        async with lock:
+            token = self._cached(key)
+            if token is not None:
+                return token
+            fetched = await fetch()
+            if isinstance(fetched, SendOutcome):
+                return fetched
+            token, lifetime = fetched
+            self._tokens[key] = (token, time.monotonic() + max(lifetime - self.margin_s, 1.0))
+            return token
+
+    def drop(self, app_id: str) -> None:
+        """Forget the tokens of `app_id` (the platform said they are no longer valid)."""
+        self._tokens = {k: v for k, v in self._tokens.items() if k[1] != app_id}

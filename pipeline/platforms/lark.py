@@ -15,18 +15,17 @@ outbound id, so Lark itself drops a duplicate send.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import json
 import re
-import time
 from typing import Any, ClassVar
 
 import httpx
 
 from pipeline.platforms._common import (
+    TokenCache,
     arr,
     attachment_unavailable,
     base_url,
@@ -134,10 +133,7 @@ class LarkPlatform(Platform):
     )
 
     def __init__(self) -> None:
-        # (api base, app id) → (token, monotonic expiry). Per process: a few token calls per worker.
-        self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
-        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
-        self._token_locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._tokens = TokenCache(TOKEN_MARGIN_S)  # keyed by (api base, app id)
 
     # --- in --------------------------------------------------------------------------------------
 
@@ -438,15 +434,8 @@ class LarkPlatform(Platform):
 
     async def _token(self, bot: BotConfig, http: httpx.AsyncClient, root: str) -> str | SendOutcome:
         app_id, secret = bot.secret("app_id") or "", bot.secret("app_secret") or ""
-        key = (root, app_id)
-        cached = self._tokens.get(key)
-        if cached and cached[1] > time.monotonic():
-            return cached[0]
-        lock = self._token_locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
-        async with lock:  # one fetch per expiry, however many sends are waiting
-            cached = self._tokens.get(key)
-            if cached and cached[1] > time.monotonic():
-                return cached[0]
+
+        async def fetch() -> tuple[str, float] | SendOutcome:
             try:
                 response = await http.post(root + TOKEN_PATH, json={"app_id": app_id, "app_secret": secret})
             except httpx.HTTPError as exc:
@@ -460,9 +449,9 @@ class LarkPlatform(Platform):
                 return SendOutcome(
                     "permanent", reason="unauthorized", detail=f"token: code {data.get('code')}: {data.get('msg')}"
                 )
-            lifetime = float(expire) if isinstance(expire, int | float) else 7200.0
-            self._tokens[key] = (token, time.monotonic() + max(lifetime - TOKEN_MARGIN_S, 1.0))
-            return token
+            return token, float(expire) if isinstance(expire, int | float) else 7200.0
+
+        return await self._tokens.get((root, app_id), fetch)
 
     def _classify(
         self, bot: BotConfig, root: str, response: httpx.Response
@@ -479,7 +468,7 @@ class LarkPlatform(Platform):
             )
             return SendOutcome("retry", reason="rate_limited", retry_after=retry_after, detail=detail), {}
         if code in _TOKEN_INVALID:
-            self._tokens.pop((root, bot.secret("app_id") or ""), None)
+            self._tokens.drop(bot.secret("app_id") or "")
             return SendOutcome("retry", reason="token_expired", retry_after=0.0, detail=detail), {}
         if response.status_code >= 500 or code in _SERVER_ERRORS or data is None:
             return SendOutcome("retry", reason="server_error", detail=detail), {}

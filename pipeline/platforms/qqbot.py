@@ -19,13 +19,11 @@ Chat ids carry their scene: `group:<group_openid>`, `c2c:<user_openid>`, `channe
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
 import hashlib
 import hmac
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import metrics
 from pipeline.platforms._common import (
+    TokenCache,
     arr,
     attachment_unavailable,
     base_url,
@@ -42,6 +41,7 @@ from pipeline.platforms._common import (
     dice_text,
     face_text,
     file_name,
+    http_outcome,
     load_failure,
     load_json,
     media_placeholder,
@@ -219,9 +219,7 @@ class QQBotPlatform(Platform):
     )
 
     def __init__(self) -> None:
-        # (token URL, app id) → (token, monotonic expiry). Per process: a few token calls per worker.
-        self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
-        self._token_locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._tokens = TokenCache(TOKEN_MARGIN_S)  # keyed by (token URL, app id)
         self._keys: dict[str, Ed25519PrivateKey] = {}  # sha256(secret) → key (derivation is cheap, not free)
 
     def _key(self, bot: BotConfig) -> Ed25519PrivateKey:
@@ -520,40 +518,30 @@ class QQBotPlatform(Platform):
     async def _token(self, bot: BotConfig, http: httpx.AsyncClient) -> str | SendOutcome:
         app_id, secret = bot.secret("app_id") or "", bot.secret("app_secret") or ""
         url = base_url(bot, DEFAULT_TOKEN_BASE) + TOKEN_PATH
-        key = (url, app_id)
-        cached = self._tokens.get(key)
-        if cached and cached[1] > time.monotonic():
-            return cached[0]
-        lock = self._token_locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
-        async with lock:  # one fetch per expiry, however many sends are waiting
-            cached = self._tokens.get(key)
-            if cached and cached[1] > time.monotonic():
-                return cached[0]
+
+        async def fetch() -> tuple[str, float] | SendOutcome:
             try:
                 response = await http.post(url, json={"appId": app_id, "clientSecret": secret})
             except httpx.HTTPError as exc:
                 return network_outcome(exc)
-            if response.status_code == 429 or response.status_code >= 500:
-                return SendOutcome(
-                    "retry",
-                    reason="rate_limited" if response.status_code == 429 else "server_error",
-                    retry_after=retry_after_header(response.headers.get("retry-after")),
-                    detail=f"token: HTTP {response.status_code}",
-                )
+            early = http_outcome(response)
+            if early is not None:
+                early.detail = f"token: {early.detail}"
+                return early
             data = response_json(response) or {}
             token = data.get("access_token")
-            try:
-                lifetime = float(data.get("expires_in", 7200))  # QQ sends it as a string
-            except (TypeError, ValueError):
-                lifetime = 7200.0
             if not isinstance(token, str) or not token:
                 return SendOutcome(
                     "permanent",
                     reason="unauthorized",
                     detail=f"token: code {data.get('code')}: {data.get('message') or data.get('msg')}",
                 )
-            self._tokens[key] = (token, time.monotonic() + max(lifetime - TOKEN_MARGIN_S, 1.0))
-            return token
+            try:
+                return token, float(data.get("expires_in", 7200))  # QQ sends it as a string
+            except (TypeError, ValueError):
+                return token, 7200.0
+
+        return await self._tokens.get((url, app_id), fetch)
 
     def _classify(self, bot: BotConfig, response: httpx.Response) -> SendOutcome:
         data = response_json(response)
@@ -572,7 +560,7 @@ class QQBotPlatform(Platform):
             retry_after = retry_after_header(response.headers.get("retry-after"))
             return SendOutcome("retry", reason="rate_limited", retry_after=retry_after, detail=detail)
         if response.status_code == 401 or code in _TOKEN_INVALID:
-            self._tokens = {k: v for k, v in self._tokens.items() if k[1] != (bot.secret("app_id") or "")}
+            self._tokens.drop(bot.secret("app_id") or "")
             return SendOutcome("retry", reason="token_expired", retry_after=0.0, detail=detail)
         if code in _WINDOW_EXPIRED:
             return SendOutcome("permanent", reason="passive_window_expired", detail=detail)
