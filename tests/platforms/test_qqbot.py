@@ -6,6 +6,7 @@ its window, at most 5 replies, no msg_seq twice for one msg_id)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -17,12 +18,13 @@ import httpx
 import pytest
 from botpy.connection import ConnectionState
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import ValidationError
 
 from pipeline.platforms import WebhookRejected, WebhookRequest
 from pipeline.platforms.qqbot import MAX_TEXT, QQBotPlatform, msg_seq
 from pipeline.records import OutboundMessage
 from pipeline.segments import segment_list_adapter
-from pipeline.settings import BotConfig
+from pipeline.settings import BotConfig, Settings
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media, rejected_count
 
@@ -611,3 +613,29 @@ async def test_a_bad_app_secret_is_permanent(api: FakeApi, http: httpx.AsyncClie
 def test_a_chat_id_without_a_scene_is_refused() -> None:
     with pytest.raises(ValueError, match="not a qqbot chat id"):
         QQBotPlatform().render(bot_config(), outbound("12345", [{"type": "text", "data": {"text": "x"}}]))
+
+
+async def test_the_token_is_fetched_again_before_it_expires(api: FakeApi, http: httpx.AsyncClient) -> None:
+    stand_in = QQStandIn(api)
+
+    def short_lived(seen: Seen) -> tuple[int, Any]:
+        status, body = stand_in.token(seen)
+        return status, {**body, "expires_in": "31"}  # QQ's last minute: 30 s kept in reserve
+
+    api.on("/app/getAppAccessToken", short_lived)
+    qq = QQBotPlatform()
+    bot = bot_config(api)
+    call = qq.render(bot, outbound(f"c2c:{USER}", [{"type": "text", "data": {"text": "x"}}], msg_id=None))[0]
+    assert (await qq.send(bot, call, http, load_media)).status == "delivered"
+    assert (await qq.send(bot, call, http, load_media)).status == "delivered"
+    assert stand_in.tokens_issued == 1  # still fresh
+    await asyncio.sleep(1.1)
+    assert (await qq.send(bot, call, http, load_media)).status == "delivered"
+    assert stand_in.tokens_issued == 2  # taken anew before QQ would have refused the old one
+
+
+def test_settings_require_app_id_and_app_secret() -> None:
+    with pytest.raises(ValidationError) as exc:
+        Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID}}])
+    assert "credentials.app_secret" in str(exc.value) and "required for qqbot" in str(exc.value)
+    Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID, "app_secret": "s"}}])
