@@ -84,9 +84,9 @@ class BotConfig(BaseModel):
     # refused (401 stale_timestamp), so a captured request cannot be replayed later. Well below
     # the de-duplication window, which catches replays inside it.
     replay_window_seconds: int = Field(default=300, ge=30, le=3600)
-    # QQ bot: when a passive reply is no longer possible (the window after the user's message has
-    # passed), send an active message instead of dead-lettering the reply. QQ allows few of them
-    # (4 per month per user or group), and users can switch them off.
+    # QQ bot: send active messages (no user message answered) where a passive reply is no longer
+    # possible: past the reply window, past the 5 replies to one message, with no message to answer.
+    # Off, such a message is dead-lettered. QQ allows few (4 a month per user or group).
     active_messages: bool = False
 
     def secret(self, name: str) -> str | None:

@@ -109,12 +109,16 @@ _SCENES = ("group", "c2c", "channel", "dm")
 
 # Error codes (QQ's openapi error list and send docs).
 _DUPLICATE_SEQ = 40054005  # this msg_id + msg_seq was sent before: the message is already shown
-_RATE_LIMITED = {22009, 20028, 1100100, 1100308, 304045, 304049, 304050}
+_RATE_LIMITED = {22009, 20028, 1100100, 1100308}
 _TOKEN_INVALID = {11241, 11242, 11243, 11244}
 _WINDOW_EXPIRED = {304027, 40034005, 40034128, 304103}
 _RETRYABLE = {304082, 304083, 11281, 11252, 11263, 306003, 1100300}
 _ACCEPTED_FOR_REVIEW = {304023, 304024}  # sent, held for QQ's review: not an error, not resent
 _PERMANENT = {
+    # Daily quotas of active messages (per channel, per DM user, per bot): no retry helps today.
+    304045: "active_quota",
+    304049: "active_quota",
+    304050: "active_quota",
     304003: "url_not_allowed",
     40054010: "url_not_allowed",
     304020: "file_too_large",
@@ -142,7 +146,7 @@ _PERMANENT = {
 # SILK, which an agent's audio is not, and files (4) are not open yet: both get the notice.
 _UPLOAD_TYPE = {"image": 1, "video": 2}
 
-# `<@!123>`/`<@123>` mentions (guild ids), `<@everyone>`, `<emoji:13>` faces.
+# `<@!123>`/`<@123>` mentions, `<@everyone>`, `<emoji:13>` faces.
 _INLINE = re.compile(r"<@!?([A-Za-z0-9_-]{1,128})>|<@everyone>|<emoji:(\d{1,6})>")
 # What QQ sends as `plain_token` and `event_ts`. Anything else is refused: the answer is a signature
 # made with the same key the callbacks are checked with, so answering arbitrary text would sign a
@@ -206,7 +210,7 @@ class QQBotPlatform(Platform):
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "mention", "image", "video", "reply"}),
         max_text_chars=MAX_TEXT,
-        # QQ documents no upload size; 10 MB is what its clients accept for an image.
+        # QQ documents no upload size: a conservative cap.
         max_attachment_bytes=10 * 1024 * 1024,
         markdown=False,
         # Guild channels: 5 messages per second per channel, passive or not; groups and one-to-one
@@ -408,6 +412,8 @@ class QQBotPlatform(Platform):
                 if target.v2:
                     body["msg_seq"] = msg_seq(message.outbound_id, index)
             meta: dict[str, Any] = {"chat": message.chat_id, "scene": target.scene, "segment": segment_type}
+            if reply_id:
+                meta["reply_to"] = reply_id
             if passive and deadline is not None:
                 meta["passive_until_ms"] = deadline
             if media is not None:
@@ -419,6 +425,16 @@ class QQBotPlatform(Platform):
         self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
     ) -> SendOutcome:
         body = dict(call.json or {})
+        if "msg_id" not in body:
+            if not bot.active_messages:
+                return SendOutcome(
+                    "permanent",
+                    reason="active_messages_off",
+                    detail="the message answers no user message and this bot sends no active messages "
+                    "(active_messages = false)",
+                )
+            if call.meta.get("reply_to"):  # past the 5 replies to its message
+                metrics.NOTICES.labels(self.name, "active_fallback").inc()
         deadline = call.meta.get("passive_until_ms")
         if isinstance(deadline, int | float) and now_ms() > deadline:
             expired = self._window_passed(bot, body, call)

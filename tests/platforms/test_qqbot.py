@@ -570,6 +570,7 @@ async def test_unreadable_media_becomes_the_notice(api: FakeApi, http: httpx.Asy
         (400, {"code": 304003, "message": "url not allowed"}, {}, "permanent", "url_not_allowed"),
         (400, {"code": 1100101, "message": "内容涉及敏感"}, {}, "permanent", "content_refused"),
         (400, {"code": 12345, "message": "something new"}, {}, "permanent", "api_error"),
+        (400, {"code": 304049, "message": "私信主动消息数限频"}, {}, "permanent", "active_quota"),
         (502, "<html>bad gateway</html>", {}, "retry", "server_error"),
     ],
 )
@@ -578,7 +579,7 @@ async def test_error_classification(
 ) -> None:
     stand_in = QQStandIn(api)
     api.reply(f"/v2/users/{USER}/messages", status, body, headers)
-    bot = bot_config(api)
+    bot = bot_config(api, active_messages=True)
     message = outbound(f"c2c:{USER}", [{"type": "text", "data": {"text": "x"}}], msg_id=None)
     [outcome] = await send_all(bot, message, http)
     assert (outcome.status, outcome.reason) == (verdict, reason), outcome
@@ -592,7 +593,7 @@ async def test_error_classification(
 async def test_an_expired_token_is_dropped_and_fetched_again(api: FakeApi, http: httpx.AsyncClient) -> None:
     stand_in = QQStandIn(api)
     qq = QQBotPlatform()
-    bot = bot_config(api)
+    bot = bot_config(api, active_messages=True)
     call = qq.render(bot, outbound(f"c2c:{USER}", [{"type": "text", "data": {"text": "x"}}], msg_id=None))[0]
     assert (await qq.send(bot, call, http, load_media)).status == "delivered"
     stand_in.tokens_issued += 1  # QQ rotated it: the cached one is refused with 401 / 11244
@@ -603,7 +604,7 @@ async def test_an_expired_token_is_dropped_and_fetched_again(api: FakeApi, http:
 
 async def test_a_bad_app_secret_is_permanent(api: FakeApi, http: httpx.AsyncClient) -> None:
     api.reply("/app/getAppAccessToken", 200, {"code": 100016, "message": "invalid appid or secret"})
-    bot = bot_config(api)
+    bot = bot_config(api, active_messages=True)
     message = outbound(f"c2c:{USER}", [{"type": "text", "data": {"text": "x"}}], msg_id=None)
     [outcome] = await send_all(bot, message, http)
     assert outcome.status == "permanent" and outcome.reason == "unauthorized" and "100016" in outcome.detail
@@ -624,7 +625,7 @@ async def test_the_token_is_fetched_again_before_it_expires(api: FakeApi, http: 
 
     api.on("/app/getAppAccessToken", short_lived)
     qq = QQBotPlatform()
-    bot = bot_config(api)
+    bot = bot_config(api, active_messages=True)
     call = qq.render(bot, outbound(f"c2c:{USER}", [{"type": "text", "data": {"text": "x"}}], msg_id=None))[0]
     assert (await qq.send(bot, call, http, load_media)).status == "delivered"
     assert (await qq.send(bot, call, http, load_media)).status == "delivered"
@@ -639,3 +640,13 @@ def test_settings_require_app_id_and_app_secret() -> None:
         Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID}}])
     assert "credentials.app_secret" in str(exc.value) and "required for qqbot" in str(exc.value)
     Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID, "app_secret": "s"}}])
+
+
+async def test_no_active_message_unless_the_bot_allows_them(api: FakeApi, http: httpx.AsyncClient) -> None:
+    stand_in = QQStandIn(api)
+    message = outbound(f"group:{GROUP}", [{"type": "text", "data": {"text": "unprompted"}}], msg_id=None)
+    [outcome] = await send_all(bot_config(api), message, http)
+    assert (outcome.status, outcome.reason) == ("permanent", "active_messages_off")
+    assert not [s for s in api.seen if s.path.endswith("/messages")]  # not even tried
+    [outcome] = await send_all(bot_config(api, active_messages=True), message, http)
+    assert outcome.status == "delivered" and "msg_id" not in stand_in.sent[0].json
