@@ -146,8 +146,9 @@ _PERMANENT = {
 # SILK, which an agent's audio is not, and files (4) are not open yet: both get the notice.
 _UPLOAD_TYPE = {"image": 1, "video": 2}
 
-# `<@!123>`/`<@123>` mentions, `<@everyone>`, `<emoji:13>` faces.
-_INLINE = re.compile(r"<@!?([A-Za-z0-9_-]{1,128})>|<@everyone>|<emoji:(\d{1,6})>")
+# Guild content's inline formats: `<@!123>`/`<@123>` mentions, `<#123>` channels, `<emoji:13>` faces.
+_INLINE = re.compile(r"<@!?([A-Za-z0-9_-]{1,128})>|<#([A-Za-z0-9_-]{1,128})>|<emoji:(\d{1,6})>")
+_MENTION_TARGET = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # What QQ sends as `plain_token` and `event_ts`. Anything else is refused: the answer is a signature
 # made with the same key the callbacks are checked with, so answering arbitrary text would sign a
 # forged callback (`event_ts` + `plain_token` = timestamp + body).
@@ -291,7 +292,8 @@ class QQBotPlatform(Platform):
 
         parts = _Parts(bot.self_id, arr(data.get("mentions")))
         content = data.get("content")
-        parts.content(content.strip() if isinstance(content, str) and scene in ("group", "c2c") else content)
+        guild = scene in ("channel", "dm")
+        parts.content(content if guild or not isinstance(content, str) else content.strip(), guild=guild)
         for attachment in arr(data.get("attachments")):
             parts.attachment(obj(attachment))
         if not parts.segments:
@@ -351,16 +353,20 @@ class QQBotPlatform(Platform):
             if joined.strip():
                 blocks.append(("text", joined))
 
+        # Guild content is parsed for inline formats: what the agent wrote is escaped as QQ
+        # documents, and `@everyone` broken, so only the bot's own `<@id>` mentions anyone.
+        guild = not target.v2
+        inert = _guild_text if guild else _as_is
         for index, segment in enumerate(with_own_file_ids(bot, message.segments, {})):
             if isinstance(segment, TextSegment):
-                text.append(segment.data.text)
+                text.append(inert(segment.data.text))
             elif isinstance(segment, MarkdownSegment):  # QQ markdown needs approved templates
-                text.append(to_plain(parse_markdown(segment.data.content)))
+                text.append(inert(to_plain(parse_markdown(segment.data.content))))
             elif isinstance(segment, MentionSegment):
-                if target.scene == "channel":
+                if target.scene == "channel" and _MENTION_TARGET.fullmatch(segment.data.target):
                     text.append(f"<@{segment.data.target}>")
                 # Groups and one-to-one chats have no @ of a member by id: the passive reply already
-                # answers the asker's message, so the mention is left out.
+                # answers the asker's message, so the mention is left out (as is one not of QQ's shape).
             elif isinstance(segment, ImageSegment | VideoSegment | AudioSegment | FileSegment):
                 if segment.type == "image" or (segment.type == "video" and target.v2):
                     flush()
@@ -370,7 +376,7 @@ class QQBotPlatform(Platform):
                     text.append(attachment_unavailable(bot, segment.type, media_kind, "unsupported_by_platform"))
             elif isinstance(segment, ShareSegment):
                 title = segment.data.title
-                text.append(f"{title} ({segment.data.url})" if title else segment.data.url)
+                text.append(inert(f"{title} ({segment.data.url})" if title else segment.data.url))
             elif isinstance(segment, FaceSegment):
                 text.append(face_text(bot, segment.data.id))
             elif isinstance(segment, DiceSegment):
@@ -601,6 +607,21 @@ _EVENT_SCENES = {
 }
 
 
+def _as_is(text: str) -> str:
+    return text
+
+
+def _guild_text(text: str) -> str:
+    """Text shown as written in a guild message: `& < >` escaped as QQ's inline format asks, and
+    `@everyone` broken with a zero-width space (it would @ the whole guild)."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"@(?=everyone)", "@\u200b", escaped, flags=re.IGNORECASE)
+
+
+def _guild_unescape(text: str) -> str:
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
 def _to_active(platform: str, body: dict[str, Any]) -> None:
     body.pop("msg_id", None)
     body.pop("msg_seq", None)
@@ -683,14 +704,16 @@ class _Parts:
         else:
             self.segments.append(TextSegment(type="text", data=TextData(text=value)))
 
-    def content(self, value: Any) -> None:
+    def content(self, value: Any, *, guild: bool) -> None:
+        """Message content: inline formats into segments; a guild's escaped `& < >` decoded."""
         if not isinstance(value, str):
             return
+        plain = _guild_unescape if guild else _as_is
         pos = 0
         for match in _INLINE.finditer(value):
-            self.text(value[pos : match.start()])
+            self.text(plain(value[pos : match.start()]))
             pos = match.end()
-            user, face = match.group(1), match.group(2)
+            user, channel, face = match.groups()
             if user:
                 name, is_bot = self.known.get(user, ("", False))
                 if is_bot or user == self.self_id:
@@ -700,11 +723,11 @@ class _Parts:
                 if name:
                     self.names[user] = name
                 self.plain.append(f"@{name or user}")
-            elif face:
-                self.segments.append(FaceSegment(type="face", data=FaceData(id=face)))
+            elif channel:
+                self.text(f"#{channel}")
             else:
-                self.text("@everyone")
-        self.text(value[pos:])
+                self.segments.append(FaceSegment(type="face", data=FaceData(id=face)))
+        self.text(plain(value[pos:]))
 
     def attachment(self, item: dict[str, Any]) -> None:
         url = item.get("url")

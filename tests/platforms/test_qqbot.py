@@ -650,3 +650,24 @@ async def test_no_active_message_unless_the_bot_allows_them(api: FakeApi, http: 
     assert not [s for s in api.seen if s.path.endswith("/messages")]  # not even tried
     [outcome] = await send_all(bot_config(api, active_messages=True), message, http)
     assert outcome.status == "delivered" and "msg_id" not in stand_in.sent[0].json
+
+
+def test_guild_escapes_are_read_and_written_as_qq_documents() -> None:
+    [message] = take(signed(guild_at("a &lt;b&gt; &amp;amp; <#123>"))).messages
+    assert message.text.endswith("a <b> &amp; #123")
+    agent = outbound(
+        f"channel:{CHANNEL}",
+        [
+            {"type": "text", "data": {"text": "x <@!999> @everyone & <emoji:1> "}},
+            {"type": "mention", "data": {"target": "123> <@456"}},  # not of QQ's shape: left out
+            {"type": "mention", "data": {"target": ALICE_GUILD_ID}},
+        ],
+    )
+    [call] = QQBotPlatform().render(bot_config(), agent)
+    assert call.json is not None
+    assert call.json["content"] == f"x &lt;@!999&gt; @\u200beveryone &amp; &lt;emoji:1&gt; <@{ALICE_GUILD_ID}>"
+    # Groups and one-to-one chats take the text as it is.
+    [call] = QQBotPlatform().render(
+        bot_config(), outbound(f"group:{GROUP}", [{"type": "text", "data": {"text": "a<b"}}])
+    )
+    assert call.json is not None and call.json["content"] == "a<b"
