@@ -543,9 +543,17 @@ async def test_channel_and_dm(api: FakeApi, http: httpx.AsyncClient) -> None:
     assert text.json == {"content": f"<@{ALICE_GUILD_ID}> hi", "msg_id": "m1"}
     assert image.form == {"msg_id": "m1"} and image.files["file_image"][1] == PNG
     assert "[附件不可用]" in video.json["content"]  # channels take no video
-    dm = outbound(f"dm:{DM_GUILD}", [{"type": "text", "data": {"text": "psst"}}])
-    assert [o.status for o in await send_all(bot, dm, http)] == ["delivered"]
-    assert stand_in.sent[-1].path == f"/dms/{DM_GUILD}/messages"
+    dm = outbound(
+        f"dm:{DM_GUILD}",
+        [
+            {"type": "text", "data": {"text": "psst"}},
+            {"type": "image", "data": {"media": {"kind": "url", "value": "https://example.com/a.png"}}},
+        ],
+    )
+    assert [o.status for o in await send_all(bot, dm, http)] == ["delivered"] * 2
+    assert [s.path for s in stand_in.sent[-2:]] == [f"/dms/{DM_GUILD}/messages"] * 2
+    # A URL goes to QQ, whose servers fetch it: nothing is fetched or uploaded here.
+    assert stand_in.sent[-1].json == {"image": "https://example.com/a.png", "msg_id": "m1"}
 
 
 async def test_unreadable_media_becomes_the_notice(api: FakeApi, http: httpx.AsyncClient) -> None:
