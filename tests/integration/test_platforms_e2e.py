@@ -14,6 +14,8 @@ import base64
 import datetime as dt
 import itertools
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -755,3 +757,43 @@ async def test_qqbot_media_reply_is_uploaded_then_sent_as_media(stack: Stack, st
     }
     assert image.seen.json["msg_seq"] != text.seen.json["msg_seq"]
     await standins.settle()
+
+
+@pytest.mark.slow
+async def test_qqbot_a_worker_killed_after_the_send_does_not_post_twice(stack: Stack, standins: StandIns) -> None:
+    """SIGKILL the worker the moment QQ accepted the reply, before egress could mark it delivered:
+    its replacement replays the record and sends the same msg_id + msg_seq, which QQ refuses as a
+    repeat (40054005); the chat shows the reply once. (Last in the module: it replaces the worker.)"""
+    payload, chat, message_id = qq_c2c(_n(), "survive the crash qqbot")
+    standins.qq.received(message_id)
+    victim = stack.workers[0]
+    assert victim.pid is not None
+    api = standins.apis["qqbot"]
+    serve = api.prefixes["/v2/users/"]
+    killed: list[int] = []
+
+    def accept_then_kill(seen: Any) -> Any:
+        answer = serve(seen)
+        if not killed and seen.path == f"/v2/users/{chat.split(':')[1]}/messages" and answer[0] == 200:
+            os.killpg(victim.pid, signal.SIGKILL)  # the answer never reaches the worker
+            killed.append(victim.pid)
+        return answer
+
+    api.prefixes["/v2/users/"] = accept_then_kill
+    try:
+        assert (await post(stack, "qqbot", qq_fx.signed(payload))).status_code == 200
+        await standins.wait_for("qqbot", chat)
+        assert killed
+        await victim.kill()  # reaped
+        await stack.add_worker()
+        await standins.wait_for("qqbot", chat, 2, delivered=False, within=90)  # the replayed send
+        await standins.settle(quiet=4)
+    finally:
+        api.prefixes["/v2/users/"] = serve
+    calls = standins.calls_for("qqbot", chat)
+    assert [c.status for c in calls][:1] == [200] and all(c.status == 400 for c in calls[1:]), calls
+    assert {c.answer["code"] for c in calls[1:]} == {40054005}
+    assert len({(c.seen.json["msg_id"], c.seen.json["msg_seq"]) for c in calls}) == 1  # the same send each time
+    assert [s.json["content"] for s in standins.qq.sent if s.json.get("msg_id") == message_id] == [
+        "echo: survive the crash qqbot"
+    ]
