@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline import metrics
 from pipeline.platforms._common import (
+    InboundParts,
     TokenCache,
     arr,
     attachment_unavailable,
@@ -44,7 +45,6 @@ from pipeline.platforms._common import (
     http_outcome,
     load_failure,
     load_json,
-    media_placeholder,
     network_outcome,
     notice,
     obj,
@@ -78,14 +78,11 @@ from pipeline.segments.models import (
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
-    MentionData,
     MentionSegment,
     ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -679,30 +676,17 @@ def _timestamp_ms(value: Any) -> float | None:
     return None
 
 
-class _Parts:
+class _Parts(InboundParts):
     """Inbound content into segments, plain text and mentioned ids."""
 
     def __init__(self, self_id: str | None, mentions: list[Any]) -> None:
+        super().__init__()
         self.self_id = self_id
         self.known: dict[str, tuple[str, bool]] = {}  # id → (username, is a bot)
         for item in mentions:
             if isinstance(item, dict) and isinstance(item.get("id"), str):
                 self.known[item["id"]] = (str(item.get("username") or ""), item.get("bot") is True)
-        self.segments: list[Any] = []
-        self.plain: list[str] = []
-        self.mentions: list[str] = []
-        self.names: dict[str, str] = {}
         self.mentions_bot = False
-
-    def text(self, value: str) -> None:
-        if not value:
-            return
-        self.plain.append(value)
-        last = self.segments[-1] if self.segments else None
-        if isinstance(last, TextSegment):
-            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
-        else:
-            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
 
     def content(self, value: Any, *, guild: bool) -> None:
         """Message content: inline formats into segments; a guild's escaped `& < >` decoded."""
@@ -716,13 +700,8 @@ class _Parts:
             user, channel, face = match.groups()
             if user:
                 name, is_bot = self.known.get(user, ("", False))
-                if is_bot or user == self.self_id:
-                    self.mentions_bot = True
-                self.segments.append(MentionSegment(type="mention", data=MentionData(target=user)))
-                self.mentions.append(user)
-                if name:
-                    self.names[user] = name
-                self.plain.append(f"@{name or user}")
+                self.mentions_bot = self.mentions_bot or is_bot or user == self.self_id
+                self.add_mention(user, name)
             elif channel:
                 self.text(f"#{channel}")
             else:
@@ -737,13 +716,11 @@ class _Parts:
             url = "https://" + url.lstrip("/")
         ctype = str(item.get("content_type") or "")
         if ctype.startswith("image"):
-            kind: str = "image"
+            kind = "image"
         elif ctype.startswith("video"):
             kind = "video"
         elif ctype.startswith(("voice", "audio")):
             kind = "audio"
         else:
             kind = "file"
-        cls = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}[kind]
-        self.segments.append(cls(type=kind, data=MediaData(media=Media(kind="url", value=url))))
-        self.plain.append(media_placeholder(kind))
+        self.add_media(kind, Media(kind="url", value=url))
