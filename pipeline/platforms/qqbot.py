@@ -11,8 +11,9 @@ Out: an app access token from `getAppAccessToken` (cached per bot until shortly 
 `/channels/{channel_id}/messages`, `/dms/{guild_id}/messages`. Group and one-to-one messages are
 passive replies: each carries the user message's `msg_id` and a `msg_seq` derived from the outbound
 id and the call's position, so QQ itself refuses a replayed send (code 40054005, taken as delivered).
-Images and videos for groups and one-to-one chats are uploaded first (`/v2/…/files`, `file_data`)
-and sent as `msg_type` 7 with the `file_info`; in guild channels an image goes as `file_image`.
+Images and videos for groups and one-to-one chats are uploaded first (`/v2/…/files`: a URL for QQ
+to fetch, other media as `file_data`) and sent as `msg_type` 7 with the `file_info`; in guild
+channels an image goes as an `image` URL or a `file_image` upload.
 Chat ids carry their scene: `group:<group_openid>`, `c2c:<user_openid>`, `channel:<channel_id>`,
 `dm:<guild_id>`.
 """
