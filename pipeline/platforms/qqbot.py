@@ -529,7 +529,13 @@ class QQBotPlatform(Platform):
             outcome = self._classify(bot, response)
             if outcome.status == "delivered":  # a 2xx without file_info
                 return SendOutcome("retry", reason="bad_response", detail="upload answered without file_info")
-            return outcome
+            if outcome.status == "retry" or outcome.reason == "passive_window_expired":
+                return outcome
+            # Refused for good (a format, a size QQ does not take): the attachment, not the reply, is lost.
+            body.pop("media", None)
+            body["content"] = attachment_unavailable(bot, segment_type, media.kind, "refused_by_platform")
+            body["msg_type"] = 0
+            return None
         body["media"] = {"file_info": file_info}
         return None
 

@@ -679,3 +679,27 @@ def test_guild_escapes_are_read_and_written_as_qq_documents() -> None:
         bot_config(), outbound(f"group:{GROUP}", [{"type": "text", "data": {"text": "a<b"}}])
     )
     assert call.json is not None and call.json["content"] == "a<b"
+
+
+async def test_an_upload_qq_refuses_costs_the_attachment_not_the_reply(api: FakeApi, http: httpx.AsyncClient) -> None:
+    stand_in = QQStandIn(api)
+    stand_in.received("m1")
+    api.reply(f"/v2/groups/{GROUP}/files", 400, {"code": 304020, "message": "file size exceed"})
+    bot = bot_config(api, language="en")
+    message = outbound(
+        f"group:{GROUP}",
+        [
+            {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+            {"type": "text", "data": {"text": "caption stays"}},
+        ],
+    )
+    before = rejected_count("qqbot", "refused_by_platform")
+    assert [o.status for o in await send_all(bot, message, http)] == ["delivered", "delivered"]
+    assert [s.json["content"] for s in stand_in.sent] == ["[attachment unavailable]", "caption stays"]
+    assert stand_in.sent[0].json["msg_type"] == 0 and "media" not in stand_in.sent[0].json
+    assert rejected_count("qqbot", "refused_by_platform") == before + 1
+    # A rate-limited upload is retried instead.
+    api.reply(f"/v2/groups/{GROUP}/files", 429, {"code": 22009, "message": "msg limit exceed"})
+    qq = QQBotPlatform()
+    [first, _] = qq.render(bot, message)
+    assert (await qq.send(bot, first, http, load_media)).reason == "rate_limited"
