@@ -16,10 +16,12 @@ import re
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pipeline.settings import BotConfig, Settings
     from pipeline.stack import Stack
 
 STAGES = "ingest,dispatch,render,egress"
@@ -64,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--think", type=float, default=0.3, help="the simulator agent's think time, seconds (default 0.3)")
     up.add_argument("--run-dir", type=Path, default=None, help="keep logs and data here (default: a new temp dir)")
+    up.add_argument(
+        "--onebot-ws",
+        action="store_true",
+        help=(
+            "also configure a OneBot v11 bot `napcat` reached by reverse WebSocket on the worker (loopback): "
+            "point a local NapCat's websocketClients at the URL and token the banner prints"
+        ),
+    )
     worker = sub.add_parser(
         "worker",
         help="run a worker (all settings from SWITCHBOARD_* and the bots file)",
@@ -264,6 +274,7 @@ def _up(args: argparse.Namespace) -> int:
 
     settings = load_settings("up")
     web_port = args.web_port if args.web_port is not None else settings.web_port
+    onebot = _onebot_ws_bot(settings) if args.onebot_ws else None
     other = _suggest(web_port)
     how = (
         f'pick another with `switchboard up --web-port {other}` (`make run RUN_ARGS="--web-port {other}"`)'
@@ -277,19 +288,74 @@ def _up(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="switchboard-up-"))
     logging.basicConfig(level=logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_run_stack(web_port, args.think, run_dir, how))
+        return asyncio.run(_run_stack(web_port, args.think, run_dir, how, onebot))
     return 0
+
+
+ONEBOT_WS_BOT = "napcat"
+
+
+@dataclass(frozen=True)
+class OneBotWs:
+    """`up --onebot-ws`: the bots the stack's workers get (the configured ones plus a OneBot bot on
+    reverse WebSocket, with an access token made for this run) and what the banner tells NapCat."""
+
+    bots_json: str
+    token: str
+
+
+def _onebot_ws_bot(settings: Settings) -> OneBotWs:
+    import secrets
+
+    from pipeline.settings import BotConfig, env_name
+    from pipeline.web import is_loopback
+
+    host = settings.web_host
+    not_loopback = f"--onebot-ws serves on loopback only; unset {env_name('web_host')} (now {host})"
+    _check(
+        None if is_loopback(host) else not_loopback,
+        next(
+            (
+                f"--onebot-ws adds the bot onebot/{ONEBOT_WS_BOT}, which the bots file has already"
+                for b in settings.bots
+                if (b.platform, b.bot_id) == ("onebot", ONEBOT_WS_BOT)
+            ),
+            None,
+        ),
+        code=EXIT_SETTINGS,
+    )
+    token = secrets.token_urlsafe(24)
+    bot = BotConfig(
+        platform="onebot",
+        bot_id=ONEBOT_WS_BOT,
+        transport="ws-reverse",
+        language="en",
+        credentials={"access_token": token},
+    )
+    bots = [_bot_json(b) for b in [*settings.bots, bot]]
+    return OneBotWs(bots_json=json.dumps(bots), token=token)
+
+
+def _bot_json(bot: BotConfig) -> dict[str, object]:
+    """A bot as the workers read it back from `SWITCHBOARD_BOTS` (credentials in clear: only the
+    child processes of this run see the variable)."""
+    data = bot.model_dump(mode="json", exclude={"credentials"}, exclude_defaults=True)
+    data["credentials"] = {name: value.get_secret_value() for name, value in bot.credentials.items()}
+    return data
 
 
 def _suggest(port: int) -> int:
     return port + 1 if 0 < port < 65535 else 8081
 
 
-async def _run_stack(web_port: int, think: float, run_dir: Path, how_to_change_port: str) -> int:
+async def _run_stack(
+    web_port: int, think: float, run_dir: Path, how_to_change_port: str, onebot: OneBotWs | None = None
+) -> int:
     from pipeline.embedded import EmbeddedServiceError, PortInUseError
     from pipeline.stack import Stack
 
-    stack = Stack(web_port=web_port, think=think, run_dir=run_dir)
+    settings_env = {"SWITCHBOARD_BOTS": onebot.bots_json} if onebot is not None else {}
+    stack = Stack(settings_env=settings_env, web_port=web_port, think=think, run_dir=run_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -316,7 +382,7 @@ async def _run_stack(web_port: int, think: float, run_dir: Path, how_to_change_p
         except EmbeddedServiceError as exc:
             _print_problems(*_start_failure(str(exc)))
             return EXIT_ENVIRONMENT
-        _banner(stack, run_dir)
+        _banner(stack, run_dir, onebot)
         code = await _watch(stack, stop)
     finally:
         say("stopping…")
@@ -335,10 +401,19 @@ def _start_failure(message: str, tail_lines: int = 15) -> tuple[str, list[str]]:
     return first, log.splitlines()[-tail_lines:]
 
 
-def _banner(stack: Stack, run_dir: Path) -> None:
+def _banner(stack: Stack, run_dir: Path, onebot: OneBotWs | None = None) -> None:
     print("switchboard is up:", flush=True)
     for name, where in stack.describe():
         print(f"  {name:<12} {where}", flush=True)
+    if onebot is not None:
+        url = stack.workers[0].url.replace("http://", "ws://") + f"/onebot/ws/{ONEBOT_WS_BOT}"
+        print(f"  {'onebot ws':<12} {url}  (reverse WebSocket of bot onebot/{ONEBOT_WS_BOT})", flush=True)
+        print(f"  {'':<12} access token {onebot.token}", flush=True)
+        print(
+            f"  {'':<12} NapCat: network.websocketClients += "
+            f'{{"url": "{url}", "token": "<the access token>", "messagePostFormat": "array"}}',
+            flush=True,
+        )
     print(f"  {'logs':<12} {run_dir}", flush=True)
     for name, part in stack.parts():
         print(f"  {'':<12}   {name:<9} {part.log_path}", flush=True)

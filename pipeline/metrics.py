@@ -119,6 +119,42 @@ PARTITIONS_ASSIGNED = Gauge(
 )
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
 
+# Long connections (`pipeline.connections`). Bot ids are configuration, not user ids: a bounded label.
+CONNECTIONS_HELD = Gauge(
+    "switchboard_connections_held", "Long connections this worker holds", ["platform", "transport"]
+)
+CONNECTION_RECONNECTS = Counter(
+    "switchboard_connection_reconnects_total",
+    "Long connections made again by their holder (a dial after a drop or a failure; an accepted one "
+    "replacing an earlier one on this worker)",
+    ["platform", "transport"],
+)
+CONNECTION_HOLDER_CHANGES = Counter(
+    "switchboard_connection_holder_changes_total",
+    "Leases of a bot's connection taken by this worker",
+    ["platform", "bot"],
+)
+CONNECTION_HOLDER_MISSING = Gauge(
+    "switchboard_connection_holder_missing",
+    "1 while no worker holds a live connection of the bot (from the leases in Redis; every worker exports it)",
+    ["platform", "bot"],
+)
+CONNECTION_HANDSHAKES = Counter(
+    "switchboard_connection_handshakes_total", "Connections dialed or accepted, and refused", ["platform", "outcome"]
+)  # dialed | dial_failed | accepted | bad_token | bad_role | self_id_mismatch | not_a_connection_bot
+CONNECTION_FRAMES = Counter(
+    "switchboard_connection_frames_total", "Inbound frames of held connections by outcome", ["platform", "outcome"]
+)  # produced | heartbeat | meta | the parser's ignored and rejection reasons | produce_failed | …
+CONNECTION_ACTIONS = Counter(
+    "switchboard_connection_actions_total", "Actions over held connections by outcome", ["platform", "outcome"]
+)  # sender: answered | no_holder | timeout
+# holder: run | repeated | joined | outcome_unknown | fenced | expired | malformed
+CONNECTION_POLL_ERRORS = Counter(
+    "switchboard_connection_poll_errors_total",
+    "Polls of a polled transport (Telegram getUpdates) that failed, by reason",
+    ["platform", "bot", "reason"],
+)  # conflict | webhook_active | unauthorized | rate_limited | server_error | network | bad_request | bad_response
+
 
 def observe_hop(stage: str, hops: dict[str, float], previous: str, now: float) -> None:
     start = hops.get(previous)

@@ -21,8 +21,10 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from pipeline.connections import Connections, open_connections
 from pipeline.platforms import Platform, get_platform
 from pipeline.platforms.console import ConsolePlatform
+from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.records import InboundMessage
 from pipeline.segments import (
     Capabilities,
@@ -62,6 +64,8 @@ from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
+from pipeline.web.connections import add_connection_routes
+from pipeline.web.server import INSTANCE_ID
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +156,7 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
 class Runtime:
     def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
         self.settings = settings
+        self._send = send
         self.outputs = Outputs(send)
         self._produce_acked = produce_acked or send
         self.started = False
@@ -262,6 +267,24 @@ class Runtime:
             self.load_media,
             leak_guard=LeakGuard(self.leak_scanner, self.notifier),
         )
+        # Long connections: waits for actions and their answers block a Redis connection, so they
+        # get a client of their own whose socket timeout is above every wait.
+        self.blocking_redis = Redis(
+            connection_pool=ConnectionPool.from_url(
+                s.redis_url,
+                max_connections=s.redis_max_connections,
+                decode_responses=True,
+                socket_timeout=s.connection_action_timeout_seconds + 10,
+                socket_connect_timeout=5,
+            )
+        )
+        self.connections: Connections = open_connections(
+            s, self.state.redis, self.blocking_redis, self._send, self.outputs, holder=INSTANCE_ID
+        )
+        onebot = self.platforms.get("onebot")
+        if isinstance(onebot, OneBotPlatform):
+            onebot.bind(self.connections.router)
+        await self.connections.start()
         self.started = True
         self.started_event.set()
 
@@ -269,7 +292,13 @@ class Runtime:
         check_worker_settings(self.settings)
         for warning in exposure_warnings(self.settings):
             log.warning("%s", warning)
-        self.web = WebServer(self.settings, produce=self._produce_acked, outputs=self.outputs, ready=self.ready)
+        self.web = WebServer(
+            self.settings,
+            produce=self._produce_acked,
+            outputs=self.outputs,
+            ready=self.ready,
+            add_routes=lambda app: add_connection_routes(app, self.connections),
+        )
         self.web_port = await self.web.start(host, port)
         return self.web_port
 
@@ -279,6 +308,8 @@ class Runtime:
             self.web = None
         if not self.started:
             return
+        await self.connections.stop()
+        await self.blocking_redis.aclose()
         await self.streams.close()
         await self.session_client.aclose()
         await self.http.aclose()

@@ -63,8 +63,18 @@ class BotConfig(BaseModel):
     # Telegram: the bot's @username, for `@username` mentions in text.
     username: str | None = None
     credentials: dict[str, SecretStr] = Field(default_factory=dict)
-    # Override of the platform API base URL (stand-in servers in tests, private deployments).
+    # Override of the platform API base URL (stand-in servers in tests, private deployments). For a
+    # transport Switchboard dials (OneBot `ws-forward`), the address it connects to.
     api_base: str | None = None
+    # How the platform and Switchboard reach each other: `webhook` (the default: the platform posts to
+    # `/webhooks/{platform}/{bot_id}`) or a long connection the platform module offers
+    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`; Telegram: `polling`; Slack:
+    # `socket_mode`; Lark: `long_connection`), held by one worker at a time.
+    transport: str = "webhook"
+    # Telegram `polling`: call deleteWebhook when polling starts (without it, a webhook still set is
+    # an error the holder logs and counts), and how long one getUpdates waits for updates.
+    delete_webhook: bool = False
+    poll_timeout_seconds: int = Field(default=30, ge=1, le=50)
     trigger: TriggerPolicy = Field(default_factory=TriggerPolicy)
     session_scope: SessionScope = "chat"
     busy_policy: BusyPolicy = "merge"
@@ -80,9 +90,9 @@ class BotConfig(BaseModel):
     notices: dict[str, str] = Field(default_factory=dict)
     rate_limit_chat: RateLimit | None = None
     rate_limit_bot: RateLimit | None = None
-    # Lark, Slack and QQ bot: a signed webhook whose timestamp is further than this from its receipt is
-    # refused (401 stale_timestamp), so a captured request cannot be replayed later. Well below
-    # the de-duplication window, which catches replays inside it.
+    # Lark, Slack, WeCom and QQ bot: a signed webhook whose timestamp is further than this from its
+    # receipt is refused (401 stale_timestamp), so a captured request cannot be replayed later. Well
+    # below the de-duplication window, which catches replays inside it.
     replay_window_seconds: int = Field(default=300, ge=30, le=3600)
     # QQ bot: send active messages (no user message answered) where a passive reply is no longer
     # possible: past the reply window, past the 5 replies to one message, with no message to answer.
@@ -172,6 +182,15 @@ class Settings(BaseSettings):
     # Records a stage takes together when they are already fetched (one Redis round trip each).
     batch_max: int = Field(default=256, ge=1)
     egress_max_attempts: int = Field(default=5, ge=1)
+    # Long connections (docs/architecture.md, "Long connections"): a holder's lease lasts this long
+    # unless renewed (every third of it), so a dead holder's bots are free again after at most this;
+    # workers without a bot's lease try to take it this often. Takeover after a crash: within
+    # lease + acquire interval (+ the connect itself).
+    connection_lease_seconds: float = Field(default=6.0, ge=1.0, le=300.0)
+    connection_acquire_interval_seconds: float = Field(default=1.0, ge=0.05, le=60.0)
+    # An action sent over a held connection from any worker (a reply): how long the sender waits for
+    # the holder's answer before the send is retried.
+    connection_action_timeout_seconds: float = Field(default=10.0, ge=0.5, le=120.0)
     # On SIGTERM: take no new turns and let the running ones finish, for at most this long.
     shutdown_drain_seconds: float = Field(default=20.0, ge=0, le=600)
 
@@ -212,6 +231,15 @@ class Settings(BaseSettings):
             problems.sort(key=lambda p: p["loc"][0] if p["loc"] and isinstance(p["loc"][0], int) else -1)
             raise ValidationError.from_exception_data("bots", problems)
         return bots
+
+    @model_validator(mode="after")
+    def _acquire_within_lease(self) -> Settings:
+        if self.connection_acquire_interval_seconds >= self.connection_lease_seconds:
+            raise ValueError(
+                f"{env_name('connection_acquire_interval_seconds')} must be shorter than "
+                f"{env_name('connection_lease_seconds')}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _default_console_bot(self) -> Settings:
@@ -292,11 +320,22 @@ def _platform_problems(index: int, entry: Any) -> list[InitErrorDetails]:
     given = {k for k, v in credentials.items() if _filled(v)} if isinstance(credentials, dict) else set()
     bot = f"bot {entry.get('bot_id', '?')!r}"
     problems = []
-    for required in platform.required_credentials:
+    transport = entry.get("transport", "webhook")
+    needed = platform.required_credentials
+    if not isinstance(transport, str) or transport not in platform.transports:
+        known = ", ".join(platform.transports)
+        message = f"{name} does not offer transport {transport!r} ({bot}); it offers: {known}"
+        problems.append(_problem((index, "transport"), "unknown_transport", message))
+    else:
+        needed = (*needed, *platform.transports[transport])
+    for field, message in platform.settings_problems(entry):
+        problems.append(_problem((index, field), "invalid_setting", f"{message} ({bot})"))
+    for required in needed:
         if isinstance(required, str):
             if required not in given:
                 loc = (index, "credentials", required)
-                problems.append(_problem(loc, "missing_credential", f"required for {name} ({bot})"))
+                why = name if required in platform.required_credentials else f"{name} {transport}"
+                problems.append(_problem(loc, "missing_credential", f"required for {why} ({bot})"))
         elif given.isdisjoint(required):
             message = f"{' or '.join(required)} is required for {name} ({bot})"
             problems.append(_problem((index, "credentials"), "missing_credential", message))

@@ -22,8 +22,8 @@ from pipeline.kafka import apply_topics
 from pipeline.settings import Settings
 from pipeline.topics import cluster_specs
 
-SIM_API_KEY = "sim-key"
-SIM_OPENAPI_AK, SIM_OPENAPI_SK = "sim-ak", "sim-sk"
+SIM_API_KEY = "switchboard-sim-key"
+SIM_OPENAPI_AK, SIM_OPENAPI_SK = "switchboard-sim-ak", "switchboard-sim-sk"
 
 
 class _HttpProcess(ManagedProcess):

@@ -23,6 +23,9 @@ from typing import Any
 
 import httpx
 
+from pipeline.bench.chaos_onebot import BOT_ID as ONEBOT_BOT_ID
+from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
+from pipeline.bench.chaos_onebot import OneBotLane
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
 from pipeline.bench.runner import BenchStack, log, start_stack
 from pipeline.stack import SIM_API_KEY
@@ -50,6 +53,8 @@ class ChaosConfig:
     session_timeout: float = 3.0
     kill_in_accept_delay: bool = True  # also SIGKILL a worker while its sends wait on the delayed answers
     burst_prob: float = 0.05
+    # The long-connection lane: OneBot messages/s over reverse WebSocket (0: none; chaos_onebot.py).
+    onebot_rate: float = 2.0
 
 
 @dataclass
@@ -395,6 +400,7 @@ async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str,
             partitions=cfg.partitions,
             log_level="INFO",
             extra_env={"SWITCHBOARD_SESSION_TIMEOUT_SECONDS": str(cfg.session_timeout)},
+            extra_bots=ONEBOT_BOT_TOML if cfg.onebot_rate > 0 else "",
         )
     try:
         return await _run(bs, cfg)
@@ -416,12 +422,29 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
     plan = build_plan(mix, cfg.rate, cfg.duration, seed=cfg.seed)
     gen = Generator(plan, bs.urls, retries=120, retry_delay=0.5, timeout=15)
     faults = FaultLog(t0=time.monotonic())
-    stop = asyncio.Event()
     log(
         f"chaos: {len(plan.messages)} messages into {cfg.chats} chats at {cfg.rate}/s for {cfg.duration}s; "
         f"run dir {bs.run_dir}"
     )
     gen.start()
+    lane = OneBotLane(cfg.onebot_rate) if cfg.onebot_rate > 0 and _has_onebot_bot(bs) else None
+    if lane is not None:
+        lane.start(bs.urls)
+    try:
+        return await _under_faults(bs, cfg, plan, gen, faults, lane)
+    finally:
+        if lane is not None:
+            await lane.close()
+
+
+def _has_onebot_bot(bs: BenchStack) -> bool:
+    return bs.stack is not None and bs.stack.settings().bot("onebot", ONEBOT_BOT_ID) is not None
+
+
+async def _under_faults(
+    bs: BenchStack, cfg: ChaosConfig, plan: Plan, gen: Generator, faults: FaultLog, lane: OneBotLane | None
+) -> dict[str, Any]:
+    stop = asyncio.Event()
     tasks = [asyncio.create_task(_other_faults(bs, cfg, faults))]
     if cfg.kill_every > 0:
         tasks.append(asyncio.create_task(_kill_loop(bs, cfg, faults, stop)))
@@ -435,6 +458,8 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
                 f"webhook errors {gen.stats.errors} workers alive {len(bs.urls())}"
             )
     stop.set()
+    if lane is not None:
+        await lane.stop_traffic()
     tasks[0].cancel()  # scheduled faults not reached yet are skipped; a replacement being started is awaited
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.gather(*faults.background, return_exceptions=True)
@@ -454,8 +479,12 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
         n = len(deliveries)
         if n != last_n:
             last_n, stable_since = n, time.monotonic()
-        log(f"[chaos settle] deliveries {n} of {len(expected)} expected; lost so far {acc['lost']}")
-        if acc["lost"] == 0 and time.monotonic() - stable_since >= min(cfg.quiet, 4.0):
+        unanswered = lane.unanswered() if lane is not None else 0
+        log(
+            f"[chaos settle] deliveries {n} of {len(expected)} expected; lost so far {acc['lost']}"
+            + (f"; onebot unanswered {unanswered}" if lane is not None else "")
+        )
+        if acc["lost"] == 0 and unanswered == 0 and time.monotonic() - stable_since >= min(cfg.quiet, 4.0):
             break
         if time.monotonic() - stable_since >= cfg.quiet * 3:
             break
@@ -484,4 +513,10 @@ async def _run(bs: BenchStack, cfg: ChaosConfig) -> dict[str, Any]:
         f"notices {acc['notices']}; lost {acc['lost']} duplicated {acc['duplicated']} late {acc['late']} "
         f"posted twice {acc['posted_twice']}"
     )
+    if lane is not None:
+        ob = result["onebot_ws"] = lane.account()
+        log(
+            f"chaos onebot ws: {ob['written_to_a_socket']} written, {ob['answered']} answered; lost {ob['lost']} "
+            f"(in a dead socket {ob['lost_in_dead_socket']}) duplicated {ob['duplicated']}; {ob['sockets']} sockets"
+        )
     return result

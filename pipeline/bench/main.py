@@ -254,6 +254,11 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
         h["chaos_lost"] = acc["lost"]
         h["chaos_duplicated"] = acc["duplicated"]
         h["chaos_posted_twice"] = acc["posted_twice"]
+        onebot = result["chaos"].get("onebot_ws")
+        if onebot is not None:
+            h["chaos_onebot_ws_lost"] = onebot["lost"]
+            h["chaos_onebot_ws_lost_in_dead_socket"] = onebot["lost_in_dead_socket"]
+            h["chaos_onebot_ws_duplicated"] = onebot["duplicated"]
     return h
 
 
@@ -385,6 +390,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         result["chaos"] = await run_chaos(cfg)
         acc = result["chaos"]["accounting"]
         ok = acc["lost"] == 0 and acc["duplicated"] == 0 and acc["posted_twice"] == 0
+        onebot = result["chaos"].get("onebot_ws")
+        ok = ok and (onebot is None or (onebot["lost"] == 0 and onebot["duplicated"] == 0))
     series = result.pop("_series", [])
     result["headline"] = headline(result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

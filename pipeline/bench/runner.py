@@ -182,12 +182,13 @@ async def start_stack(
     extra_env: dict[str, str] | None = None,
     partitions: int = 8,
     log_level: str = "WARNING",
+    extra_bots: str = "",
 ) -> BenchStack:
     raise_fd_limit()
     run_dir = run_dir or Path(tempfile.mkdtemp(prefix="sb-bench-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "switchboard.toml"
-    config.write_text(BOTS_TOML)
+    config.write_text(BOTS_TOML + extra_bots)
     kafka: TansuBroker | ApacheKafka = (
         TansuBroker(run_dir=run_dir / "broker") if broker == "tansu" else ApacheKafka(run_dir=run_dir / "broker")
     )

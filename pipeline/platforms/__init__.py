@@ -23,6 +23,7 @@ _REGISTRY: dict[str, str] = {
     "lark": "pipeline.platforms.lark:LarkPlatform",
     "slack": "pipeline.platforms.slack:SlackPlatform",
     "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
+    "wecom": "pipeline.platforms.wecom:WeComPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
 

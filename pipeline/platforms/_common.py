@@ -394,29 +394,27 @@ def arr(value: Any) -> list[Any]:
 
 
 class TokenCache:
-    """App access tokens per (token URL, app id), each kept until `margin_s` before it expires. One
-    fetch at a time per key, however many sends are waiting. Per process: a few token calls per
-    worker."""
+    """Access tokens per key (API base and app), each until `margin_s` before it expires; one fetch
+    per expiry however many sends wait for it. Per process: a few token calls per worker."""
 
     def __init__(self, margin_s: float) -> None:
         self.margin_s = margin_s
-        self._tokens: dict[tuple[str, str], tuple[str, float]] = {}  # key → (token, monotonic expiry)
+        self._tokens: dict[tuple[str, ...], tuple[str, float]] = {}  # key → (token, monotonic expiry)
         # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
-        self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._locks: dict[tuple[tuple[str, ...], int], asyncio.Lock] = {}
 
-    def _cached(self, key: tuple[str, str]) -> str | None:
+    def _cached(self, key: tuple[str, ...]) -> str | None:
         cached = self._tokens.get(key)
         return cached[0] if cached and cached[1] > time.monotonic() else None
 
     async def get(
-        self, key: tuple[str, str], fetch: Callable[[], Awaitable[tuple[str, float] | SendOutcome]]
+        self, key: tuple[str, ...], fetch: Callable[[], Awaitable[tuple[str, float] | SendOutcome]]
     ) -> str | SendOutcome:
-        """The cached token, else `fetch()`'s (token, lifetime in seconds), cached; or its outcome."""
+        """The cached token, or one `fetch` gives (token and lifetime in seconds), or its outcome."""
         token = self._cached(key)
         if token is not None:
             return token
-        lock = self._locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault((key, id(asyncio.get_running_loop())), asyncio.Lock()):
             token = self._cached(key)
             if token is not None:
                 return token
@@ -427,6 +425,9 @@ class TokenCache:
             self._tokens[key] = (token, time.monotonic() + max(lifetime - self.margin_s, 1.0))
             return token
 
-    def drop(self, app_id: str) -> None:
-        """Forget the tokens of `app_id` (the platform said they are no longer valid)."""
-        self._tokens = {k: v for k, v in self._tokens.items() if k[1] != app_id}
+    def drop(self, key: tuple[str, ...], token: str | None = None) -> None:
+        """Forget the token of `key` (only if it is still `token`, when given: not one another send
+        fetched meanwhile)."""
+        cached = self._tokens.get(key)
+        if cached is not None and (token is None or cached[0] == token):
+            del self._tokens[key]

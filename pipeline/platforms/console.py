@@ -4,14 +4,20 @@ Inbound: `POST /webhooks/console/{bot_id}` with
 `{"chat_id","chat_type":"private"|"group","user_id","user_name","text","message_id"?,"mentions"?,"reply_to"?}`
 and, when the bot has a `token` credential, `Authorization: Bearer <token>`. An `is_admin` in the
 body is accepted and ignored: a console bot's admins are its configured `admins`.
+Mentions: each id of `mentions` written `@id` in the text is a mention in its place (the rest come
+first, as chips before the text); `@<self_id>` in the text mentions the bot even when `mentions`
+does not list it. The answer says whether the message reaches the agent (`addressed`: private, a
+trigger of the bot's policy, or a chat command), decided as ingest decides it.
 Outbound: delivered messages are kept in Redis per chat (capped) and published, so any worker's
 `GET /console/api/messages?chat_id=…` and the live stream see them. Every segment type is native:
-the page renders them all.
+the page renders them all. A message carries its `notes` (`corrected`, `refused`) and
+`media_rejected` (why each "attachment unavailable" of a reply was refused) when it has any.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 import time
 from typing import Any, ClassVar, Protocol
 
@@ -22,6 +28,7 @@ from pipeline.records import InboundMessage, OutboundMessage, ReplyRef, Sender, 
 from pipeline.segments import SEGMENT_TYPES
 from pipeline.segments.models import MentionData, MentionSegment, TextData, TextSegment
 from pipeline.settings import BotConfig
+from pipeline.stages.ingest import parse_chat_command, trigger_reason
 
 from .base import (
     MediaLoader,
@@ -94,8 +101,10 @@ class ConsolePlatform(Platform):
             ) from None
         chat_type = "group" if body.chat_type == "group" else "private"
         per_user = bot.session_scope == "user" and chat_type == "group"
-        segments: list[Any] = [MentionSegment(type="mention", data=MentionData(target=m)) for m in body.mentions]
-        segments.append(TextSegment(type="text", data=TextData(text=body.text)))
+        mentions = list(dict.fromkeys(body.mentions))
+        if bot.self_id and bot.self_id not in mentions and _mention_pattern([bot.self_id]).search(body.text):
+            mentions.append(bot.self_id)
+        segments = mention_segments(body.text, mentions)
         message = InboundMessage(
             platform=self.name,
             bot_id=bot.bot_id,
@@ -105,8 +114,8 @@ class ConsolePlatform(Platform):
             message_id=body.message_id or new_trace_id(),
             text=body.text,
             segments=segments,
-            mentions=body.mentions,
-            mentions_bot=bot.self_id is not None and bot.self_id in body.mentions,
+            mentions=mentions,
+            mentions_bot=bot.self_id is not None and bot.self_id in mentions,
             reply_to=ReplyRef(message_id=body.reply_to, is_bot=body.reply_to.startswith("out-"))
             if body.reply_to
             else None,
@@ -115,10 +124,13 @@ class ConsolePlatform(Platform):
             sent_at_ms=now_ms(),
             hops={"ingress": request.received_at_ms or now_ms()},
         )
-        return WebhookResult(messages=[message], body={"ok": True, "message_id": message.message_id})
+        addressed = parse_chat_command(body.text) is not None or trigger_reason(message, bot) is not None
+        return WebhookResult(
+            messages=[message], body={"ok": True, "message_id": message.message_id, "addressed": addressed}
+        )
 
     def render(self, bot: BotConfig, message: OutboundMessage) -> list[PlatformCall]:
-        payload = {
+        payload: dict[str, Any] = {
             "id": message.outbound_id,
             "kind": message.kind,
             "chat_id": message.chat_id,
@@ -127,6 +139,10 @@ class ConsolePlatform(Platform):
             "trace_id": message.trace_id,
             "hops": message.hops,
         }
+        if message.notes:
+            payload["notes"] = list(message.notes)
+        if message.media_rejected:
+            payload["media_rejected"] = list(message.media_rejected)
         return [PlatformCall(method="STORE", path=message.chat_id, json=payload)]
 
     async def send(
@@ -142,3 +158,30 @@ class ConsolePlatform(Platform):
         except Exception as exc:  # Redis down: retry like any transient platform failure
             return SendOutcome("retry", reason="store_unavailable", detail=type(exc).__name__)
         return SendOutcome("delivered", platform_message_id=payload["id"])
+
+
+def _mention_pattern(ids: list[str]) -> re.Pattern[str]:
+    """`@id` as a word of its own: not inside an address (`me@bot.com`) nor the start of a longer
+    id (`@bob` in `@bobby`); a full stop after it ends a sentence. Longest ids first."""
+    alternatives = "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True))
+    return re.compile(rf"(?<![\w@.])@({alternatives})(?![\w-]|\.\w)")
+
+
+def mention_segments(text: str, mentions: list[str]) -> list[Any]:
+    """The message as segments: each mentioned id written `@id` in the text becomes a mention in
+    its place; mentioned ids the text does not contain come first (the page's chips)."""
+    if not mentions:
+        return [TextSegment(type="text", data=TextData(text=text))]
+    pieces: list[Any] = []
+    written: set[str] = set()
+    at = 0
+    for match in _mention_pattern(mentions).finditer(text):
+        if match.start() > at:
+            pieces.append(TextSegment(type="text", data=TextData(text=text[at : match.start()])))
+        pieces.append(MentionSegment(type="mention", data=MentionData(target=match.group(1))))
+        written.add(match.group(1))
+        at = match.end()
+    if at < len(text) or not any(isinstance(p, TextSegment) for p in pieces):
+        pieces.append(TextSegment(type="text", data=TextData(text=text[at:])))
+    chips = [MentionSegment(type="mention", data=MentionData(target=m)) for m in mentions if m not in written]
+    return [*chips, *pieces]

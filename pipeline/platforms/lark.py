@@ -117,7 +117,10 @@ FILE_ID_SHAPES = {"image": _IMAGE_KEY, "audio": _FILE_KEY, "video": _FILE_KEY, "
 
 class LarkPlatform(Platform):
     name: ClassVar[str] = "lark"
-    required_credentials = ("app_id", "app_secret", ("verification_token", "encrypt_key"))
+    required_credentials = ("app_id", "app_secret")
+    # The long connection (`pipeline.connections.lark`): events over a WebSocket Switchboard dials
+    # with the app's id and secret; no event callbacks, so no token or key to check them with.
+    transports = {"webhook": (("verification_token", "encrypt_key"),), "long_connection": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "file", "reply", "share"}),
         max_text_chars=MAX_TEXT,
@@ -130,7 +133,7 @@ class LarkPlatform(Platform):
     )
 
     def __init__(self) -> None:
-        self._tokens = TokenCache(TOKEN_MARGIN_S)  # keyed by (api base, app id)
+        self._tokens = TokenCache(TOKEN_MARGIN_S)  # per (api base, app id)
 
     # --- in --------------------------------------------------------------------------------------
 
@@ -183,6 +186,8 @@ class LarkPlatform(Platform):
                 raise WebhookRejected(401, "bad_token")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
+        if bot.transport != "webhook":
+            return []  # nothing posts to its webhook
         return missing_credential(
             bot,
             "encrypt_key",
@@ -465,7 +470,7 @@ class LarkPlatform(Platform):
             )
             return SendOutcome("retry", reason="rate_limited", retry_after=retry_after, detail=detail), {}
         if code in _TOKEN_INVALID:
-            self._tokens.drop(bot.secret("app_id") or "")
+            self._tokens.drop((root, bot.secret("app_id") or ""))
             return SendOutcome("retry", reason="token_expired", retry_after=0.0, detail=detail), {}
         if response.status_code >= 500 or code in _SERVER_ERRORS or data is None:
             return SendOutcome("retry", reason="server_error", detail=detail), {}

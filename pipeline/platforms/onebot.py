@@ -4,6 +4,9 @@ In: HTTP event reporting ("HTTP POST"), signed with `X-Signature: sha1=<hex HMAC
 when the implementation has a `secret`. Private and group `message` events, in the array or the
 CQ-code string message format.
 Out: the HTTP API (`send_private_msg` / `send_group_msg`), `Authorization: Bearer <access_token>`.
+Or, with `transport = "ws-reverse"` / `"ws-forward"`, both over one WebSocket held by one worker
+(`pipeline.connections.onebot`): its event frames go through `parse` here, and `send` hands the
+action to the holder, wherever it is (`bind`).
 Media go as bytes (`base64://…`) read by Switchboard: the implementations read any local path and
 fetch any URL they are given, on the operator's machine and network, so a URL is fetched through
 the SSRF guard here and never passed on. A `kind: file` value is passed only in the shape of the
@@ -19,7 +22,9 @@ import base64
 import hashlib
 import hmac
 import re
-from typing import Any, ClassVar
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 import httpx
 
@@ -81,6 +86,8 @@ from pipeline.segments.models import (
 from pipeline.settings import BotConfig, RateLimit
 
 DEFAULT_API_BASE = "http://127.0.0.1:3000"  # NapCat's default HTTP server port
+DEFAULT_WS_URL = "ws://127.0.0.1:3001"  # NapCat's default WebSocket server port (transport ws-forward)
+WS_TRANSPORTS = ("ws-reverse", "ws-forward")
 
 # The file ids OneBot implementations report for received media and take back: NapCat's are 32 hex
 # digits (a UUID without dashes), optionally followed by the image's file name extension; go-cqhttp's
@@ -109,9 +116,30 @@ _RETCODES: dict[int, tuple[SendStatus, str]] = {
 }
 
 
+class HeldActionAnswer(Protocol):
+    @property
+    def response(self) -> Mapping[str, Any] | None: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+    @property
+    def final(self) -> bool: ...
+
+
+class HeldActions(Protocol):
+    """Runs an action over the bot's held connection, from any worker (`pipeline.connections`)."""
+
+    async def call(
+        self, bot: BotConfig, action: str, params: Mapping[str, Any], request_id: str
+    ) -> HeldActionAnswer: ...
+
+
 class OneBotPlatform(Platform):
     name: ClassVar[str] = "onebot"
-    required_credentials = ()  # `secret`, `access_token`: optional
+    required_credentials = ()  # `secret`, `access_token`: optional with webhooks
+    # A reverse WebSocket is an endpoint on every worker that carries the bot's replies: never open.
+    transports = {"webhook": (), "ws-reverse": ("access_token",), "ws-forward": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset(
             {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps", "share"}
@@ -123,6 +151,22 @@ class OneBotPlatform(Platform):
         default_chat_limit=RateLimit(count=20, per_seconds=60),
         default_bot_limit=RateLimit(count=5, per_seconds=1),
     )
+
+    actions: HeldActions | None = None  # bound by the worker at start-up
+
+    def bind(self, actions: HeldActions) -> None:
+        self.actions = actions
+
+    def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+        transport, api_base = entry.get("transport", "webhook"), entry.get("api_base")
+        if not isinstance(api_base, str) or not api_base:
+            return []
+        websocket = api_base.startswith(("ws://", "wss://"))
+        if transport == "ws-forward" and not websocket:
+            return [("api_base", "ws-forward dials the implementation's WebSocket server: a ws:// or wss:// URL")]
+        if transport == "webhook" and websocket:
+            return [("api_base", "a webhook bot calls the implementation's HTTP API: an http:// or https:// URL")]
+        return []
 
     # --- in --------------------------------------------------------------------------------------
 
@@ -136,6 +180,15 @@ class OneBotPlatform(Platform):
             raise WebhookRejected(401, "bad_signature")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
+        if bot.transport == "ws-forward":
+            return missing_credential(
+                bot,
+                "access_token",
+                "the implementation's WebSocket server, which Switchboard dials, accepts anyone who can "
+                "reach it. Set access_token here and the same token in its WebSocket server settings",
+            )
+        if bot.transport != "webhook":
+            return []  # ws-reverse: the token is required (checked with the settings)
         return missing_credential(
             bot,
             "secret",
@@ -328,7 +381,13 @@ class OneBotPlatform(Platform):
                     seg["data"]["file"] = media["value"]
                 else:  # url, path, base64: read (and fetched) by Switchboard at send time, sent as bytes
                     load.append({"position": position, "media": media, "segment": segment_type})
-            meta: dict[str, Any] = {"index": index, "replied": msg[0]["type"] == "reply"}
+            # `call_id`: one id per call of this message, stable across retries and replays: over a held
+            # connection, the action of a call asked for again is answered, not run twice.
+            meta: dict[str, Any] = {
+                "index": index,
+                "replied": msg[0]["type"] == "reply",
+                "call_id": f"{message.outbound_id}:{index}",
+            }
             if load:
                 meta["load"] = load
             body = {target_field: target, "message": msg}
@@ -354,6 +413,8 @@ class OneBotPlatform(Platform):
         for position in unavailable:
             message[position] = _seg("text", text=_placeholder_at(bot, message, position, set(unavailable)))
         body["message"] = message
+        if bot.transport in WS_TRANSPORTS:
+            return await self._send_held(bot, call, body)
         headers = {}
         token = bot.secret("access_token")
         if token:
@@ -375,19 +436,37 @@ class OneBotPlatform(Platform):
         data = response_json(response)
         if data is None:
             return SendOutcome("retry", reason="bad_response", detail=response.text[:200])
-        status = data.get("status")
-        if status in ("ok", "async"):  # async: accepted, to be sent by the implementation
-            result = data.get("data")
-            message_id = result.get("message_id") if isinstance(result, dict) else None
-            return SendOutcome("delivered", platform_message_id=str(message_id) if message_id is not None else None)
-        retcode = data.get("retcode")
-        detail = f"retcode {retcode}: {data.get('message') or data.get('wording') or data.get('msg') or ''}"
-        if isinstance(retcode, int) and retcode in _RETCODES:
-            verdict, reason = _RETCODES[retcode]
-            return SendOutcome(verdict, reason=reason, detail=detail[:500])
-        # Any other failure (QQ refused, risk control, muted): a re-send would not help and could
-        # post twice if the implementation actually sent it, so it is final.
-        return SendOutcome("permanent", reason="failed", detail=detail[:500])
+        return response_outcome(data)
+
+    async def _send_held(self, bot: BotConfig, call: PlatformCall, body: dict[str, Any]) -> SendOutcome:
+        """The action over the bot's WebSocket, held by one worker (maybe another one)."""
+        if self.actions is None:
+            return SendOutcome("retry", reason="no_holder", detail="this process routes no actions")
+        request_id = str(call.meta.get("call_id") or uuid.uuid4().hex)
+        answer = await self.actions.call(bot, call.path.lstrip("/"), body, request_id)
+        if answer.response is None:
+            # No holder or no answer in time: retried. Sent without a response (`outcome_unknown`):
+            # final, since sending it again could post it twice.
+            status: SendStatus = "permanent" if answer.final else "retry"
+            return SendOutcome(status, reason=answer.error or "no_answer", detail=answer.detail[:500])
+        return response_outcome(answer.response)
+
+
+def response_outcome(data: Mapping[str, Any]) -> SendOutcome:
+    """An action's response (the HTTP API's body, or a WebSocket frame: the same shape)."""
+    status = data.get("status")
+    if status in ("ok", "async"):  # async: accepted, to be sent by the implementation
+        result = data.get("data")
+        message_id = result.get("message_id") if isinstance(result, dict) else None
+        return SendOutcome("delivered", platform_message_id=str(message_id) if message_id is not None else None)
+    retcode = data.get("retcode")
+    detail = f"retcode {retcode}: {data.get('message') or data.get('wording') or data.get('msg') or ''}"
+    if isinstance(retcode, int) and retcode in _RETCODES:
+        verdict, reason = _RETCODES[retcode]
+        return SendOutcome(verdict, reason=reason, detail=detail[:500])
+    # Any other failure (QQ refused, risk control, muted): a re-send would not help and could
+    # post twice if the implementation actually sent it, so it is final.
+    return SendOutcome("permanent", reason="failed", detail=detail[:500])
 
 
 # --- helpers -------------------------------------------------------------------------------------

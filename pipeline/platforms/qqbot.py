@@ -543,7 +543,7 @@ class QQBotPlatform(Platform):
 
     async def _token(self, bot: BotConfig, http: httpx.AsyncClient) -> str | SendOutcome:
         app_id, secret = bot.secret("app_id") or "", bot.secret("app_secret") or ""
-        url = base_url(bot, DEFAULT_TOKEN_BASE) + TOKEN_PATH
+        url, _ = key = _token_key(bot)
 
         async def fetch() -> tuple[str, float] | SendOutcome:
             try:
@@ -567,7 +567,7 @@ class QQBotPlatform(Platform):
             except (TypeError, ValueError):
                 return token, 7200.0
 
-        return await self._tokens.get((url, app_id), fetch)
+        return await self._tokens.get(key, fetch)
 
     def _classify(self, bot: BotConfig, response: httpx.Response) -> SendOutcome:
         data = response_json(response)
@@ -586,7 +586,7 @@ class QQBotPlatform(Platform):
             retry_after = retry_after_header(response.headers.get("retry-after"))
             return SendOutcome("retry", reason="rate_limited", retry_after=retry_after, detail=detail)
         if response.status_code == 401 or code in _TOKEN_INVALID:
-            self._tokens.drop(bot.secret("app_id") or "")
+            self._tokens.drop(_token_key(bot))
             return SendOutcome("retry", reason="token_expired", retry_after=0.0, detail=detail)
         if code in _WINDOW_EXPIRED:
             return SendOutcome("permanent", reason="passive_window_expired", detail=detail)
@@ -624,6 +624,10 @@ def _guild_text(text: str) -> str:
 
 def _guild_unescape(text: str) -> str:
     return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def _token_key(bot: BotConfig) -> tuple[str, str]:
+    return base_url(bot, DEFAULT_TOKEN_BASE) + TOKEN_PATH, bot.secret("app_id") or ""
 
 
 def _to_active(platform: str, body: dict[str, Any]) -> None:

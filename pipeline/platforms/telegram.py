@@ -1,7 +1,9 @@
 """Telegram Bot API.
 
 In: webhook `Update`s, authenticated by `X-Telegram-Bot-Api-Secret-Token` (the `secret_token` given
-to `setWebhook`, credential `webhook_secret`). `message` updates in private chats and groups.
+to `setWebhook`, credential `webhook_secret`), or the same `Update`s from `getUpdates` long polling
+(transport `polling`, `pipeline.connections.telegram`), parsed by the same `parse`. `message`
+updates in private chats and groups.
 Out: `sendMessage` with `entities` (never `parse_mode`: entities need no escaping, and the agent's
 markdown cannot break a message), `sendPhoto`/`sendAudio`/`sendVideo`/`sendDocument` (a URL or a
 file_id as is, other media uploaded as multipart), `sendDice`; `reply_parameters` for replies.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -100,6 +103,8 @@ _MEDIA_METHOD = {
 class TelegramPlatform(Platform):
     name: ClassVar[str] = "telegram"
     required_credentials = ("token",)
+    # `polling`: getUpdates long polling (`pipeline.connections.telegram`), held by one worker.
+    transports = {"webhook": (), "polling": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file", "reply", "dice"}),
         max_text_chars=MAX_TEXT,
@@ -122,7 +127,17 @@ class TelegramPlatform(Platform):
         if not hmac.compare_digest(given.encode(), secret.encode()):
             raise WebhookRejected(401, "bad_signature")
 
+    def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+        if entry.get("transport", "webhook") == "polling":
+            return []
+        # An entry may be a whole `BotConfig` dumped: only values other than the defaults count.
+        given = {"delete_webhook": entry.get("delete_webhook") not in (None, False)}
+        given["poll_timeout_seconds"] = entry.get("poll_timeout_seconds") not in (None, 30)
+        return [(field, 'applies to transport = "polling" only') for field, set_ in given.items() if set_]
+
     def startup_warnings(self, bot: BotConfig) -> list[str]:
+        if bot.transport != "webhook":
+            return []  # no webhook: updates are polled
         return missing_credential(
             bot,
             "webhook_secret",

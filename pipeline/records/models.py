@@ -29,6 +29,11 @@ from pipeline.session.models import (
 ChatType = Literal["private", "group"]
 ConversationKey = str
 OutboundKind = Literal["reply", "notice", "progress", "confirmation"]
+# Facts about how a reply came to be, for a platform that can show them (the console does):
+# `corrected`: the agent's reply broke the contract and the one correction call fixed it.
+# `refused`: this notice refuses the chat command it quotes (an /allow or /deny from someone who may
+# not answer): the console shows it to that person only, and the confirmation stays open.
+OutboundNote = Literal["corrected", "refused"]
 CommandKind = Literal[
     "user_turn",  # user.message (+ system.message) built from one or more inbound messages
     "interrupt",  # /stop: user.interrupt
@@ -172,6 +177,11 @@ class OutboundMessage(_Record):
     route: dict[str, str] = Field(default_factory=dict)
     trace_id: str | None = None
     hops: dict[str, float] = Field(default_factory=dict)
+    # Left out of the record when empty: a record without notes is what older workers read.
+    notes: list[OutboundNote] = Field(default_factory=list, exclude_if=lambda notes: not notes)
+    # Why each media of the reply was replaced by the "attachment unavailable" text, in order: the
+    # bounded rejection labels of `switchboard_media_rejected_total` (a platform may show them).
+    media_rejected: list[str] = Field(default_factory=list, exclude_if=lambda reasons: not reasons)
 
 
 class DeadLetter(_Record):

@@ -2,8 +2,8 @@
 
 Default reply: ``{"segments":[{"type":"text","data":{"text":"echo: <T>"}}]}`` where T is the message
 text with directives removed. Tool outcomes (``confirm_tool``, ``custom_tool``) replace ``echo: <T>``
-as the segment text ("tool allowed", "tool denied: <msg>", "tool result: <text>", "tool error: <text>"),
-one line per tool.
+as the segment text ("tool allowed", "tool denied" or "tool denied: <reason>", "tool result: <text>",
+"tool error: <text>"), one line per tool.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def _answer_text(kind: str, answer: dict[str, Any]) -> str:
     if kind == "confirm":
         if answer.get("result") == "allow":
             return "tool allowed"
-        return f"tool denied: {answer.get('deny_message') or ''}".rstrip()
+        reason = str(answer.get("deny_message") or "").strip()
+        return f"tool denied: {reason}" if reason else "tool denied"
     result_text = "".join(b.get("text", "") for b in answer.get("content") or [] if b.get("type") == "text")
     return f"tool error: {result_text}" if answer.get("is_error") else f"tool result: {result_text}"
 

@@ -16,12 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchboard sim", description="Reference agent-session server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787, help="0 picks a free port (printed)")
-    parser.add_argument("--api-key", default="sim-key", help="accepted key (Bearer for ark, x-api-key for anthropic)")
+    parser.add_argument(
+        "--api-key", default="switchboard-sim-key", help="accepted key (Bearer for ark, x-api-key for anthropic)"
+    )
     parser.add_argument("--think", type=float, default=0.0, help="default think time per turn, seconds")
     parser.add_argument("--ping-interval", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault/drop RNG")
-    parser.add_argument("--openapi-ak", default="sim-ak", help="control-plane access key")
-    parser.add_argument("--openapi-sk", default="sim-sk", help="control-plane secret key")
+    parser.add_argument("--openapi-ak", default="switchboard-sim-ak", help="control-plane access key")
+    parser.add_argument("--openapi-sk", default="switchboard-sim-sk", help="control-plane secret key")
     faults = parser.add_argument_group("fault injection (also POST /_sim/faults at runtime)")
     faults.add_argument("--latency-ms", type=float, default=0.0)
     faults.add_argument("--rate-429", type=float, default=0.0, help="probability on POST events")

@@ -35,12 +35,12 @@ class Faults:
 
 @dataclass(slots=True)
 class SimSettings:
-    api_key: str = "sim-key"
+    api_key: str = "switchboard-sim-key"
     think: float = 0.0  # default think time per turn, seconds
     ping_interval: float = 15.0  # SSE keep-alive `event: ping`
     seed: int = 0
     agent_name: str = "sim-agent"
     delta_chunk: int = 8  # characters per event_delta frame
     # Volcengine OpenAPI credentials accepted by the control plane (access key -> secret key).
-    openapi_credentials: dict[str, str] = field(default_factory=lambda: {"sim-ak": "sim-sk"})
+    openapi_credentials: dict[str, str] = field(default_factory=lambda: {"switchboard-sim-ak": "switchboard-sim-sk"})
     faults: Faults = field(default_factory=Faults)

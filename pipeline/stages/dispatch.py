@@ -18,7 +18,7 @@ from pipeline.records import Position, SessionCommand, now_ms
 from pipeline.session import Provisioner, SessionClient
 from pipeline.session.exceptions import NotFoundError, SessionAPIError
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart
+from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart, note_message
 
 from ._ids import inbound_dedup_id, stable_id, user_message_id
 from .notify import Notifier
@@ -224,6 +224,7 @@ class DispatchStage:
             inbound_markers=[
                 inbound_dedup_id(command.platform, command.bot_id, command.chat_id, i) for i in command.inbound_ids
             ],
+            note=self._console_note(command, mode),
         )
         start = await begin(command_json=None)
         if start.decision != "hold":
@@ -232,6 +233,15 @@ class DispatchStage:
         # keep apart from the pipeline's own overhead.
         held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
         return await begin(command_json=held.model_dump_json())
+
+    def _console_note(self, command: SessionCommand, mode: TurnMode) -> tuple[str, str] | None:
+        """The status note the console page shows on the messages of a turn that is held (merge,
+        queue) or released by a flush: published by `begin_turn` itself. Other platforms: none."""
+        if command.platform != "console" or mode not in ("merge", "queue", "flush"):
+            return None
+        ids = command.inbound_ids
+        note = "held" if mode != "flush" else "merged" if len(ids) > 1 else "released"
+        return self.state.console.channel, note_message(command.bot_id, command.chat_id, note, ids)
 
     @staticmethod
     def _turn_record(command: SessionCommand) -> TurnRecord:
@@ -260,6 +270,10 @@ class DispatchStage:
         conversation = command.conversation_key
         conversations = self.state.conversations
         state = await conversations.conversation(conversation)
+        if state.held and command.platform == "console":  # the page shows these as dropped
+            held = [SessionCommand.model_validate_json(c) for _, c in await conversations.peek_held(conversation)]
+            dropped = [i for c in held for i in c.inbound_ids]
+            await self.state.console.publish_note(command.bot_id, command.chat_id, "dropped", dropped)
         await conversations.clear_held(conversation)  # /stop also drops what was waiting
         if state.status == "idle" or not state.session_id:
             await self._notice(bot, command, "stopped")  # nothing running: say so, send nothing (Ark errors)

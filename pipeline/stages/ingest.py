@@ -92,21 +92,35 @@ def content_blocks(
     names = names if names is not None else member_names(message, [])
     blocks: list[dict[str, object]] = []
     texts: list[str] = []
+    after_mention = False
     for segment in message.segments:
         if isinstance(segment, TextSegment):
-            texts.append(segment.data.text)
+            piece = segment.data.text
+            # A mention is a word of its own: `@alice` then `hey` reads `@alice hey`, not `@alicehey`
+            # (`@alice, hey` stays as it is).
+            if after_mention and _is_word_char(piece[:1]):
+                texts.append(" ")
+            texts.append(piece)
+            after_mention = False
         elif isinstance(segment, MentionSegment):
             target = segment.data.target
             if target != bot.self_id:
                 name = names.get(target)
+                if texts and _is_word_char(texts[-1][-1:]):
+                    texts.append(" ")
                 # A Telegram `@username` target is written as it is: Telegram links it.
                 texts.append(f"@{name}" if name else target if target.startswith("@") else f"@{target}")
+                after_mention = True
         elif isinstance(segment, ImageSegment) and segment.data.media.kind == "url":
             blocks.append({"type": "image", "source": {"type": "url", "url": segment.data.media.value}})
     text = "".join(texts).strip() if texts else message.text
     text = strip_trigger(text, bot)
     blocks.insert(0, {"type": "text", "text": head + text})
     return blocks
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
 PromptBuilder = Callable[[BotConfig, InboundMessage, list[ContextEntry]], str | None]
@@ -287,9 +301,8 @@ class IngestStage:
             return
         if not may_answer(bot, state.turn.starter_id if state.turn else None, message):
             metrics.INBOUND_DROPPED.labels(message.platform, "confirmation_refused").inc()
-            await self.outputs.outbound(
-                self._notice(bot, message, "confirmation_refused", who=_who_may_answer(bot, state.turn))
-            )
+            refusal = self._notice(bot, message, "confirmation_refused", who=_who_may_answer(bot, state.turn))
+            await self.outputs.outbound(refusal.model_copy(update={"notes": ["refused"]}))
             return
         events: list[dict[str, object]] = []
         for pending in confirmations:

@@ -22,6 +22,7 @@ from pipeline import metrics
 from pipeline.records import (
     OutboundKind,
     OutboundMessage,
+    OutboundNote,
     Position,
     SessionCommand,
     SessionEventRecord,
@@ -387,9 +388,11 @@ class RenderStage:
         metrics.SEGMENTS.labels(platform, _segments_outcome(outcome)).inc()
         if outcome.leak_hits:
             metrics.LEAK_HITS.labels(platform, "reply").inc(outcome.leak_hits)
+        media_rejected: list[str] = []
         for media in outcome.media:
             if not media.accepted:
                 reason = rejection_label(media.reason)
+                media_rejected.append(reason)
                 metrics.MEDIA_REJECTED.labels(platform, reason).inc()
                 log.info(
                     "reply of %s: %s media (%s) unavailable: %s",
@@ -405,10 +408,21 @@ class RenderStage:
         if outcome.notice is not None:
             metrics.NOTICES.labels(platform, outcome.notice.kind.value).inc()
             await self._emit(bot, record, state, "notice", [_text(outcome.notice.text)], suffix="reply")
-        elif outcome.passthrough is not None:
-            await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply")
-        elif outcome.segments:
-            await self._emit(bot, record, state, "reply", list(outcome.segments), suffix="reply")
+        else:
+            notes: list[OutboundNote] = ["corrected"] if outcome.corrected else []
+            if outcome.passthrough is not None:
+                await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply", notes=notes)
+            elif outcome.segments:
+                await self._emit(
+                    bot,
+                    record,
+                    state,
+                    "reply",
+                    list(outcome.segments),
+                    suffix="reply",
+                    notes=notes,
+                    media_rejected=media_rejected,
+                )
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
@@ -474,8 +488,13 @@ class RenderStage:
         segments: list[Segment],
         *,
         suffix: str,
+        notes: list[OutboundNote] | None = None,
+        media_rejected: list[str] | None = None,
     ) -> None:
-        await self.outputs.outbound(self._outbound(bot, record, state, kind, segments, suffix=suffix))
+        outbound = self._outbound(bot, record, state, kind, segments, suffix=suffix, notes=notes)
+        if media_rejected:
+            outbound = outbound.model_copy(update={"media_rejected": media_rejected})
+        await self.outputs.outbound(outbound)
 
     def _outbound(
         self,
@@ -486,6 +505,7 @@ class RenderStage:
         segments: list[Segment],
         *,
         suffix: str,
+        notes: list[OutboundNote] | None = None,
     ) -> OutboundMessage:
         turn = state.turn
         hops = dict(turn.hops) if turn else {}
@@ -501,10 +521,13 @@ class RenderStage:
             chat_type=chat_type,
             conversation_key=record.conversation_key,
             segments=segments,
-            reply_to_message_id=turn.reply_to_message_id if turn and kind == "reply" else None,
+            # A reply quotes the message it answers; so does "Stopped." (the message whose turn it
+            # stopped), as the other answers to a chat command do.
+            reply_to_message_id=turn.reply_to_message_id if turn and (kind == "reply" or suffix == "stopped") else None,
             route=turn.route if turn else {},
             trace_id=turn.trace_id if turn else record.trace_id,
             hops=hops,
+            notes=notes or [],
         )
 
     def _bot(self, conversation: str, state: ConversationState) -> BotConfig | None:

@@ -5,7 +5,9 @@
 - `markers`: de-duplication markers and ingest's batch admission;
 - `streams`: the streams in flight per partition;
 - `deliveries`: delivered outbound messages and the shared rate windows;
-- `console`: the console's chats.
+- `console`: the console's chats;
+- `connections` (`ConnectionStore`, opened by `pipeline.connections` with a blocking client of its
+  own): the leases of long connections and the actions queued for their holders.
 
 The hot steps are one Lua script each (`scripts/*.lua`).
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.state.client import RedisClient
-from pipeline.state.console import ConsoleStore, LiveMessage, message_seq
+from pipeline.state.connections import Acquired, ActionClaim, ConnectionStore, LeaseState, LeaseValue
+from pipeline.state.console import ConsoleStore, LiveMessage, message_seq, note_message
 from pipeline.state.conversations import ConversationStore, TurnMode
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
@@ -70,8 +73,11 @@ class State:
 
 
 __all__ = [
+    "Acquired",
+    "ActionClaim",
     "AdmissionResult",
     "Claim",
+    "ConnectionStore",
     "ConsoleStore",
     "ContextEntry",
     "ConversationState",
@@ -80,6 +86,8 @@ __all__ = [
     "InboundAdmission",
     "InflightStream",
     "Keys",
+    "LeaseState",
+    "LeaseValue",
     "LiveMessage",
     "MarkerStore",
     "PendingAction",
@@ -93,4 +101,5 @@ __all__ = [
     "TurnRecord",
     "TurnStart",
     "message_seq",
+    "note_message",
 ]

@@ -7,7 +7,10 @@ number (`"seq"`, the stream's event id) and publishes it once on `console-live`,
 every bot: a worker subscribes once and fans deliveries out to its viewers in memory.
 
 A live message is `<header>\\n<message>`: the header a JSON array `[bot_id, chat_id, seq]`, the
-message the stored JSON object itself (neither contains a raw newline).
+message the stored JSON object itself (neither contains a raw newline). A header with seq 0 carries
+a status note instead (`note_message`): what became of people's messages (held while the bot is
+busy, released or merged into one turn, dropped by /stop). Notes are neither stored nor numbered:
+the page shows what it sees live, and keeps it with the messages it sent.
 """
 
 from __future__ import annotations
@@ -44,6 +47,18 @@ class LiveMessage:
         if not (isinstance(bot_id, str) and isinstance(chat_id, str) and isinstance(seq, int)):
             raise ValueError("not a console live message")
         return cls(bot_id, chat_id, seq, message)
+
+
+# The notes a page may receive (`note_message`).
+NOTES = frozenset({"held", "released", "merged", "dropped"})
+
+
+def note_message(bot_id: str, chat_id: str, note: str, message_ids: list[str]) -> str:
+    """A status note about inbound messages of a console chat, as published on the live channel."""
+    if note not in NOTES:
+        raise ValueError(f"unknown console note {note!r}")
+    body = json.dumps({"note": note, "message_ids": message_ids}, ensure_ascii=False)
+    return json.dumps([bot_id, chat_id, 0], ensure_ascii=False) + "\n" + body
 
 
 def message_seq(message: str) -> int:
@@ -92,6 +107,10 @@ class ConsoleStore:
             [payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
         )
         return int(seq)
+
+    async def publish_note(self, bot_id: str, chat_id: str, note: str, message_ids: list[str]) -> None:
+        """A status note to the chat's viewers (nothing is stored)."""
+        await self.redis.execute("PUBLISH", self.channel, note_message(bot_id, chat_id, note, message_ids))
 
     async def messages(self, bot_id: str, chat_id: str) -> list[str]:
         """The chat's messages, oldest first, as stored (JSON objects with their `seq`)."""

@@ -101,13 +101,16 @@ class ConversationStore:
         command_json: str | None,
         trace_id: str,
         inbound_markers: Sequence[str] = (),
+        note: tuple[str, str] | None = None,
     ) -> TurnStart:
         """Decide what a user turn does, and record it when it starts, in one step (see
         `scripts/begin_turn.lua`): a replay is recognised, a busy session holds it (merge, queue),
         and a starting turn is recorded as running, listed among the session's turns, its record
         kept under its id, its stream in flight on `partition`, its inbound messages marked seen.
         `command_json` is what a busy session holds; without it, a turn that would be held comes
-        back as `hold` (call again with it: most turns are never held, and the command is large)."""
+        back as `hold` (call again with it: most turns are never held, and the command is large).
+        `note` (a channel, a message) is published when the turn is newly held, or started by a
+        flush, in the same step: the console's status notes cost no round trip of their own."""
         k = self.keys
         turn_json = turn.model_dump_json()
         stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
@@ -131,6 +134,7 @@ class ConversationStore:
                 inflight_entry(stream),
                 self.mapping_ttl,
                 self.dedup_ttl,
+                *(note or ("", "")),
             ],
         )
         decision, session_id, cursor, interrupt = (text(v) or "" for v in raw)

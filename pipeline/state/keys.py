@@ -59,3 +59,30 @@ class Keys:
     # Deliveries.
     def rate_window(self, identifier: str) -> str:
         return self.of("rate", identifier)
+
+    # Long connections (platform and bot ids contain no `:`: see `BotConfig.bot_id`).
+    def lease(self, platform: str, bot_id: str, channel: str) -> str:
+        """String `holder|token|state`, expiring: which worker holds the bot's connection channel."""
+        return self.of("lease", f"{platform}:{bot_id}:{channel}")
+
+    def lease_token(self, platform: str, bot_id: str) -> str:
+        """Counter: the bot's fencing token, one more for every new holder."""
+        return self.of("lease-token", f"{platform}:{bot_id}")
+
+    def actions(self, platform: str, bot_id: str) -> str:
+        """List: actions for the bot's holder to run over its connection, from any worker."""
+        return self.of("actions", f"{platform}:{bot_id}")
+
+    def action_reply(self, reply_id: str) -> str:
+        """List: the holder's answer to one action request (its sender waits on it)."""
+        return self.of("action-reply", reply_id)
+
+    def action_done(self, request_id: str) -> str:
+        """An action's record: `sending:<holder|token>` while it is sent, then `done:<answer>`, so an
+        action asked for again is answered, not sent twice."""
+        return self.of("action-done", request_id)
+
+    def offset(self, platform: str, bot_id: str) -> str:
+        """The committed position of a polled bot's update stream (Telegram: the next `offset` of
+        `getUpdates`), written only by the holder of its lease."""
+        return self.of("offset", f"{platform}:{bot_id}")

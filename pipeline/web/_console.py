@@ -197,7 +197,9 @@ async def _stream(request: web.Request, response: web.StreamResponse, viewer: Vi
     while True:
         while viewer.pending:  # delivered since we joined (while reading or writing the backlog)
             seq, frame = viewer.pending.popleft()
-            if seq > viewer.last:
+            if seq == 0:  # a status note
+                frames.append(frame)
+            elif seq > viewer.last:
                 frames.append(frame)
                 viewer.last = seq
         if not frames and not viewer.keepalive:

@@ -4,7 +4,8 @@ Every delivery to a console chat is published once on the deployment's live chan
 the worker's only subscription to it and hands each delivery, already framed as a server-sent
 event, to the viewers of that chat and no other. A viewer that falls behind (its queue is full) or
 misses deliveries (the subscription was lost) is ended: the page reconnects with the last
-sequence number it has and catches up from the chat's list.
+sequence number it has and catches up from the chat's list. Status notes (held, released, merged,
+dropped) travel the same way, unnumbered: a viewer that misses one does not get it again.
 """
 
 from __future__ import annotations
@@ -73,11 +74,12 @@ class Viewer:
         self.idle = True
 
     def offer(self, seq: int, frame: bytes) -> None:
-        if self.ended or seq <= self.last:
+        """A delivery (seq > 0, each sent once and in order) or a status note (seq 0: not numbered)."""
+        if self.ended or (seq and seq <= self.last):
             return
         self.idle = False
         if self.sink is not None:
-            if self._write(frame):
+            if self._write(frame) and seq:
                 self.last = seq
             return
         if len(self.pending) >= VIEWER_QUEUE:
@@ -110,6 +112,10 @@ class Viewer:
 
 
 def sse_frame(seq: int, message: str) -> bytes:
+    """A delivery as a server-sent event (its id the seq); a status note (seq 0) as a `note` event
+    without an id, so a reconnecting client's `after` is never a note's."""
+    if seq == 0:
+        return f"event: note\ndata: {message}\n\n".encode()
     return f"id: {seq}\nevent: message\ndata: {message}\n\n".encode()
 
 

@@ -56,6 +56,7 @@ def build_web_app(deps: WebDeps) -> web.Application:
     app[DEPS] = deps
     app[STATIC_DIR] = STATIC
     app.router.add_post("/webhooks/{platform}/{bot_id}", webhook)
+    app.router.add_get("/webhooks/{platform}/{bot_id}", webhook, allow_head=False)
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -75,9 +76,11 @@ class WebServer:
         produce: ProduceAcked,
         outputs: Outputs,
         ready: Callable[[], Awaitable[dict[str, bool]]],
+        add_routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         self.settings = settings
         self.deps = WebDeps(settings=settings, produce=produce, outputs=outputs, ready=ready)
+        self._add_routes = add_routes  # more routes (long connections: pipeline/web/connections.py)
         self.port: int | None = None
         self._runner: GuardedAppRunner | None = None
 
@@ -106,8 +109,11 @@ class WebServer:
             hub = ConsoleHub(store, Redis(connection_pool=subscription), s.console_max_viewers)
             await hub.start()
             self.deps.console = ConsoleDeps(store=store, hub=hub)
+        app = build_web_app(self.deps)
+        if self._add_routes is not None:
+            self._add_routes(app)
         self._runner = GuardedAppRunner(
-            build_web_app(self.deps),
+            app,
             max_connections=s.web_max_connections,
             request_timeout=s.web_request_timeout_seconds,
             keepalive_timeout=s.web_keepalive_seconds,
@@ -155,6 +161,13 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     if bot is None:
         metrics.WEBHOOKS.labels("unknown", "unknown_bot").inc()
         return web.json_response({"error": "unknown bot"}, status=404)
+    if bot.transport != "webhook":  # its updates come over its long connection: no second way in
+        metrics.WEBHOOKS.labels(platform_name, "not_a_webhook_bot").inc()
+        return web.json_response({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
+    if request.method not in platform.webhook_methods:
+        metrics.WEBHOOKS.labels(platform_name, "method_not_allowed").inc()
+        allow = ", ".join(sorted(platform.webhook_methods))
+        return web.json_response({"error": "method not allowed"}, status=405, headers={"Allow": allow})
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -165,6 +178,7 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         body=body,
         query=dict(request.query),
         received_at_ms=received,
+        method=request.method,
     )
     try:
         platform.verify(bot, wire)
@@ -190,6 +204,8 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         metrics.WEBHOOKS.labels(platform_name, "accepted").inc()
     else:
         metrics.WEBHOOKS.labels(platform_name, result.ignored or "ignored").inc()
+    if result.text is not None:
+        return web.Response(text=result.text, status=result.status, content_type="text/plain")
     body_out = result.body if result.body is not None else {}
     return web.json_response(body_out, status=result.status)
 

@@ -35,6 +35,7 @@ REQUIRED_ALERTS = {
     "SwitchboardEgressRateLimitStorm": "switchboard_egress_total",
     "SwitchboardSseReconnectStorm": "switchboard_sse_reconnects_total",
     "SwitchboardWorkerDown": "up",
+    "SwitchboardConnectionUnheld": "switchboard_connection_holder_missing",
 }
 
 

@@ -1,6 +1,7 @@
 """Faults under load (SIGKILLed workers, Redis restart, SSE drops, 429/500, accept-then-delay):
 every accepted message that triggers the agent gets exactly one answer, and its user message is
-posted to the session once. All on loopback; about two minutes.
+posted to the session once; so does every message of a OneBot bot on reverse WebSocket that reached
+a socket. All on loopback; about two minutes.
 
 The accounting itself is checked on synthetic deliveries first (it must catch a loss and a
 duplicate, or the end-to-end test below would prove nothing).
@@ -127,3 +128,7 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
     assert acc["posted_twice"] == 0, detail
     assert acc["redelivered_same_outbound_id"] == 0, detail  # the same reply shown twice
     assert acc["misthreaded"] == 0, detail
+    # The long-connection lane: a OneBot bot on reverse WebSocket, its holder among the killed.
+    onebot = result["onebot_ws"]
+    assert onebot["written_to_a_socket"] >= 0.8 * onebot["messages_sent"] and onebot["sockets"] >= 2, onebot
+    assert onebot["lost"] == 0 and onebot["duplicated"] == 0, onebot

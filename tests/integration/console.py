@@ -112,17 +112,23 @@ class ConsoleClient:
 
 
 class LiveStream:
-    """Server-sent events of one console stream: each message with its seq."""
+    """Server-sent events of one console stream: each message with its seq; the status notes read
+    on the way are kept in `notes`."""
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
         self._lines = response.aiter_lines()
+        self.notes: list[dict[str, Any]] = []
 
     async def next(self, timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
         fields: dict[str, str] = {}
         async with asyncio.timeout(timeout):
             async for line in self._lines:
-                if line == "" and "data" in fields:
+                if line == "" and fields.get("event") == "note":
+                    assert "id" not in fields  # a note never moves the page's `after`
+                    self.notes.append(json.loads(fields["data"]))
+                    fields = {}
+                elif line == "" and "data" in fields:
                     return int(fields["id"]), json.loads(fields["data"])
                 if line and not line.startswith(":"):
                     key, _, value = line.partition(": ")

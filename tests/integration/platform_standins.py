@@ -1,6 +1,7 @@
 """The platform API stand-ins of `tests/platforms` (OneBot HTTP API, Telegram Bot API, Lark Open API,
-Slack Web API, QQ bot OpenAPI), served from a background thread with its own event loop, so a whole stack started
-in other processes can call them while the tests (each on its own loop) read what they received.
+Slack Web API, WeCom API, QQ bot OpenAPI), served from a background thread with its own event loop,
+so a whole stack started in other processes can call them while the tests (each on its own loop)
+read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
 `errors` (the test asserts there are none) and answered with a 400 in the platform's own format. The
@@ -28,6 +29,7 @@ from tests.platforms.test_slack import BOT_TOKEN as SLACK_TOKEN
 from tests.platforms.test_slack import check_slack
 from tests.platforms.test_telegram import TOKEN as TELEGRAM_TOKEN
 from tests.platforms.test_telegram import check_telegram_request
+from tests.platforms.test_wecom import WeComStandIn
 
 LARK_MESSAGES = "/open-apis/im/v1/messages"
 LARK_IMAGES = "/open-apis/im/v1/images"
@@ -39,6 +41,7 @@ MESSAGE_PATHS: dict[str, tuple[str, ...]] = {
     "telegram": tuple(f"/bot{TELEGRAM_TOKEN}/{m}" for m in ("sendMessage", "sendPhoto", "sendDocument")),
     "lark": (LARK_MESSAGES,),  # and LARK_MESSAGES/{message_id}/reply
     "slack": ("/chat.postMessage", "/files.completeUploadExternal"),
+    "wecom": ("/cgi-bin/message/send", "/cgi-bin/appchat/send", "/cgi-bin/aibot/response"),
     "qqbot": (),  # every `…/messages` path (they carry the chat's id)
 }
 
@@ -48,6 +51,7 @@ _CHECK_FAILED: dict[str, Answer] = {
     "telegram": (400, {"ok": False, "error_code": 400, "description": "Bad Request: stand-in check failed"}),
     "lark": (400, {"code": 230001, "msg": "stand-in check failed"}),
     "slack": (200, {"ok": False, "error": "invalid_arguments"}),
+    "wecom": (200, {"errcode": 40058, "errmsg": "stand-in check failed"}),
     "qqbot": (400, {"code": 12002, "message": "stand-in check failed"}),
 }
 
@@ -81,6 +85,8 @@ class Call:
             return answer.get("status") in ("ok", "async")
         if self.platform == "lark":
             return answer.get("code") == 0
+        if self.platform == "wecom":
+            return answer.get("errcode") == 0
         if self.platform in ("telegram", "slack"):
             return answer.get("ok") is True or isinstance(self.answer, str)  # the upload answers text
         if self.platform == "qqbot":
@@ -102,8 +108,9 @@ class StandIns:
     """The stand-ins; `url(platform)` is what a bot's `api_base` points at."""
 
     def __init__(self) -> None:
-        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "qqbot")}
+        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "wecom", "qqbot")}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
+        self.wecom = WeComStandIn(self.apis["wecom"])
         self.qq = QQStandIn(self.apis["qqbot"])  # likewise; `qq.received(msg_id)` before a webhook
         self.calls: list[Call] = []
         self.errors: list[str] = []
@@ -209,6 +216,12 @@ class StandIns:
         slack.on("/chat.postMessage", self._wrap("slack", check_slack))
         slack.on("/files.getUploadURLExternal", self._wrap("slack", self._slack_upload_url))
         slack.on("/files.completeUploadExternal", self._wrap("slack", _slack_complete_upload))
+        wecom = self.apis["wecom"]
+        wecom.on("/cgi-bin/gettoken", self._wrap("wecom", self.wecom.token))
+        wecom.on("/cgi-bin/media/upload", self._wrap("wecom", self.wecom.upload))
+        for path in ("/cgi-bin/message/send", "/cgi-bin/appchat/send"):
+            wecom.on(path, self._wrap("wecom", self.wecom.send))
+        wecom.on("/cgi-bin/aibot/response", self._wrap("wecom", self.wecom.respond))
         qqbot = self.apis["qqbot"]
         qqbot.on("/app/getAppAccessToken", self._wrap("qqbot", self.qq.token))
         for prefix in qqbot.prefixes:
@@ -255,6 +268,9 @@ class StandIns:
             return str(receive_id) if receive_id is not None else None
         if platform == "slack":
             chat = body.get("channel") or body.get("channel_id")
+            return str(chat) if chat is not None else None
+        if platform == "wecom":  # an AI bot answer: the e2e tests use the chat id as response code
+            chat = body.get("touser") or body.get("chatid") or seen.query.get("response_code")
             return str(chat) if chat is not None else None
         if platform == "qqbot":  # the chat id Switchboard uses: `<scene>:<id>` from the path
             parts = seen.path.strip("/").split("/")

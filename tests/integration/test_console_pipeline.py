@@ -55,6 +55,46 @@ async def test_untriggered_group_message_gets_no_reply(console: ConsoleClient) -
     assert len(got) == 1 and "now you" in texts(got)[0] and "nobody asked" not in texts(got)[0]
 
 
+async def test_mentions_reach_the_agent_apart_from_the_words_around_them(console: ConsoleClient) -> None:
+    """As the page sends them: a chip (`mentions` only) before the text, and a mention typed in it."""
+    chat = console.chat("group")
+    answer = await console.send(
+        chat, "hey there @dave!", chat_type="group", user_id="u9", user_name="Dee", mentions=["bot", "carol", "dave"]
+    )
+    assert answer["addressed"] is True
+    unaddressed = await console.send(chat, "@carol only", chat_type="group", user_id="u9", mentions=["carol"])
+    assert unaddressed["addressed"] is False  # the page says "not addressed to the bot"
+    await console.wait_for(chat, 1)
+    got = await console.settle(chat)
+    assert len(got) == 1 and "@carol hey there @dave!" in texts(got)[0], texts(got)
+
+
+async def test_held_messages_are_noted_live_then_merged_or_dropped(console: ConsoleClient) -> None:
+    """The notes the page shows on people's messages: held while the bot is busy, then merged into
+    one turn (or released alone), or dropped by /stop."""
+    chat = console.chat()
+    async with console.stream(chat) as live:
+        await console.send(chat, "[sim:think=2] first")
+        await asyncio.sleep(0.8)  # the first turn is running now
+        held = [(await console.send(chat, word))["message_id"] for word in ("alpha", "beta")]
+        await live.next()  # echo: first
+        await live.next()  # the merged turn's reply
+        assert live.notes == [
+            {"note": "held", "message_ids": [held[0]]},
+            {"note": "held", "message_ids": [held[1]]},
+            {"note": "merged", "message_ids": held},
+        ]
+    other = console.chat()
+    async with console.stream(other) as live:
+        await console.send(other, "[sim:think=6] a long task")
+        await asyncio.sleep(1.0)
+        waiting = (await console.send(other, "later"))["message_id"]
+        await console.send(other, "/stop")
+        _, stopped = await live.next(timeout=20)
+        assert texts([stopped]) == ["Stopped."]
+        assert live.notes == [{"note": "held", "message_ids": [waiting]}, {"note": "dropped", "message_ids": [waiting]}]
+
+
 async def test_messages_sent_while_running_are_merged_into_one_turn(console: ConsoleClient) -> None:
     chat = console.chat()
     await console.send(chat, "[sim:think=2] first")
@@ -87,9 +127,11 @@ async def test_tool_confirmation_round_trip_with_authorisation(console: ConsoleC
     got = await console.wait_for(chat, 1)
     assert got[0]["kind"] == "confirmation"
     assert "@starter" in texts(got)[0]
-    await console.send(chat, "/allow", chat_type="group", user_id="stranger")
+    refused = await console.send(chat, "/allow", chat_type="group", user_id="stranger")
     got = await console.wait_for(chat, 2)
     assert got[1]["kind"] == "notice" and "Only" in texts(got)[1]
+    # Marked as the refusal of that answer: the page shows it to its sender only.
+    assert (got[1]["notes"], got[1]["reply_to"]) == (["refused"], refused["message_id"])
     await console.send(chat, "/allow", chat_type="group", user_id="starter")
     got = await console.wait_for(chat, 3)
     got = await console.settle(chat)
@@ -125,6 +167,7 @@ async def test_invalid_reply_is_corrected_once(console: ConsoleClient) -> None:
     got = await console.wait_for(chat, 1)
     got = await console.settle(chat)
     assert texts(got) == ["echo: fix me"] and got[0]["kind"] == "reply"
+    assert got[0]["notes"] == ["corrected"]  # the page marks it
 
 
 async def test_fenced_reply_is_corrected(console: ConsoleClient) -> None:

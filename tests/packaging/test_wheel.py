@@ -138,6 +138,8 @@ def test_up_from_the_wheel_gives_a_first_reply(installed: Path, tmp_path: Path) 
         while "console:demo:wheel: reply delivered" not in out.read_text():  # the terminal's turn line
             assert time.monotonic() < deadline, out.read_text()
             time.sleep(0.3)
+        # A first run with nothing set has nothing to warn about (it once warned of its own short keys).
+        assert not [line for line in out.read_text().splitlines() if " WARNING " in line or " ERROR " in line]
         assert "hello wheel" not in out.read_text(), "no message bodies in the terminal"
     finally:
         os.killpg(up.pid, signal.SIGINT)  # Ctrl-C: `up` stops its parts in order

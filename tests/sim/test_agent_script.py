@@ -17,6 +17,7 @@ from pipeline.session import (
 )
 from pipeline.session.models import AgentCustomToolUse, AgentToolUse, RequiresAction, SessionError
 from pipeline.sim import SimServer
+from pipeline.sim.agent import _answer_text
 
 from .helpers import collect_until, final_reply, last_idle, segments_text, system_message, turn, types_of, user_message
 
@@ -189,3 +190,16 @@ async def test_progress_directive(sim: SimServer, ark: SessionClient) -> None:
     assert kinds.index("agent.tool_use") > first_message
     assert kinds.count("agent.message") == 2
     assert segments_text(final_reply(events)) == "echo: p"
+
+
+@pytest.mark.parametrize(
+    ("answer", "text"),
+    [
+        ({"result": "allow"}, "tool allowed"),
+        ({"result": "deny"}, "tool denied"),
+        ({"result": "deny", "deny_message": "  "}, "tool denied"),
+        ({"result": "deny", "deny_message": "not now"}, "tool denied: not now"),
+    ],
+)
+def test_a_denial_without_a_reason_has_no_dangling_colon(answer: dict[str, str], text: str) -> None:
+    assert _answer_text("confirm", answer) == text

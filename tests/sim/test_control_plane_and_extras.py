@@ -20,7 +20,7 @@ from .helpers import final_reply, segments_text, turn
 
 async def test_ark_openapi_provisioner_round_trip(sim: SimServer, ark: SessionClient) -> None:
     provisioner = ArkOpenAPIProvisioner(
-        access_key="sim-ak", secret_key="sim-sk", agent_id="agent-1", endpoint=sim.root_url
+        access_key="switchboard-sim-ak", secret_key="switchboard-sim-sk", agent_id="agent-1", endpoint=sim.root_url
     )
     try:
         sid = await provisioner.create_session()
@@ -34,7 +34,9 @@ async def test_ark_openapi_provisioner_round_trip(sim: SimServer, ark: SessionCl
 
 
 async def test_ark_openapi_rejects_bad_signature(sim: SimServer) -> None:
-    provisioner = ArkOpenAPIProvisioner(access_key="sim-ak", secret_key="wrong", agent_id="a", endpoint=sim.root_url)
+    provisioner = ArkOpenAPIProvisioner(
+        access_key="switchboard-sim-ak", secret_key="wrong", agent_id="a", endpoint=sim.root_url
+    )
     try:
         with pytest.raises(AuthError):
             await provisioner.create_session()

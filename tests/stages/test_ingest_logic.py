@@ -102,6 +102,23 @@ def test_content_blocks_keep_mentions_of_other_users() -> None:
     assert content_blocks(msg, bot(), label_sender=False)[0]["text"] == "ask @u9"
 
 
+def test_content_blocks_set_a_mention_apart_from_the_words_around_it() -> None:
+    """A mention chip followed by text (the console, OneBot's `at`) must not glue: `@alicehey`."""
+
+    def mention(target: str) -> MentionSegment:
+        return MentionSegment(type="mention", data=MentionData(target=target))
+
+    def text(value: str) -> TextSegment:
+        return TextSegment(type="text", data=TextData(text=value))
+
+    glued = message(segments=[mention("alice"), mention("bot"), text("hey, look at this")])
+    assert content_blocks(glued, bot(), label_sender=False)[0]["text"] == "@alice hey, look at this"
+    inline = message(segments=[text("ask"), mention("u9"), mention("u8"), text(", then me")])
+    assert content_blocks(inline, bot(), label_sender=False)[0]["text"] == "ask @u9 @u8, then me"
+    spaced = message(segments=[text("hi "), mention("u9"), text(" there")])
+    assert content_blocks(spaced, bot(), label_sender=False)[0]["text"] == "hi @u9 there"
+
+
 def test_who_may_answer_a_confirmation() -> None:
     starter = message(sender=Sender(user_id="u1"))
     stranger = message(sender=Sender(user_id="u2"))

@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from pipeline.records import OutboundMessage, Position, SessionEventRecord
 from pipeline.runtime import reply_policy
+from pipeline.segments.media import MediaChecker, MediaSettings
 from pipeline.settings import Settings
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
@@ -172,3 +173,44 @@ TURN_C = TurnRecord(trace_id="t-C", platform="console", bot_id="demo", chat_id="
 
 def flushes(recorder: Recorder) -> int:
     return sum(1 for t, v in recorder.records if t == "session.input" and b'"flush"' in v)
+
+
+async def test_stopped_quotes_the_message_whose_turn_it_stopped(redis_url: str, redis_prefix: str) -> None:
+    """Like the answers to /reset and to a /stop with nothing running, "Stopped." says what it is
+    about: the message whose turn /stop interrupted."""
+    stage, recorder = render_stage(redis_url, redis_prefix)
+    await send_turn(stage.state, "msg-A")
+    await stage.state.conversations.update_conversation(CONVERSATION, interrupted=True)
+    await stage.handle(idle("sevt-idle-1"))
+    (notice,) = recorder.replies()
+    assert notice.kind == "notice" and notice.segments[0].data.text == "Stopped."  # type: ignore[union-attr]
+    assert notice.reply_to_message_id == "in-msg-A"
+    assert notice.notes == []
+
+
+async def test_a_reply_says_why_each_of_its_media_was_refused(redis_url: str, redis_prefix: str) -> None:
+    """The console shows each "[attachment unavailable]" with its reason: the bounded labels the
+    metric counts, in the order of the placeholders."""
+    stage, recorder = render_stage(redis_url, redis_prefix)
+    stage.media = MediaChecker(MediaSettings())  # no media root: a path is refused, nothing is fetched
+    await send_turn(stage.state, "msg-A")
+    reply = {
+        "segments": [
+            {"type": "text", "data": {"text": "two charts:"}},
+            {"type": "image", "data": {"media": {"kind": "base64", "value": "not base64!"}}},
+            {"type": "image", "data": {"media": {"kind": "path", "value": "/srv/chart.png"}}},
+        ]
+    }
+    await stage.state.conversations.update_conversation(CONVERSATION, last_message=json.dumps(reply))
+    await stage.handle(idle("sevt-idle-1"))
+    (message,) = recorder.replies()
+    texts = [s.data.text for s in message.segments]  # type: ignore[union-attr]
+    assert [t.strip() for t in texts] == ["two charts:", "[attachment unavailable]", "[attachment unavailable]"]
+    assert message.media_rejected == ["bad_base64", "path_not_allowed"]
+    # A reply without refused media carries none (the record stays as older workers wrote it).
+    await send_turn(stage.state, "msg-B")
+    await agent_says(stage.state)
+    await stage.handle(idle("sevt-idle-2"))
+    outbound = [json.loads(v) for t, v in recorder.records if t.startswith("im.outbound.")]
+    assert len(outbound) == 2 and outbound[1]["segments"][0]["data"]["text"] == "hi"
+    assert "media_rejected" not in outbound[1] and outbound[0]["media_rejected"] == ["bad_base64", "path_not_allowed"]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from pipeline.state import ContextEntry, InboundAdmission, PendingAction, State, TurnRecord
+import asyncio
+import json
+
+import redis.asyncio as aioredis
+
+from pipeline.state import ContextEntry, InboundAdmission, LiveMessage, PendingAction, State, TurnRecord, note_message
 
 TURN = TurnRecord(trace_id="t", platform="console", bot_id="b", chat_id="c", chat_type="group", starter_id="u1")
 
@@ -210,3 +215,55 @@ async def test_a_busy_session_asks_for_the_command_before_holding_it(state: Stat
         "k2", 2, turn_id="t3", mode="queue", turn=TURN, command_json=None, trace_id="t3"
     )
     assert idle.decision == "no_session"
+
+
+async def test_begin_turn_publishes_its_note_when_held_and_when_a_flush_starts_it(state: State, redis_url: str) -> None:
+    """The console's status notes ride on begin_turn: published in the same step, only when the turn
+    is newly held or started by a flush, and never without a note (every other platform)."""
+    conversations = state.conversations
+    subscriber = aioredis.from_url(redis_url, decode_responses=True)
+    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+    channel = state.console.channel
+    await pubsub.subscribe(channel)
+
+    async def begin_with(turn_id: str, mode: str, note: str, command_json: str | None = "{}") -> str:
+        start = await conversations.begin_turn(
+            "k",
+            2,
+            turn_id=turn_id,
+            mode=mode,  # type: ignore[arg-type]
+            turn=TURN,
+            command_json=command_json,
+            trace_id=turn_id,
+            note=(channel, note_message("b", "c", note, [turn_id])),
+        )
+        return start.decision
+
+    async def published(count: int) -> list[str]:
+        """`count` notes, then proof that no other follows."""
+        notes = []
+        async with asyncio.timeout(5):
+            while len(notes) < count:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                if message is not None:
+                    live = LiveMessage.parse(message["data"])
+                    assert (live.bot_id, live.chat_id, live.seq) == ("b", "c", 0)
+                    body = json.loads(live.message)
+                    notes.append(f"{body['note']}:{','.join(body['message_ids'])}")
+        assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3) is None
+        return notes
+
+    try:
+        await conversations.map_session("k", "s1")
+        assert await begin_with("t1", "merge", "held") == "start"  # not busy: starts, nothing held
+        assert await begin_with("t2", "merge", "held", command_json=None) == "hold"  # asked for the command
+        assert await begin_with("t2", "merge", "held") == "held"
+        assert await begin_with("t2", "merge", "held") == "held"  # a replay: held before, no second note
+        assert await begin(state, "t3") == "held"  # no note given: nothing published
+        assert await begin_with("t4", "flush", "merged") == "busy"  # the turn still runs
+        await conversations.update_conversation("k", status="idle")
+        assert await begin_with("t4", "flush", "merged") == "start"
+        assert await published(2) == ["held:t2", "merged:t4"]
+    finally:
+        await pubsub.aclose()
+        await subscriber.aclose()

@@ -12,6 +12,7 @@ import aiohttp
 from prometheus_client import REGISTRY
 
 from pipeline.records import DeadLetter
+from pipeline.settings import BotConfig
 from pipeline.topics import DEADLETTER
 
 from .conftest import TOKEN, StartWorker, Worker
@@ -135,3 +136,38 @@ async def test_a_malformed_webhook_is_dead_lettered_as_an_excerpt_and_a_digest(s
     assert letter.record_sha256 == hashlib.sha256(body).hexdigest()
     assert len(raw) < 3000  # not the 100 kB body
     assert json.loads(raw)["record_sha256"] == letter.record_sha256
+
+
+async def test_a_bot_on_a_long_connection_takes_no_webhooks(start_worker: StartWorker) -> None:
+    """A Telegram bot that polls has no webhook secret to check: its webhook route is closed, so
+    nobody can post updates in its name."""
+    polled = BotConfig(
+        platform="telegram",
+        bot_id="polled",
+        transport="polling",
+        credentials={"token": "123456:ABC-test"},
+        api_base="http://127.0.0.1:9",  # nothing listens: the worker's dials fail, which is fine here
+    )
+    worker = await start_worker(bots=[polled])
+    before = REGISTRY.get_sample_value(
+        "switchboard_webhooks_total", {"platform": "telegram", "outcome": "not_a_webhook_bot"}
+    )
+    update = {
+        "update_id": 1,
+        "message": {
+            "message_id": 1,
+            "date": 0,
+            "chat": {"id": 5, "type": "private"},
+            "from": {"id": 5, "is_bot": False, "first_name": "M"},
+            "text": "hi",
+        },
+    }
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{worker.url}/webhooks/telegram/polled", json=update) as r:
+            assert r.status == 404
+            assert "transport polling" in (await r.json())["error"]
+    after = REGISTRY.get_sample_value(
+        "switchboard_webhooks_total", {"platform": "telegram", "outcome": "not_a_webhook_bot"}
+    )
+    assert (after or 0.0) == (before or 0.0) + 1
+    assert worker.produced.records == []

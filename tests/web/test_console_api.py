@@ -44,7 +44,8 @@ async def stream(
 
 
 async def next_event(response: aiohttp.ClientResponse, timeout: float = 5.0) -> dict[str, Any]:
-    """The next `message` event's id and data (keep-alive comments skipped)."""
+    """The next `message` event's id and data, or a `note` event's data as `{"note": …}` (keep-alive
+    comments skipped)."""
     fields: dict[str, str] = {}
     async with asyncio.timeout(timeout):
         while True:
@@ -53,6 +54,9 @@ async def next_event(response: aiohttp.ClientResponse, timeout: float = 5.0) -> 
                 raise EOFError("the stream ended")
             line = line.rstrip("\n")
             if line == "" and "data" in fields:
+                if fields.get("event") == "note":
+                    assert "id" not in fields, "a note has no seq: a reconnect must never resume from it"
+                    return {"note": json.loads(fields["data"])}
                 return {"id": int(fields["id"]), "data": json.loads(fields["data"])}
             if line and not line.startswith(":"):
                 key, _, value = line.partition(": ")
@@ -165,6 +169,26 @@ async def test_stream_sends_what_follows_after_then_each_delivery_once(start_wor
         assert event == {"id": 4, "data": {"seq": 4, "id": "out-4"}}
         await console.append("locked", "c", {"id": "out-5"}, message_id="out-5")
         assert (await next_event(r))["data"]["id"] == "out-5"  # not out-4 again, nothing of other chats
+
+
+async def test_status_notes_reach_only_their_chats_viewers_and_take_no_seq(start_worker: StartWorker) -> None:
+    worker = await start_worker()
+    console = pipeline_console(worker)
+    await console.append("locked", "c", {"id": "out-1"}, message_id="out-1")
+    async with (
+        aiohttp.ClientSession() as http,
+        stream(http, worker, "c") as r,
+        stream(http, worker, "elsewhere") as other,
+    ):
+        assert (await next_event(r))["id"] == 1
+        await console.publish_note("locked", "c", "held", ["web-1", "web-2"])
+        assert await next_event(r) == {"note": {"note": "held", "message_ids": ["web-1", "web-2"]}}
+        await console.append("locked", "c", {"id": "out-2"}, message_id="out-2")
+        assert await next_event(r) == {"id": 2, "data": {"seq": 2, "id": "out-2"}}
+        await console.append("locked", "elsewhere", {"id": "out-9"}, message_id="out-9")
+        assert (await next_event(other))["id"] == 1  # the other chat's viewer got no note
+    # Notes are not stored: a reader of the chat's list sees deliveries only.
+    assert [json.loads(m)["id"] for m in await console.messages("locked", "c")] == ["out-1", "out-2"]
 
 
 async def test_viewer_cap_gives_429_and_a_client_that_leaves_frees_its_slot(start_worker: StartWorker) -> None:

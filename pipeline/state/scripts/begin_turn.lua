@@ -3,7 +3,8 @@
 -- partition's in-flight hash, 6 this turn's sent marker, 7 conversation → session, 8… the markers
 -- of the inbound messages the turn carries.
 -- ARGV: 1 turn id, 2 held entry, 3 mode (merge | queue | interrupt | flush | resume), 4 turn record,
--- 5 in-flight entry, 6 state TTL, 7 marker TTL.
+-- 5 in-flight entry, 6 state TTL, 7 marker TTL, 8 a channel ('' for none) and 9 a status note to
+-- PUBLISH on it when the turn is newly held, or started by a flush (the console's live notes).
 -- Returns {decision, session id, cursor, interrupt}: 'done' (sent before: a replay), 'resume' (a
 -- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'hold' (busy,
 -- and no held entry was given: call again with one; most turns never need it), 'busy' (a flush while
@@ -11,6 +12,7 @@
 local conv, held, turns, turn_key, inflight, sent_key, c2s = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, held_entry, mode, turn_json, stream_json = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttl, marker_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local note_channel, note = ARGV[8] or '', ARGV[9] or ''
 
 local function mark_inbound()
   for i = 8, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', marker_ttl) end
@@ -40,6 +42,7 @@ if busy and (mode == 'merge' or mode == 'queue') then
   redis.call('EXPIRE', held, ttl)
   redis.call('HINCRBY', conv, 'held', 1)
   mark_inbound()
+  if note_channel ~= '' then redis.call('PUBLISH', note_channel, note) end
   return {'held', session, cursor, '0'}
 end
 if not session then return {'no_session', '', cursor, '0'} end
@@ -56,4 +59,5 @@ if not listed then redis.call('RPUSH', turns, turn_id) end
 redis.call('EXPIRE', turns, ttl)
 redis.call('SET', turn_key, turn_json, 'EX', ttl)
 mark_inbound()
+if note_channel ~= '' and mode == 'flush' then redis.call('PUBLISH', note_channel, note) end
 return {'start', session, cursor, (busy and mode == 'interrupt') and '1' or '0'}

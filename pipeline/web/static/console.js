@@ -50,7 +50,9 @@
   };
   const runtime = new Map(); // chatKey → {delivered, ids, loaded, es, timer, mode, ...}
   const arrivals = new WeakMap(); // delivered message → when this page first saw it (browser clock)
-  const composer = { mentions: [], replyTo: null };
+  // The composer: the mentions picked with the buttons (chips, sent before the text), the message
+  // quoted, and the suggestions open while an `@…` is typed.
+  const composer = { mentions: [], replyTo: null, suggest: null }; // suggest: {start, end, items, index}
   let clockSkew = 0; // server clock − browser clock, estimated from replies to our messages
 
   function loadState() {
@@ -223,6 +225,51 @@
     const rnd = crypto.getRandomValues ? [...crypto.getRandomValues(new Uint8Array(6))].map((b) => b.toString(16).padStart(2, "0")).join("")
       : Math.random().toString(16).slice(2, 14);
     return `${prefix}-${Date.now().toString(36)}-${rnd}`;
+  }
+
+  // ----------------------------------------------------------------------------------------------
+  // Mentions: `@id` written in the text, as the console platform reads it (`mention_segments`): a
+  // known id (the bot's self_id, a user of this page) as a word of its own is a mention, in its place.
+
+  const ID_CHARS = "[\\p{L}\\p{N}_]";
+
+  function mentionPattern(ids) {
+    const alternatives = [...ids].sort((a, b) => b.length - a.length).map((i) => i.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
+    return new RegExp(`(?<![\\p{L}\\p{N}_@.])@(${alternatives.join("|")})(?![\\p{L}\\p{N}_-]|\\.${ID_CHARS})`, "gu");
+  }
+
+  /** Who can be mentioned here: the bot first, then the users of this page. */
+  function mentionables() {
+    const bot = currentBot();
+    const list = [];
+    if (bot && bot.self_id) list.push({ id: bot.self_id, name: bot.bot_id, seed: `bot:${bot.bot_id}`, bot: true });
+    for (const u of state.users) if (!list.some((o) => o.id === u.id)) list.push({ id: u.id, name: u.name, seed: u.id });
+    return list;
+  }
+
+  /** The known ids written `@id` in `text`, in order, once each. */
+  function typedMentions(text) {
+    const ids = mentionables().map((o) => o.id);
+    if (!ids.length || !text.includes("@")) return [];
+    return [...new Set([...String(text).matchAll(mentionPattern(ids))].map((m) => m[1]))];
+  }
+
+  /** A message as segments: each mentioned id written in the text is a mention in its place; the
+   *  others (from older versions of this page) come first. */
+  function mentionSegments(text, mentions) {
+    const segs = [];
+    const written = new Set();
+    let at = 0;
+    if (mentions.length) {
+      for (const m of String(text).matchAll(mentionPattern(mentions))) {
+        if (m.index > at) segs.push({ type: "text", data: { text: text.slice(at, m.index) } });
+        segs.push({ type: "mention", data: { target: m[1] } });
+        written.add(m[1]);
+        at = m.index + m[0].length;
+      }
+    }
+    if (at < text.length) segs.push({ type: "text", data: { text: text.slice(at) } });
+    return [...mentions.filter((id) => !written.has(id)).map((target) => ({ type: "mention", data: { target } })), ...segs];
   }
 
   // ----------------------------------------------------------------------------------------------
@@ -527,9 +574,19 @@
     return text.length > max ? `${text.slice(0, max - 1)}…` : text;
   }
 
+  // What the worker writes in place of a media item it refused (the notice's en and zh defaults).
+  const UNAVAILABLE = /(\[attachment unavailable\]|\[附件不可用\])/;
+
   const SEGMENTS = {
     text(d) {
-      return h("span", { class: "seg seg-text", dataset: { seg: "text" }, text: String(d.text ?? "") });
+      const text = String(d.text ?? "");
+      const el = h("span", { class: "seg seg-text", dataset: { seg: "text" } });
+      // Each "[attachment unavailable]" is a chip of its own (its reason is added by the message).
+      for (const [i, part] of text.split(UNAVAILABLE).entries()) {
+        if (i % 2) el.append(h("span", { class: "attachment-unavailable", dataset: { testid: "attachment-unavailable" }, text: part }));
+        else if (part) el.append(part);
+      }
+      return el;
     },
     markdown(d) {
       const el = h("div", { class: "seg seg-markdown md", dataset: { seg: "markdown" } });
@@ -634,6 +691,19 @@
     },
   };
 
+  /** The reasons the worker gave for the media it refused, in order, on their placeholders. */
+  function labelUnavailable(body, reasons) {
+    if (!Array.isArray(reasons)) return;
+    const chips = body.querySelectorAll(".attachment-unavailable");
+    chips.forEach((chip, i) => {
+      if (typeof reasons[i] !== "string" || !reasons[i]) return;
+      const reason = reasons[i].replace(/_/g, " ");
+      chip.dataset.reason = reasons[i];
+      chip.title = `Refused: ${reason}`;
+      chip.append(h("span", { class: "unavailable-reason", text: ` · ${reason}` }));
+    });
+  }
+
   function renderSegment(seg) {
     const render = seg && SEGMENTS[seg.type];
     if (!render) {
@@ -677,9 +747,7 @@
   }
 
   function localSegments(m) {
-    const segs = (m.mentions || []).map((target) => ({ type: "mention", data: { target } }));
-    if (m.text) segs.push({ type: "text", data: { text: m.text } });
-    return segs;
+    return mentionSegments(String(m.text || ""), Array.isArray(m.mentions) ? m.mentions : []);
   }
 
   function timelineOf(key) {
@@ -688,7 +756,9 @@
     const byId = new Map(local.map((m) => [m.id, m]));
     // Bot messages keep their delivery order; a reply is never shown above the message it answers.
     let floor = -Infinity;
-    const bot = chatRt.delivered.map((msg, index) => {
+    // A refusal of someone's /allow or /deny is shown to that person only, with their answer.
+    const shown = chatRt.delivered.filter((msg) => !isRefusal(msg));
+    const bot = shown.map((msg, index) => {
       let t = Number(msg.delivered_at) || Number(msg.hops && msg.hops.ingress) || 0;
       // Seen here before something was typed → shown before it, whatever the clocks say.
       const seen = arrivals.get(msg);
@@ -763,15 +833,83 @@
     // current user only through mention highlighting and the confirmation hint.
     const userDependent = item.who === "user" || m.kind === "confirmation" ||
       (Array.isArray(m.segments) && m.segments.some((seg) => seg && seg.type === "mention"));
-    const who = item.who === "user" ? `${m.status}|${m.error || ""}` : answered;
-    return `${grouped}|${who}|${composer.replyTo === m.id}|${userDependent ? state.userId : ""}`;
+    const who = item.who === "user" ? `${m.status}|${m.error || ""}|${m.note || ""}|${m.addressed}|${refusalOf(m.id)}`
+      : `${answered}|${m.kind === "confirmation" ? `${refusedForCurrentUser(m)}|${pendingAnswers(m)}` : ""}`;
+    return `${grouped}|${who}|${composer.replyTo === m.id}|${userDependent ? state.userId : ""}|${quoteSignature(item)}`;
   }
 
-  function answeredConfirmation(msg) {
-    const local = state.sent[state.chatKey] || [];
+  const ANSWER = /^\s*\/(allow|deny)\b/i; // an answer to a tool confirmation
+  const isRefusal = (msg) => msg.kind === "notice" && Array.isArray(msg.notes) && msg.notes.includes("refused");
+
+  // The refusals of the open chat by the message they refuse, rebuilt when its deliveries change
+  // (every message drawn asks).
+  const refusals = { list: null, length: -1, byAnswer: new Map() };
+
+  /** The text of the notice refusing the message `id` (an /allow or /deny), if one came. */
+  function refusalOf(id) {
+    const chatRt = state.chatKey ? runtime.get(state.chatKey) : null;
+    if (!chatRt) return "";
+    if (refusals.list !== chatRt.delivered || refusals.length !== chatRt.delivered.length) {
+      refusals.byAnswer = new Map(chatRt.delivered.filter(isRefusal).map((msg) => [msg.reply_to, snippetOf(msg.segments, 200) || "refused"]));
+      refusals.list = chatRt.delivered;
+      refusals.length = chatRt.delivered.length;
+    }
+    return refusals.byAnswer.get(id) || "";
+  }
+
+  function latestConfirmation(key) {
+    const confirmations = rt(key).delivered.filter((d) => d.kind === "confirmation");
+    return confirmations.length ? confirmations[confirmations.length - 1].id : null;
+  }
+
+  /** The answers sent from here to a confirmation, not failed: those sent for it (an answer kept
+   *  by an older version of this page: any /allow or /deny sent after it). */
+  function confirmationAnswers(msg) {
     const after = Number(msg.delivered_at) - clockSkew;
-    const answer = local.find((m) => m.sentAt >= after - 1000 && /^\s*\/(allow|deny)\b/i.test(m.text) && m.status !== "failed");
-    return answer ? `${answer.text.trim().split(/\s/)[0]} by ${answer.userName || answer.userId}` : "";
+    return (state.sent[state.chatKey] || []).filter((m) => ANSWER.test(m.text) && m.status !== "failed" &&
+      (m.confirms !== undefined ? m.confirms === msg.id : m.sentAt >= after - 1000));
+  }
+
+  /** What became of an answer: "refused" (the bot's notice says so), "accepted" (sure to be let
+   *  through, in a private chat or from one of the bot's admins, or the bot went on after it), else
+   *  "pending": until the bot says, the confirmation stays open. */
+  function answerState(answer) {
+    if (refusalOf(answer.id)) return "refused";
+    const chat = currentChat();
+    if ((chat && chat.type === "private") || isAdmin(answer.userId)) return "accepted";
+    const chatRt = runtime.get(state.chatKey);
+    // Delivered after it by the server's clock, and seen here after it was sent.
+    const after = (d) => !isRefusal(d) && Number(d.delivered_at) > answer.sentAt + clockSkew && (arrivals.get(d) ?? Infinity) > answer.sentAt;
+    return chatRt && chatRt.delivered.some(after) ? "accepted" : "pending";
+  }
+
+  const answerLabel = (m) => `${m.text.trim().split(/\s/)[0]} by ${m.userName || m.userId}`;
+
+  /** Who answered a confirmation ("/allow by Bob"); an answer refused, or not yet let through, does not count. */
+  function answeredConfirmation(msg) {
+    const answer = confirmationAnswers(msg).find((m) => answerState(m) === "accepted");
+    return answer ? answerLabel(answer) : "";
+  }
+
+  /** Answers sent and not yet let through nor refused ("/allow by Carol"). */
+  function pendingAnswers(msg) {
+    return confirmationAnswers(msg).filter((m) => answerState(m) === "pending").map(answerLabel).join(", ");
+  }
+
+  /** The refusal of the current user's last answer to a confirmation (shown to them only). */
+  function refusedForCurrentUser(msg) {
+    const mine = confirmationAnswers(msg).filter((m) => m.userId === state.userId);
+    return mine.length ? refusalOf(mine[mine.length - 1].id) : "";
+  }
+
+  /** The messages a message quotes, each marked resolved or not: a quote shown before the message
+   *  it quotes was loaded is drawn again once it is (after a reload, history comes after the
+   *  messages kept in this tab). */
+  function quoteSignature(item) {
+    const m = item.msg;
+    const ids = item.who === "user" ? [m.replyTo] : [m.reply_to,
+      ...(Array.isArray(m.segments) ? m.segments : []).filter((seg) => seg && seg.type === "reply").map((seg) => seg.data && seg.data.message_id)];
+    return ids.filter(Boolean).map((id) => (findMessage(String(id)) ? "1" : "0")).join("");
   }
 
   function messageShell({ side, kind, id, grouped, author, authorSeed, isBot }) {
@@ -815,15 +953,22 @@
     }
     const body = h("div", { class: "msg-body" });
     appendSegments(body, Array.isArray(msg.segments) ? msg.segments : []);
+    labelUnavailable(body, msg.media_rejected);
     bubble.append(body);
     if (kind === "confirmation") {
       const answered = answeredConfirmation(msg);
       bubble.append(h("div", { class: "confirm-actions" },
         h("button", { type: "button", class: "btn ok", dataset: { testid: "confirm-allow" }, disabled: !!answered || undefined,
-          onclick: () => sendText("/allow") }, "✓ Allow"),
+          onclick: () => sendText("/allow", { confirms: msg.id }) }, "✓ Allow"),
         h("button", { type: "button", class: "btn danger", dataset: { testid: "confirm-deny" }, disabled: !!answered || undefined,
-          onclick: () => sendText("/deny") }, "✕ Deny"),
-        h("span", { class: "confirm-hint", text: answered ? `answered: ${answered}` : `as ${currentUser() ? currentUser().name : "?"}` })));
+          onclick: () => sendText("/deny", { confirms: msg.id }) }, "✕ Deny"),
+        h("span", { class: "confirm-hint", text: answered ? `answered: ${answered}`
+          : [pendingAnswers(msg) && `${pendingAnswers(msg)}: waiting for the bot…`, `as ${currentUser() ? currentUser().name : "?"}`].filter(Boolean).join(" · ") })));
+      const refused = !answered && refusedForCurrentUser(msg);
+      if (refused) {
+        bubble.append(h("div", { class: "confirm-refused", role: "status", dataset: { testid: "confirm-refused" },
+          title: "Only you see this: the bot refused your answer" }, h("span", { class: "refused-label", text: "Your answer was refused: " }), refused));
+      }
     }
     bubble.append(botMeta(msg));
     el.append(bubble);
@@ -835,6 +980,9 @@
     const ingress = Number(hops.ingress);
     const delivered = Number(msg.delivered_at);
     const meta = h("div", { class: "msg-meta" });
+    if (Array.isArray(msg.notes) && msg.notes.includes("corrected")) {
+      meta.append(msgNote("corrected", "corrected", "The agent's reply broke the reply format; one correction call fixed it"));
+    }
     meta.append(h("time", { text: fmtTime(delivered), datetime: Number.isFinite(delivered) ? new Date(delivered).toISOString() : undefined }));
     if (Number.isFinite(ingress) && Number.isFinite(delivered)) {
       const stages = Object.entries(hops).filter(([, v]) => Number.isFinite(Number(v))).sort((x, y) => x[1] - y[1])
@@ -845,6 +993,17 @@
     }
     return meta;
   }
+
+  function msgNote(note, text, title) {
+    return h("span", { class: `msg-note note-${note}`, dataset: { testid: "msg-note", note }, title, text });
+  }
+
+  const NOTE_TITLES = {
+    held: "The bot is busy: this message waits for the current turn to end",
+    released: "The bot took this message up after the turn it waited for",
+    merged: "The bot took this message up together with the others that waited",
+    dropped: "/stop dropped this message before the bot saw it",
+  };
 
   function renderLocalMessage(m, grouped) {
     const mine = m.userId === state.userId;
@@ -863,8 +1022,17 @@
     if (/^\s*\/(stop|reset|allow|deny)\b/i.test(m.text)) body.classList.add("is-command");
     bubble.append(body);
     const status = { sending: "sending…", sent: "✓ sent", failed: "failed" }[m.status] || m.status;
-    const meta = h("div", { class: "msg-meta" }, h("time", { text: fmtTime(m.sentAt) }),
-      h("span", { class: `status status-${m.status}`, title: m.error || "", text: status }));
+    const meta = h("div", { class: "msg-meta" });
+    const refused = refusalOf(m.id);
+    if (refused) {
+      bubble.append(h("div", { class: "msg-refused", dataset: { testid: "msg-refused" } }, h("span", { class: "refused-label", text: "refused: " }), refused));
+    }
+    if (m.status === "sent" && m.addressed === false) {
+      meta.append(msgNote("unaddressed", "not addressed to the bot",
+        "In a group the bot reads this as context only: @mention it, reply to it, or send a command to reach it"));
+    }
+    if (Object.hasOwn(NOTES, m.note || "")) meta.append(msgNote(m.note, NOTES[m.note], NOTE_TITLES[m.note]));
+    meta.append(h("time", { text: fmtTime(m.sentAt) }), h("span", { class: `status status-${m.status}`, title: m.error || "", text: status }));
     if (m.status === "failed") {
       meta.append(h("span", { class: "status-error", text: m.error || "" }),
         h("button", { type: "button", class: "link-btn", text: "retry", onclick: () => deliverLocal(state.chatKey, m) }));
@@ -921,6 +1089,25 @@
       const mid = ref.ackAt ? (ref.postedAt + ref.ackAt) / 2 : ref.postedAt;
       clockSkew = ingress - mid;
     }
+  }
+
+  // Status notes (live only, never stored): what became of messages sent from here while the bot
+  // was busy: held, then released or merged into one turn, or dropped by /stop.
+  const NOTES = { held: "held", released: "released", merged: "merged", dropped: "dropped" };
+
+  function applyNote(key, note) {
+    if (!note || !Object.hasOwn(NOTES, note.note) || !Array.isArray(note.message_ids)) return;
+    const ids = new Set(note.message_ids.map(String));
+    let changed = false;
+    for (const m of state.sent[key] || []) {
+      if (ids.has(m.id) && m.note !== note.note) {
+        m.note = note.note;
+        changed = true;
+      }
+    }
+    if (!changed) return;
+    saveSent();
+    if (key === state.chatKey) renderMessages();
   }
 
   async function fetchJson(url, init) {
@@ -997,8 +1184,9 @@
     return typeof fetch === "function" && typeof ReadableStream === "function" && typeof AbortController === "function";
   }
 
-  /** Each `data:` payload of a text/event-stream body, as it arrives (comments are skipped). */
-  async function readEvents(body, onData) {
+  /** Each event of a text/event-stream body, as it arrives: its type ("message" unless named) and
+   *  its `data:` payload (comments are skipped). */
+  async function readEvents(body, onEvent) {
     const reader = body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
@@ -1010,8 +1198,10 @@
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const block = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).replace(/^ /, "")).join("\n");
-        if (data) onData(data);
+        const lines = block.split("\n");
+        const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).replace(/^ /, "")).join("\n");
+        const named = lines.find((l) => l.startsWith("event:"));
+        if (data) onEvent(named ? named.slice(6).trim() : "message", data);
       }
     }
   }
@@ -1067,14 +1257,16 @@
       chatRt.failures = 0;
       if (key === state.chatKey) setConn("live");
       try {
-        await readEvents(res.body, (data) => {
+        await readEvents(res.body, (event, data) => {
           let msg;
           try {
             msg = JSON.parse(data);
           } catch (_) {
             return;
           }
-          if (current()) addDelivered(key, [msg]);
+          if (!current()) return;
+          if (event === "note") applyNote(key, msg);
+          else if (event === "message") addDelivered(key, [msg]);
         });
       } catch (_) { /* aborted, or the connection broke */ }
       // The server ended the stream (a restart, a slow tab) or the network did: reconnect from the
@@ -1168,8 +1360,10 @@
     const headers = { "Content-Type": "application/json", ...authHeaders() };
     m.postedAt = Date.now();
     try {
-      await fetchJson(API.webhook(chat.botId), { method: "POST", headers, body: JSON.stringify(payload) });
+      const answer = await fetchJson(API.webhook(chat.botId), { method: "POST", headers, body: JSON.stringify(payload) });
       m.status = "sent";
+      // Whether the message reaches the agent (private, a trigger, a command), as the worker decided.
+      if (answer && typeof answer.addressed === "boolean") m.addressed = answer.addressed;
       m.ackAt = Date.now();
     } catch (err) {
       m.status = "failed";
@@ -1180,7 +1374,7 @@
     if (key === state.chatKey) renderMessages();
   }
 
-  function sendText(text, { useComposer = false } = {}) {
+  function sendText(text, { useComposer = false, confirms = null } = {}) {
     const user = currentUser();
     const chat = currentChat();
     if (!chat) {
@@ -1191,15 +1385,19 @@
       showBanner("Add a user first (+ User in the sidebar).", "info");
       return false;
     }
-    const mentions = useComposer ? composer.mentions.slice() : [];
+    // Mentions: the chips, then each known id typed `@id` in the text (a mention in its place).
+    const mentions = useComposer ? [...new Set([...composer.mentions, ...typedMentions(text)])] : [];
     const replyTo = useComposer ? composer.replyTo : null;
     if (!text.trim() && !mentions.length) return false;
     const key = chatKeyOf(chat.botId, chat.id);
     const m = { id: newId("web"), userId: user.id, userName: user.name || user.id, text, mentions,
       replyTo, sentAt: Date.now(), status: "sending" };
+    // An /allow or /deny answers the card it was clicked on, else the newest confirmation here.
+    if (ANSWER.test(text)) m.confirms = confirms || latestConfirmation(key);
     (state.sent[key] = state.sent[key] || []).push(m);
     if (useComposer) {
       composer.mentions = [];
+      closeSuggest();
       setReplyTo(null, { render: false });
       renderComposer();
     }
@@ -1263,20 +1461,19 @@
     const disabled = !chat || !currentUser();
     $("#send").disabled = disabled;
     $("#input").disabled = !chat;
-    const narrow = window.matchMedia("(max-width: 780px)").matches;
-    $("#input").placeholder = !chat ? "Create a chat to start" : narrow ? "Message…"
-      : chat.type === "group" ? "Message the group…  (@mention the bot to trigger it · Enter to send)"
-        : "Message the bot…  (Enter to send, Shift+Enter for a new line)";
+    // Short enough for a phone; the rest is in the title (a clipped placeholder reads as a value).
+    const input = $("#input");
+    input.placeholder = !chat ? "Create a chat to start" : chat.type === "group" ? "Message the group…" : "Message the bot…";
+    input.title = !chat ? "" : chat.type === "group"
+      ? "In a group, @mention the bot (type @ to pick) or reply to it to reach it · Enter to send, Shift+Enter for a new line"
+      : "Enter to send, Shift+Enter for a new line · type @ to mention someone";
     for (const b of document.querySelectorAll(".composer-tools .cmd")) b.disabled = disabled;
   }
 
   function renderMentionMenu() {
     const menu = $("#mention-menu");
     menu.textContent = "";
-    const bot = currentBot();
-    const options = [];
-    if (bot && bot.self_id) options.push({ id: bot.self_id, name: bot.bot_id, seed: `bot:${bot.bot_id}`, bot: true });
-    for (const u of state.users) if (u.id !== state.userId) options.push({ id: u.id, name: u.name, seed: u.id });
+    const options = mentionables().filter((o) => o.id !== state.userId);
     if (!options.length) menu.append(h("div", { class: "menu-empty", text: "Add more users to mention them" }));
     for (const o of options) {
       const on = composer.mentions.includes(o.id);
@@ -1285,6 +1482,97 @@
       avatar(o.name, o.seed, o.bot ? "sm bot" : "sm"), h("span", { class: "menu-name", text: o.name }),
       o.bot ? h("span", { class: "bot-badge", text: "BOT" }) : null, h("span", { class: "menu-id", text: `@${o.id}` })));
     }
+  }
+
+  // Typing `@…` opens the members whose id or name starts with what follows (the bot first); the
+  // arrow keys move, Enter or Tab (or a click) writes `@id ` in its place: a mention when sent.
+  const TYPING_MENTION = /(?:^|[^\p{L}\p{N}_@.])@([\p{L}\p{N}_.-]*)$/u;
+
+  function updateSuggest() {
+    const input = $("#input");
+    const caret = input.selectionStart;
+    const typed = caret === input.selectionEnd ? input.value.slice(0, caret).match(TYPING_MENTION) : null;
+    const query = typed ? typed[1].toLowerCase() : "";
+    const items = typed ? mentionables().filter((o) => o.id !== state.userId &&
+      (o.id.toLowerCase().startsWith(query) || String(o.name || "").toLowerCase().startsWith(query))) : [];
+    if (!items.length) {
+      closeSuggest();
+      return;
+    }
+    const start = caret - typed[1].length - 1;
+    const kept = composer.suggest && composer.suggest.start === start ? composer.suggest.index : 0;
+    composer.suggest = { start, end: caret, items, index: Math.min(kept, items.length - 1) };
+    renderSuggest();
+  }
+
+  function renderSuggest() {
+    const list = $("#mention-suggest");
+    list.textContent = "";
+    const { items, index } = composer.suggest;
+    items.forEach((o, i) => {
+      list.append(h("button", { type: "button", role: "option", "aria-selected": String(i === index), class: `menu-item${i === index ? " on" : ""}`,
+        dataset: { target: o.id, testid: "mention-suggestion" }, tabindex: "-1",
+        onmousedown: (ev) => ev.preventDefault(), // keep the caret in the text
+        onclick: () => pickSuggestion(i) },
+      avatar(o.name, o.seed, o.bot ? "sm bot" : "sm"), h("span", { class: "menu-name", text: o.name }),
+      o.bot ? h("span", { class: "bot-badge", text: "BOT" }) : null, h("span", { class: "menu-id", text: `@${o.id}` })));
+    });
+    list.hidden = false;
+    $("#input").setAttribute("aria-expanded", "true");
+  }
+
+  /** Text put in the message at the caret (a directive from the cheat-sheet). */
+  function insertText(text) {
+    const input = $("#input");
+    if (input.disabled) return;
+    const start = input.selectionStart ?? input.value.length;
+    const end = input.selectionEnd ?? start;
+    input.value = input.value.slice(0, start) + text + input.value.slice(end);
+    input.setSelectionRange(start + text.length, start + text.length);
+    autoGrow();
+    closeSidebar();
+    input.focus();
+  }
+
+  function pickSuggestion(i) {
+    const suggest = composer.suggest;
+    const choice = suggest && suggest.items[i];
+    if (!choice) return;
+    const input = $("#input");
+    const written = `@${choice.id} `;
+    input.value = input.value.slice(0, suggest.start) + written + input.value.slice(suggest.end);
+    const caret = suggest.start + written.length;
+    input.setSelectionRange(caret, caret);
+    closeSuggest();
+    autoGrow();
+    input.focus();
+  }
+
+  /** Keys while suggestions are open; true when the key was theirs. */
+  function suggestKey(ev) {
+    const suggest = composer.suggest;
+    if (!suggest) return false;
+    if (ev.key === "ArrowDown" || ev.key === "ArrowUp") {
+      const step = ev.key === "ArrowDown" ? 1 : -1;
+      suggest.index = (suggest.index + step + suggest.items.length) % suggest.items.length;
+      renderSuggest();
+    } else if ((ev.key === "Enter" || ev.key === "Tab") && !ev.shiftKey && !ev.isComposing) {
+      pickSuggestion(suggest.index);
+    } else if (ev.key === "Escape") {
+      closeSuggest();
+    } else {
+      return false;
+    }
+    ev.preventDefault();
+    return true;
+  }
+
+  function closeSuggest() {
+    composer.suggest = null;
+    const list = $("#mention-suggest");
+    list.hidden = true;
+    list.textContent = "";
+    $("#input").setAttribute("aria-expanded", "false");
   }
 
   function closeMentionMenu() {
@@ -1488,7 +1776,11 @@
       const t = form.elements.chat_type.value;
       const user = currentUser();
       const n = state.chats.filter((c) => c.type === t).length + 1;
-      $("#chat-id-input").placeholder = t === "group" ? `group-${n}` : `dm-${user ? user.id : n}`;
+      const fallback = t === "group" ? `group-${n}` : `dm-${user ? user.id : n}`;
+      // A suggestion, not a value: the field stays empty (and says what empty means).
+      $("#chat-id-input").placeholder = `e.g. ${fallback}`;
+      $("#chat-id-input").dataset.fallback = fallback;
+      $("#chat-id-hint").textContent = `Leave empty to use ${fallback}.`;
       $("#chat-dialog-title").textContent = t === "group" ? "New group chat" : "New private chat";
     };
     suggest();
@@ -1520,7 +1812,7 @@
     $("#chat-form").addEventListener("submit", (ev) => {
       ev.preventDefault();
       const form = ev.currentTarget;
-      const id = form.elements.chat_id.value.trim() || form.elements.chat_id.placeholder;
+      const id = form.elements.chat_id.value.trim() || form.elements.chat_id.dataset.fallback || "";
       if (!id) return;
       $("#chat-dialog").close("ok");
       addChat(form.elements.chat_type.value === "group" ? "group" : "private", id, form.elements.chat_name.value.trim());
@@ -1598,10 +1890,22 @@
       renderMessages();
     });
     $("#reply-cancel").addEventListener("click", () => setReplyTo(null));
+    for (const btn of document.querySelectorAll("#directives [data-insert]")) {
+      btn.addEventListener("click", () => insertText(`${btn.dataset.insert} `));
+    }
     $("#send").addEventListener("click", sendFromComposer);
     const input = $("#input");
-    input.addEventListener("input", autoGrow);
+    input.addEventListener("input", () => {
+      autoGrow();
+      updateSuggest();
+    });
+    input.addEventListener("click", updateSuggest);
+    input.addEventListener("blur", closeSuggest);
+    input.addEventListener("keyup", (ev) => {
+      if (["ArrowLeft", "ArrowRight", "Home", "End"].includes(ev.key)) updateSuggest();
+    });
     input.addEventListener("keydown", (ev) => {
+      if (suggestKey(ev)) return;
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
         ev.preventDefault();
         sendFromComposer();

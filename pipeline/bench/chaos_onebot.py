@@ -1,0 +1,163 @@
+"""The chaos bench's long-connection lane: a OneBot v11 bot on reverse WebSocket under the same faults.
+
+A stand-in implementation (`onebot_peer`) dials the running workers in turn (a load balancer) and
+sends private messages `ob<n>` to the bot `napcat` (busy policy `queue`: every message its own
+turn), a few chats round robin. When a SIGKILL takes the worker holding the socket, the stand-in
+reconnects to another one, which takes the lease. Accounting: every message the stand-in wrote to an
+open socket must be answered exactly once (`echo: ob<n>`). OneBot v11 acknowledges nothing, so a
+frame written into the socket of a worker killed before it read it is lost by the protocol: such a
+message (unanswered, its socket closed within `_DEAD_SOCKET_MS` of the write) is counted apart, as
+`lost_in_dead_socket`, not as `lost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .onebot_peer import Action, OneBotPeer, Socket
+
+BOT_ID = "napcat"
+TOKEN = "chaos-onebot-access-token"
+SELF_ID = 10001000
+BOT_TOML = f"""
+[[bots]]
+platform = "onebot"
+bot_id = "{BOT_ID}"
+self_id = "{SELF_ID}"
+transport = "ws-reverse"
+language = "en"
+busy_policy = "queue"
+credentials = {{ access_token = "{TOKEN}" }}
+"""
+_TOKEN = re.compile(r"\bob(\d+)\b")
+# A frame written this shortly before its socket closed may never have been read by the worker.
+_DEAD_SOCKET_MS = 1000.0
+
+
+@dataclass
+class Written:
+    n: int
+    socket: int
+    at: float  # time.monotonic() of the write
+
+
+@dataclass
+class OneBotLane:
+    rate: float
+    chats: int = 5
+    peer: OneBotPeer = field(init=False)
+    sent: int = 0
+    _task: asyncio.Task[None] | None = None
+    _stop: bool = False
+
+    def __post_init__(self) -> None:
+        self.peer = OneBotPeer(self_id=SELF_ID, access_token=TOKEN, heartbeat_interval=5.0, reconnect_interval=0.5)
+
+    def start(self, worker_urls: Callable[[], list[str]]) -> None:
+        self.peer.dial(lambda: [u.replace("http://", "ws://") + f"/onebot/ws/{BOT_ID}" for u in worker_urls()])
+        self._task = asyncio.create_task(self._traffic())
+
+    async def _traffic(self) -> None:
+        await self.peer.wait_until(lambda: bool(self.peer.open_sockets()), 60, "the stand-in connected")
+        start = time.monotonic()
+        while not self._stop:
+            self.sent += 1
+            n = self.sent
+            user = 80_000 + n % self.chats
+            text = f"ob{n}"
+            await self.peer.send_event(
+                {
+                    "time": int(time.time()),
+                    "self_id": SELF_ID,
+                    "post_type": "message",
+                    "message_type": "private",
+                    "sub_type": "friend",
+                    "message_id": 200_000 + n,
+                    "user_id": user,
+                    "message": [{"type": "text", "data": {"text": text}}],
+                    "raw_message": text,
+                    "font": 0,
+                    "sender": {"user_id": user, "nickname": f"u{user}"},
+                }
+            )
+            await asyncio.sleep(max(0.0, start + n / self.rate - time.monotonic()))
+
+    async def stop_traffic(self) -> None:
+        self._stop = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self.stop_traffic()
+        await self.peer.stop()
+
+    def written(self) -> list[Written]:
+        out = []
+        for event, socket, at in self.peer.delivered:
+            match = _TOKEN.search(event["raw_message"])
+            if match:
+                out.append(Written(int(match.group(1)), socket, at))
+        return out
+
+    def unanswered(self) -> int:
+        answered = {n for n, count in answers(self.peer.replies()).items() if count}
+        return sum(1 for w in self.written() if w.n not in answered)
+
+    def account(self) -> dict[str, Any]:
+        return account_onebot(self.sent, self.written(), self.peer.replies(), self.peer.sockets)
+
+
+def answers(replies: list[Action]) -> Counter[int]:
+    """Accepted replies per message number, from the `echo: ob<n>` they carry."""
+    counts: Counter[int] = Counter()
+    for action in replies:
+        text = "".join(s["data"].get("text", "") for s in action.params.get("message", []) if s["type"] == "text")
+        for token in _TOKEN.findall(text):
+            counts[int(token)] += 1
+    return counts
+
+
+def account_onebot(sent: int, written: list[Written], replies: list[Action], sockets: list[Socket]) -> dict[str, Any]:
+    """Exactly one answer per message written to an open socket."""
+    counts = answers(replies)
+    closed_at = {s.id: s.closed for s in sockets}
+    lost, lost_in_dead_socket, duplicated = [], [], []
+    for w in written:
+        got = counts.get(w.n, 0)
+        if got > 1:
+            duplicated.append(w.n)
+        if got:
+            continue
+        closed = closed_at.get(w.socket)
+        if closed is not None and (closed - w.at) * 1000 <= _DEAD_SOCKET_MS:
+            lost_in_dead_socket.append(w.n)
+        else:
+            lost.append(w.n)
+    gaps = []
+    ordered = sorted(sockets, key=lambda s: s.opened)
+    for before, after in itertools.pairwise(ordered):
+        if before.closed is not None:
+            gaps.append(round(max(0.0, after.opened - before.closed), 2))
+    return {
+        "messages_sent": sent,
+        "written_to_a_socket": len(written),
+        "answered": sum(1 for w in written if counts.get(w.n)),
+        "lost": len(lost),
+        "lost_ids": lost[:100],
+        "lost_in_dead_socket": len(lost_in_dead_socket),
+        "lost_in_dead_socket_ids": lost_in_dead_socket[:100],
+        "duplicated": len(duplicated),
+        "duplicated_ids": duplicated[:100],
+        "sockets": len(sockets),
+        "reconnect_gaps_s": gaps,
+    }
+
+
+__all__ = ["BOT_TOML", "OneBotLane", "Written", "account_onebot", "answers"]

@@ -1,0 +1,59 @@
+"""Long connections: each bot whose transport is not a webhook has its connection held by exactly
+one worker at a time, taken over by another when the holder dies.
+
+- `Connections` (one per worker): competes for the leases of dialed transports and holds what it
+  wins, accepts the connections the platform's side dials, serves the actions other workers queue
+  for the bots it holds, and exports which bots have no holder.
+- `ActionRouter` (`Connections.router`): runs an action over a bot's held connection from any
+  worker, through Redis (no worker talks to another).
+- `base`: what a transport implements (`Transport`, `Connection`) and gets (`Link`).
+- `onebot`: OneBot v11 over forward and reverse WebSocket.
+- `telegram`: Telegram Bot API `getUpdates` long polling.
+- `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
+
+The mechanism and its bounds: docs/architecture.md, "Long connections".
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from pipeline.settings import Settings
+from pipeline.stages.outputs import Outputs
+from pipeline.state import ConnectionStore, Keys, RedisClient
+
+from ._actions import ActionRouter
+from ._inbound import InboundSink, Send
+from ._manager import Connections, LongConnectionBot
+from .base import ActionAnswer, Connection, Link, Transport
+from .lark import TRANSPORTS as _LARK
+from .onebot import TRANSPORTS as _ONEBOT
+from .slack import TRANSPORTS as _SLACK
+from .telegram import TRANSPORTS as _TELEGRAM
+
+
+def transports() -> dict[tuple[str, str], Transport]:
+    """Every long-connection transport, by (platform, transport name as in the bots file)."""
+    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK}
+
+
+def open_connections(
+    settings: Settings, redis: RedisClient, blocking: Redis, send: Send, outputs: Outputs, *, holder: str
+) -> Connections:
+    """A worker's `Connections` over the stores' Redis client, a redis-py client of its own for the
+    blocking waits, and the producer (`send`: queued, returning the broker's acknowledgement)."""
+    store = ConnectionStore(redis, blocking, Keys(settings.redis_prefix), done_ttl=settings.dedup_ttl_seconds)
+    return Connections(settings, store, InboundSink(send, outputs), holder=holder, transports=transports())
+
+
+__all__ = [
+    "ActionAnswer",
+    "ActionRouter",
+    "Connection",
+    "Connections",
+    "Link",
+    "LongConnectionBot",
+    "Transport",
+    "open_connections",
+    "transports",
+]

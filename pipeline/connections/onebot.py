@@ -1,0 +1,239 @@
+"""OneBot v11 over WebSocket: forward (Switchboard dials the implementation's WebSocket server) and
+reverse (the implementation dials a worker), per the v11 spec's `communication/ws.md`,
+`ws-reverse.md` and `authorization.md`.
+
+One socket carries both channels (the universal role, and the forward `/` endpoint), or, reverse
+only, one of them (`X-Client-Role: Event` or `API`). Event frames are the HTTP POST reports
+unsigned: they go through `OneBotPlatform.parse`. Actions are `{"action", "params", "echo"}`; the
+response carries the same `echo` and has the HTTP API's body shape (`retcode` 1400 to 1404 where HTTP
+would give a status). Meta events are handled here and never produced: `heartbeat` proves the
+connection alive (and tells how often the next should come), `lifecycle` is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import aiohttp
+from aiohttp import web
+
+from pipeline import metrics
+from pipeline.platforms.onebot import DEFAULT_WS_URL, response_outcome
+from pipeline.settings import BotConfig
+
+from .base import API, EVENT, ActionAnswer, Connection, DialContext, Link, Transport
+
+log = logging.getLogger(__name__)
+
+# WebSocket pings (RFC 6455) every this many seconds; no pong within half of it closes the socket:
+# a peer that vanished without closing (power loss, a cut path) is noticed in seconds.
+PING_SECONDS = 10.0
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+# Without a heartbeat frame for this many of its announced intervals, the socket is taken for dead.
+_MISSED_HEARTBEATS = 3
+
+ROLES: dict[str, frozenset[str]] = {
+    "universal": frozenset({EVENT, API}),
+    "event": frozenset({EVENT}),
+    "api": frozenset({API}),
+}
+
+
+class _Closed(Exception):
+    """The socket closed before the action's response came."""
+
+
+class OneBotSocket(Connection):
+    """One OneBot WebSocket, either side's (aiohttp's client and server sockets share the calls)."""
+
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse | web.WebSocketResponse,
+        *,
+        transport: str,
+        channels: frozenset[str],
+        bot: BotConfig,
+    ) -> None:
+        self.ws = ws
+        self.transport = transport
+        self.channels = channels
+        self.bot = bot
+        self._responses: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._send_lock = asyncio.Lock()
+        self._heartbeat_seconds: float | None = None
+
+    async def run(self, link: Link) -> None:
+        try:
+            while True:
+                timeout = self._heartbeat_seconds * _MISSED_HEARTBEATS if self._heartbeat_seconds else None
+                try:
+                    message = await self.ws.receive(timeout=timeout)
+                except TimeoutError:
+                    log.warning(
+                        "%s/%s: no heartbeat for %.0f s; closing the socket",
+                        self.bot.platform,
+                        self.bot.bot_id,
+                        timeout,
+                    )
+                    return
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    await self._frame(message.data, link)
+                elif message.type == aiohttp.WSMsgType.BINARY:
+                    metrics.CONNECTION_FRAMES.labels(self.bot.platform, "binary_frame").inc()
+                elif message.type == aiohttp.WSMsgType.ERROR:
+                    raise message.data
+                elif message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                    return
+        finally:
+            for future in self._responses.values():
+                if not future.done():
+                    future.set_exception(_Closed())
+
+    async def _frame(self, text: str, link: Link) -> None:
+        try:
+            frame = json.loads(text)
+        except ValueError:
+            frame = None  # the parser counts and dead-letters it
+        if isinstance(frame, dict) and "post_type" not in frame and "echo" in frame:
+            self._response(frame)
+            return
+        if isinstance(frame, dict) and frame.get("post_type") == "meta_event":
+            self._meta(frame, link)
+            return
+        if EVENT not in self.channels:
+            metrics.CONNECTION_FRAMES.labels(self.bot.platform, "event_on_api_socket").inc()
+            return
+        await link.submit(text.encode())
+
+    def _response(self, frame: dict[str, Any]) -> None:
+        echo = frame.pop("echo")
+        future = self._responses.get(echo) if isinstance(echo, str) else None
+        if future is None or future.done():
+            metrics.CONNECTION_FRAMES.labels(self.bot.platform, "unmatched_response").inc()
+            return
+        future.set_result(frame)
+
+    def _meta(self, frame: dict[str, Any], link: Link) -> None:
+        kind = frame.get("meta_event_type")
+        if kind == "heartbeat":
+            interval = frame.get("interval")
+            if isinstance(interval, int | float) and not isinstance(interval, bool) and interval > 0:
+                self._heartbeat_seconds = max(1.0, interval / 1000)
+            link.alive()
+            return
+        metrics.CONNECTION_FRAMES.labels(self.bot.platform, "meta").inc()
+        if kind == "lifecycle":
+            log.info("%s/%s: lifecycle %s", self.bot.platform, self.bot.bot_id, str(frame.get("sub_type"))[:20])
+
+    async def call(self, action: str, params: Mapping[str, Any], timeout: float) -> ActionAnswer:
+        if API not in self.channels:
+            return ActionAnswer(error="no_api", detail="this socket carries events only")
+        echo = uuid.uuid4().hex
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._responses[echo] = future
+        try:
+            frame = json.dumps({"action": action, "params": params, "echo": echo}, ensure_ascii=False)
+            try:
+                async with self._send_lock:
+                    await self.ws.send_str(frame)
+            except Exception as exc:  # closing or closed: nothing was written, it may be sent again
+                return ActionAnswer(error="not_connected", detail=type(exc).__name__)
+            # Written: without a response nobody knows whether QQ posted it, so it is final (a repeat
+            # gets this answer instead of posting it twice).
+            try:
+                async with asyncio.timeout(timeout):
+                    response = await future
+            except TimeoutError:
+                detail = f"{action}: no response within {timeout:.0f} s"
+                return ActionAnswer(error="outcome_unknown", detail=detail, final=True)
+            except _Closed:
+                detail = f"{action}: the socket closed before the response"
+                return ActionAnswer(error="outcome_unknown", detail=detail, final=True)
+        finally:
+            self._responses.pop(echo, None)
+        # The implementation answered: unless it asks for a retry, a repeat must not run it again.
+        return ActionAnswer(response=response, final=response_outcome(response).status != "retry")
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close()
+
+
+class OneBotForward(Transport):
+    """Switchboard dials the implementation's WebSocket server (NapCat `websocketServers`), at its
+    universal endpoint, with the access token as a bearer token (never in the URL, which proxies log)."""
+
+    platform: ClassVar[str] = "onebot"
+    name: ClassVar[str] = "ws-forward"
+    dialed: ClassVar[bool] = True
+
+    async def connect(self, bot: BotConfig, context: DialContext) -> Connection:
+        headers = {}
+        token = bot.secret("access_token")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if bot.self_id:
+            headers["X-Self-ID"] = bot.self_id
+        ws = await context.http.ws_connect(
+            bot.api_base or DEFAULT_WS_URL, headers=headers, heartbeat=PING_SECONDS, max_msg_size=MAX_FRAME_BYTES
+        )
+        return OneBotSocket(ws, transport=self.name, channels=ROLES["universal"], bot=bot)
+
+
+class OneBotReverse(Transport):
+    """The implementation dials a worker (NapCat `websocketClients`): `GET /onebot/ws/{bot_id}`,
+    or `/onebot/ws/{bot_id}/event` and `/api` for the split roles (see `pipeline.web.connections`)."""
+
+    platform: ClassVar[str] = "onebot"
+    name: ClassVar[str] = "ws-reverse"
+    dialed: ClassVar[bool] = False
+
+
+class Refused(Exception):
+    """An incoming connection refused: the HTTP status and a short reason (a metric label)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
+def reverse_handshake(
+    bot: BotConfig, headers: Mapping[str, str], query: Mapping[str, str], path_role: str | None
+) -> frozenset[str]:
+    """The channels an incoming reverse connection carries, or `Refused`: the access token as
+    `Authorization: Bearer …` or `?access_token=…` (401), the role of `X-Client-Role` agreeing with
+    the path (400), `X-Self-ID` naming the bot's own QQ number when one is configured (403).
+    `headers` have lower-case names."""
+    expected = bot.secret("access_token") or ""
+    given = ""
+    authorization = headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        given = authorization[7:].strip()
+    elif "access_token" in query:
+        given = query["access_token"]
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise Refused(401, "bad_token")
+    header_role = headers.get("x-client-role", "").strip().lower() or None
+    if header_role is not None and header_role not in ROLES:
+        raise Refused(400, "bad_role")
+    if path_role is not None and header_role is not None and header_role != path_role:
+        raise Refused(400, "bad_role")
+    role = path_role or header_role or "universal"
+    self_id = headers.get("x-self-id", "").strip()
+    if bot.self_id and self_id and self_id != bot.self_id:
+        raise Refused(403, "self_id_mismatch")
+    return ROLES[role]
+
+
+TRANSPORTS: dict[tuple[str, str], Transport] = {("onebot", t.name): t for t in (OneBotForward(), OneBotReverse())}
+
+
+__all__ = ["TRANSPORTS", "OneBotForward", "OneBotReverse", "OneBotSocket", "Refused", "reverse_handshake"]

@@ -1,0 +1,35 @@
+"""The chaos bench's long-connection accounting, on synthetic data: it must catch a loss and a
+duplicate (or the chaos run would prove nothing), and tell a frame lost in a dead socket (OneBot
+acknowledges nothing) from one lost after it was read."""
+
+from __future__ import annotations
+
+from pipeline.bench.chaos_onebot import Written, account_onebot
+from pipeline.bench.onebot_peer import Action, Socket
+
+
+def _reply(n: int, socket: int = 2) -> Action:
+    message = [{"type": "reply", "data": {"id": str(n)}}, {"type": "text", "data": {"text": f"echo: ob{n}"}}]
+    return Action("send_private_msg", {"user_id": 1, "message": message}, socket, 0.0, {"status": "ok"})
+
+
+def test_every_written_message_answered_once() -> None:
+    sockets = [Socket(1, "universal", "w1", opened=0.0, closed=10.0), Socket(2, "universal", "w2", opened=10.6)]
+    written = [Written(1, 1, 1.0), Written(2, 1, 2.0), Written(3, 2, 11.0)]
+    acc = account_onebot(3, written, [_reply(1), _reply(2), _reply(3)], sockets)
+    assert (acc["lost"], acc["lost_in_dead_socket"], acc["duplicated"], acc["answered"]) == (0, 0, 0, 3)
+    assert acc["reconnect_gaps_s"] == [0.6]
+
+
+def test_loss_dead_socket_loss_and_duplicate_are_told_apart() -> None:
+    sockets = [Socket(1, "universal", "w1", opened=0.0, closed=10.0), Socket(2, "universal", "w2", opened=10.6)]
+    written = [
+        Written(1, 1, 1.0),  # answered twice
+        Written(2, 1, 9.7),  # written 300 ms before its socket closed, never answered: the protocol's loss
+        Written(3, 1, 5.0),  # read long before the close, never answered: a real loss
+        Written(4, 2, 11.0),  # on the open socket, never answered: a real loss
+    ]
+    acc = account_onebot(4, written, [_reply(1), _reply(1, socket=1)], sockets)
+    assert acc["duplicated_ids"] == [1]
+    assert acc["lost_in_dead_socket_ids"] == [2]
+    assert acc["lost_ids"] == [3, 4]

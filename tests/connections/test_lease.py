@@ -1,0 +1,148 @@
+"""The lease per bot connection on a real Redis: acquired only when free (or taken: the newest
+accepted connection wins), a fencing token per new holder, renewed only by its holder, released
+never for a newer one, and lost by its holder at once when taken or when it cannot renew."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from pipeline.connections._lease import HeldLease
+from pipeline.embedded import RedisServer
+from pipeline.state import ConnectionStore, Keys, RedisClient
+
+CHANNELS = ("api", "event")
+
+
+async def test_free_acquisition_then_take_with_growing_fencing_tokens(store: ConnectionStore) -> None:
+    first = await store.acquire("onebot", "qq1", CHANNELS, "worker-a", 5000, "dialing", take=False)
+    assert first is not None and first.token == 1 and first.previous is None
+    # Held: a competitor gets nothing, and the lease is unchanged.
+    assert await store.acquire("onebot", "qq1", CHANNELS, "worker-b", 5000, "dialing", take=False) is None
+    assert await store.acquire("onebot", "qq1", ("event",), "worker-b", 5000, "dialing", take=False) is None
+    [api, event] = await store.holders([("onebot", "qq1", "api"), ("onebot", "qq1", "event")])
+    assert api == event and api is not None and (api.holder, api.token, api.state) == ("worker-a", 1, "dialing")
+    # A take (an accepted connection) always wins, with a new token, and says whom it replaced.
+    taken = await store.acquire("onebot", "qq1", CHANNELS, "worker-b", 5000, "up", take=True)
+    assert taken is not None and taken.token == 2
+    assert taken.previous is not None and taken.previous.owner == "worker-a|1"
+    # Another bot has its own leases and tokens.
+    other = await store.acquire("onebot", "qq2", CHANNELS, "worker-a", 5000, "up", take=False)
+    assert other is not None and other.token == 1
+
+
+async def test_only_the_holder_renews_and_releases(store: ConnectionStore) -> None:
+    acquired = await store.acquire("onebot", "qq1", CHANNELS, "worker-a", 5000, "dialing", take=False)
+    assert acquired is not None
+    assert await store.renew("onebot", "qq1", CHANNELS, "worker-a|1", 5000, "up")
+    [value] = await store.holders([("onebot", "qq1", "api")])
+    assert value is not None and value.state == "up"
+    # A stale token (a previous holding of the same worker) neither renews nor releases.
+    assert not await store.renew("onebot", "qq1", CHANNELS, "worker-a|0", 5000, "up")
+    assert await store.release("onebot", "qq1", CHANNELS, "worker-b|1") == 0
+    assert await store.release("onebot", "qq1", CHANNELS, "worker-a|0") == 0
+    taken = await store.acquire("onebot", "qq1", CHANNELS, "worker-b", 5000, "up", take=True)
+    assert taken is not None
+    assert not await store.renew("onebot", "qq1", CHANNELS, "worker-a|1", 5000, "up")
+    assert await store.release("onebot", "qq1", CHANNELS, "worker-a|1") == 0  # never the newer holder's
+    assert await store.release("onebot", "qq1", CHANNELS, f"worker-b|{taken.token}") == 2
+    assert await store.holders([("onebot", "qq1", "api"), ("onebot", "qq1", "event")]) == [None, None]
+
+
+async def test_renewal_needs_every_channel(store: ConnectionStore) -> None:
+    """A universal holder whose api channel was taken by a split-role connection has lost."""
+    assert await store.acquire("onebot", "qq1", CHANNELS, "worker-a", 5000, "up", take=False) is not None
+    assert await store.acquire("onebot", "qq1", ("api",), "worker-b", 5000, "up", take=True) is not None
+    assert not await store.renew("onebot", "qq1", CHANNELS, "worker-a|1", 5000, "up")
+
+
+async def test_an_unrenewed_lease_expires(store: ConnectionStore) -> None:
+    assert await store.acquire("onebot", "qq1", CHANNELS, "worker-a", 300, "up", take=False) is not None
+    await asyncio.sleep(0.5)
+    again = await store.acquire("onebot", "qq1", CHANNELS, "worker-b", 300, "up", take=False)
+    assert again is not None and again.token == 2 and again.previous is None
+
+
+def _held(store: ConnectionStore, token: int, seconds: float) -> HeldLease:
+    return HeldLease(
+        store,
+        "onebot",
+        "qq1",
+        CHANNELS,
+        holder="worker-a",
+        token=token,
+        seconds=seconds,
+        state="up",
+        acquired_at=time.monotonic(),
+    )
+
+
+async def test_a_held_lease_is_kept_then_lost_at_once_when_taken(store: ConnectionStore) -> None:
+    acquired = await store.acquire("onebot", "qq1", CHANNELS, "worker-a", 900, "up", take=False)
+    assert acquired is not None
+    lease = _held(store, acquired.token, 0.9)
+    lease.start()
+    try:
+        await asyncio.sleep(2.0)  # more than twice the lease: only renewals keep it
+        assert not lease.lost.is_set()
+        assert await store.acquire("onebot", "qq1", CHANNELS, "worker-b", 900, "up", take=False) is None
+        taken_at = time.monotonic()
+        assert await store.acquire("onebot", "qq1", CHANNELS, "worker-b", 900, "up", take=True) is not None
+        async with asyncio.timeout(2.0):
+            await lease.lost.wait()
+        assert lease.why_lost == "taken"
+        assert time.monotonic() - taken_at <= 0.9 / 3 + 0.2  # at its next renewal
+    finally:
+        await lease.release()
+    [value] = await store.holders([("onebot", "qq1", "api")])
+    assert value is not None and value.holder == "worker-b"  # releasing did not touch the new holder
+
+
+async def test_a_holder_that_cannot_renew_gives_up_before_redis_lets_anyone_else_in(
+    redis_server_factory, redis_prefix: str
+) -> None:
+    server: RedisServer = await redis_server_factory()
+    quick = RedisClient(server.url, socket_timeout=1, connect_timeout=1)
+    blocking = aioredis.Redis.from_url(server.url, decode_responses=True)
+    store = ConnectionStore(quick, blocking, Keys(redis_prefix), done_ttl=60)
+    try:
+        acquired_at = time.monotonic()
+        acquired = await store.acquire("onebot", "qq1", CHANNELS, "worker-a", 1500, "up", take=False)
+        assert acquired is not None
+        lease = HeldLease(
+            store,
+            "onebot",
+            "qq1",
+            CHANNELS,
+            holder="worker-a",
+            token=acquired.token,
+            seconds=1.5,
+            state="up",
+            acquired_at=acquired_at,
+        )
+        lease.start()
+        await asyncio.sleep(0.6)
+        await server.stop()  # Redis gone: no renewal can succeed
+        stopped_at = time.monotonic()
+        async with asyncio.timeout(3.0):
+            await lease.lost.wait()
+        assert lease.why_lost == "expired"
+        # Its own deadline runs from the last renewal it *sent*, so it gives up no later than the
+        # lease Redis keeps (at most 1.5 s after that renewal).
+        assert time.monotonic() - stopped_at < 1.5
+        await lease.release()  # Redis unreachable: returns anyway
+    finally:
+        await quick.aclose()
+        await blocking.aclose()
+
+
+async def test_holders_of_many_leases_in_one_read(store: ConnectionStore, quick_client: RedisClient) -> None:
+    await store.acquire("onebot", "a", ("api",), "w1", 5000, "up", take=False)
+    await store.acquire("onebot", "b", ("event",), "w2", 5000, "dialing", take=False)
+    values = await store.holders([("onebot", "a", "api"), ("onebot", "a", "event"), ("onebot", "b", "event")])
+    assert [v.owner if v else None for v in values] == ["w1|1", None, "w2|1"]
+    assert values[2] is not None and values[2].state == "dialing"
+    keys = Keys(store.keys.prefix)
+    assert await quick_client.execute("GET", keys.lease_token("onebot", "a")) == "1"
