@@ -23,7 +23,20 @@ from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, con
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.media import rejection_label, with_placeholders
-from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, Segment
+from pipeline.segments.models import (
+    MEDIA_SEGMENT_TYPES,
+    AudioSegment,
+    FileSegment,
+    ImageSegment,
+    Media,
+    MediaData,
+    MentionData,
+    MentionSegment,
+    Segment,
+    TextData,
+    TextSegment,
+    VideoSegment,
+)
 from pipeline.settings import BotConfig
 
 log = logging.getLogger("pipeline.platforms")
@@ -151,12 +164,52 @@ def media_placeholder(kind: str) -> str:
     return f"[{kind}]"
 
 
+_MEDIA_SEGMENTS = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}
+
+
+class InboundParts:
+    """Inbound content being read into segments, the plain text the agent gets, the mentioned ids
+    and the names the platform sent with them."""
+
+    def __init__(self) -> None:
+        self.segments: list[Any] = []
+        self.plain: list[str] = []
+        self.mentions: list[str] = []
+        self.names: dict[str, str] = {}
+
+    def text(self, value: str) -> None:
+        if not value:
+            return
+        self.plain.append(value)
+        last = self.segments[-1] if self.segments else None
+        if isinstance(last, TextSegment):
+            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
+        else:
+            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
+
+    def add_mention(self, target: str, name: str) -> None:
+        self.segments.append(MentionSegment(type="mention", data=MentionData(target=target)))
+        self.mentions.append(target)
+        if name:
+            self.names[target] = name
+        self.plain.append(f"@{name or target}")
+
+    def add_media(self, kind: str, media: Media) -> None:
+        """`kind`: image, file, audio or video."""
+        self.segments.append(_MEDIA_SEGMENTS[kind](type=kind, data=MediaData(media=media)))
+        self.plain.append(media_placeholder(kind))
+
+
 # --- outbound fallbacks --------------------------------------------------------------------------
 
 _TEXTS = {
     "attachment_unavailable": {"zh": "[附件不可用]", "en": "[attachment unavailable]"},
     "forward": {"zh": "[合并转发的消息无法在此显示]", "en": "[forwarded messages cannot be shown here]"},
     "face": {"zh": "[表情]", "en": "[emoji]"},
+    "reply_limit": {
+        "zh": "[QQ 只允许对一条消息回复 5 次 其余内容未能发送]",
+        "en": "[QQ allows 5 replies to one message: the rest of this reply could not be sent]",
+    },
 }
 
 # A few QQ face ids that have an obvious emoji, for platforms without QQ faces.

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import httpx
 
 from pipeline.platforms._common import (
+    InboundParts,
     TokenCache,
     arr,
     attachment_unavailable,
@@ -36,7 +37,6 @@ from pipeline.platforms._common import (
     http_outcome,
     load_failure,
     load_json,
-    media_placeholder,
     missing_credential,
     network_outcome,
     notice,
@@ -69,14 +69,11 @@ from pipeline.segments.models import (
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
-    MentionData,
     MentionSegment,
     ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -527,35 +524,18 @@ def _file_type(mime: str | None, name: str) -> str:
     return "stream"
 
 
-class _Parts:
+class _Parts(InboundParts):
     """Inbound content into segments, plain text and mentioned open_ids."""
 
     def __init__(self, keys: dict[str, tuple[str, str]]) -> None:
+        super().__init__()
         self.keys = keys
-        self.segments: list[Any] = []
-        self.plain: list[str] = []
-        self.mentions: list[str] = []
-        self.names: dict[str, str] = {}  # open_id → the name Lark sent with the mention
-
-    def text(self, value: str) -> None:
-        if not value:
-            return
-        self.plain.append(value)
-        last = self.segments[-1] if self.segments else None
-        if isinstance(last, TextSegment):
-            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
-        else:
-            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
 
     def mention(self, open_id: str, name: str) -> None:
         if not open_id:  # `@_all`, or a user outside the tenant
             self.text(f"@{name or 'all'}")
             return
-        self.segments.append(MentionSegment(type="mention", data=MentionData(target=open_id)))
-        self.mentions.append(open_id)
-        if name:
-            self.names[open_id] = name
-        self.plain.append(f"@{name or open_id}")
+        self.add_mention(open_id, name)
 
     def text_with_mentions(self, value: str) -> None:
         pos = 0
@@ -573,9 +553,7 @@ class _Parts:
         self.text(value[pos:])
 
     def media(self, kind: str, key: str) -> None:
-        cls = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}[kind]
-        self.segments.append(cls(type=kind, data=MediaData(media=Media(kind="file", value=key))))
-        self.plain.append(media_placeholder(kind))
+        self.add_media(kind, Media(kind="file", value=key))
 
     def post(self, content: dict[str, Any]) -> None:
         if "content" not in content:  # `{"zh_cn": {...}}` form: take the first locale

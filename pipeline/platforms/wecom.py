@@ -40,6 +40,7 @@ import httpx
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from pipeline.platforms._common import (
+    InboundParts,
     TokenCache,
     arr,
     attachment_unavailable,
@@ -82,11 +83,9 @@ from pipeline.segments.models import (
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
     MentionSegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -651,31 +650,21 @@ def _truncate_utf8(text: str, limit: int) -> str:
     return text.encode()[: limit - len("…".encode())].decode("utf-8", "ignore") + "…"
 
 
-class _Parts:
+class _Parts(InboundParts):
     """Inbound content into segments and plain text."""
 
     def __init__(self, strip_mention: str | None = None) -> None:
-        self.segments: list[Any] = []
-        self.plain: list[str] = []
+        super().__init__()
         self.strip_mention = f"@{strip_mention}" if strip_mention else None
 
     def text(self, value: str) -> None:
         if self.strip_mention and value.startswith(self.strip_mention):
             value = value[len(self.strip_mention) :].lstrip()  # the AI bot's own @name, once
             self.strip_mention = None
-        if not value:
-            return
-        self.plain.append(value)
-        last = self.segments[-1] if self.segments else None
-        if isinstance(last, TextSegment):
-            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
-        else:
-            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
+        super().text(value)
 
     def media(self, kind: str, media_id: str) -> None:
-        cls = {"image": ImageSegment, "audio": AudioSegment, "video": VideoSegment}[kind]
-        self.segments.append(cls(type=kind, data=MediaData(media=Media(kind="file", value=media_id))))
-        self.plain.append(media_placeholder(kind))
+        self.add_media(kind, Media(kind="file", value=media_id))
 
     def item(self, item: dict[str, Any]) -> None:
         """One AI bot message item. Its images and files are URLs of encrypted content (each with its

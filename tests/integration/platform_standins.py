@@ -1,6 +1,7 @@
 """The platform API stand-ins of `tests/platforms` (OneBot HTTP API, Telegram Bot API, Lark Open API,
-Slack Web API, WeCom API), served from a background thread with its own event loop, so a whole stack started
-in other processes can call them while the tests (each on its own loop) read what they received.
+Slack Web API, WeCom API, QQ bot OpenAPI), served from a background thread with its own event loop,
+so a whole stack started in other processes can call them while the tests (each on its own loop)
+read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
 `errors` (the test asserts there are none) and answered with a 400 in the platform's own format. The
@@ -23,6 +24,7 @@ from typing import Any
 from tests.platforms.conftest import PNG, Answer, FakeApi, Seen
 from tests.platforms.test_lark import LarkStandIn
 from tests.platforms.test_onebot import check_onebot
+from tests.platforms.test_qqbot import QQStandIn
 from tests.platforms.test_slack import BOT_TOKEN as SLACK_TOKEN
 from tests.platforms.test_slack import check_slack
 from tests.platforms.test_telegram import TOKEN as TELEGRAM_TOKEN
@@ -40,6 +42,7 @@ MESSAGE_PATHS: dict[str, tuple[str, ...]] = {
     "lark": (LARK_MESSAGES,),  # and LARK_MESSAGES/{message_id}/reply
     "slack": ("/chat.postMessage", "/files.completeUploadExternal"),
     "wecom": ("/cgi-bin/message/send", "/cgi-bin/appchat/send", "/cgi-bin/aibot/response"),
+    "qqbot": (),  # every `…/messages` path (they carry the chat's id)
 }
 
 # What a failed stand-in check answers: a permanent error in the platform's format, never a retry.
@@ -49,6 +52,7 @@ _CHECK_FAILED: dict[str, Answer] = {
     "lark": (400, {"code": 230001, "msg": "stand-in check failed"}),
     "slack": (200, {"ok": False, "error": "invalid_arguments"}),
     "wecom": (200, {"errcode": 40058, "errmsg": "stand-in check failed"}),
+    "qqbot": (400, {"code": 12002, "message": "stand-in check failed"}),
 }
 
 
@@ -85,6 +89,8 @@ class Call:
             return answer.get("errcode") == 0
         if self.platform in ("telegram", "slack"):
             return answer.get("ok") is True or isinstance(self.answer, str)  # the upload answers text
+        if self.platform == "qqbot":
+            return "id" in answer or "file_info" in answer
         return False
 
     @property
@@ -93,16 +99,19 @@ class Call:
 
 
 def _is_message_path(platform: str, path: str) -> bool:
+    if platform == "qqbot":
+        return path.endswith("/messages")
     return path in MESSAGE_PATHS[platform] or (platform == "lark" and path.endswith("/reply"))
 
 
 class StandIns:
-    """The four stand-ins; `url(platform)` is what a bot's `api_base` points at."""
+    """The stand-ins; `url(platform)` is what a bot's `api_base` points at."""
 
     def __init__(self) -> None:
-        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "wecom")}
+        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "wecom", "qqbot")}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
         self.wecom = WeComStandIn(self.apis["wecom"])
+        self.qq = QQStandIn(self.apis["qqbot"])  # likewise; `qq.received(msg_id)` before a webhook
         self.calls: list[Call] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -213,6 +222,10 @@ class StandIns:
         for path in ("/cgi-bin/message/send", "/cgi-bin/appchat/send"):
             wecom.on(path, self._wrap("wecom", self.wecom.send))
         wecom.on("/cgi-bin/aibot/response", self._wrap("wecom", self.wecom.respond))
+        qqbot = self.apis["qqbot"]
+        qqbot.on("/app/getAppAccessToken", self._wrap("qqbot", self.qq.token))
+        for prefix in qqbot.prefixes:
+            qqbot.prefixes[prefix] = self._wrap("qqbot", self.qq.route)
 
     def _wrap(self, platform: str, checker: Callable[[Seen], Any]) -> Callable[[Seen], Answer]:
         def handle(seen: Seen) -> Answer:
@@ -259,6 +272,12 @@ class StandIns:
         if platform == "wecom":  # an AI bot answer: the e2e tests use the chat id as response code
             chat = body.get("touser") or body.get("chatid") or seen.query.get("response_code")
             return str(chat) if chat is not None else None
+        if platform == "qqbot":  # the chat id Switchboard uses: `<scene>:<id>` from the path
+            parts = seen.path.strip("/").split("/")
+            scenes = {"groups": "group", "users": "c2c", "channels": "channel", "dms": "dm"}
+            if parts[0] == "v2" and len(parts) > 2:
+                parts = parts[1:]
+            return f"{scenes[parts[0]]}:{parts[1]}" if parts[0] in scenes and len(parts) > 1 else None
         return None
 
     def _slack_upload_url(self, seen: Seen) -> Answer:

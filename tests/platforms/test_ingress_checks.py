@@ -23,6 +23,7 @@ from pipeline.web import WebDeps, build_web_app
 
 from . import test_lark as lark_fx
 from . import test_onebot as onebot_fx
+from . import test_qqbot as qq_fx
 from . import test_slack as slack_fx
 from . import test_telegram as telegram_fx
 from . import test_wecom as wecom_fx
@@ -61,6 +62,7 @@ async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
             telegram_fx.bot_config(),
             onebot_fx.bot_config(),
             wecom_fx.bot_config(),
+            qq_fx.bot_config(),
         ],
     )
     produced = Produced()
@@ -163,3 +165,22 @@ async def test_wecom_url_check_is_a_get_answered_in_plain_text(ingress: Ingress)
         assert counted("lark", "method_not_allowed") == before + 1
     [record] = ingress.produced.records
     assert record[0] == IM_INBOUND and json.loads(record[2])["text"] == "hi"
+
+
+async def test_qqbot_refusals(ingress: Ingress) -> None:
+    """A forged, a recorded (stale) and an over-long-id QQ callback: 401, 401 and 400, each counted,
+    only the last dead-lettered, nothing produced to im.inbound."""
+    before = {o: counted("qqbot", o) for o in ("bad_signature", "stale_timestamp", "id_too_long")}
+    forged = qq_fx.signed(qq_fx.c2c("hi"), secret="someone-elses-secret")
+    response = await ingress.post("qqbot", "qb1", forged)
+    assert response.status_code == 401 and response.json() == {"error": "bad_signature"}
+    stale = qq_fx.signed(qq_fx.c2c("hi"), timestamp=int(time.time()) - 600)
+    response = await ingress.post("qqbot", "qb1", stale)
+    assert response.status_code == 401 and response.json() == {"error": "stale_timestamp"}
+    long_group = qq_fx.group_at("hi", group="G" * (MAX_ID_CHARS + 1))
+    response = await ingress.post("qqbot", "qb1", qq_fx.signed(long_group))
+    assert response.status_code == 400 and response.json()["error"] == "id_too_long"
+    for outcome, value in before.items():
+        assert counted("qqbot", outcome) == value + 1, outcome
+    assert [json.loads(d)["reason"] for d in ingress.produced.on(DEADLETTER)] == ["id_too_long"]
+    assert ingress.produced.on(IM_INBOUND) == []
