@@ -94,12 +94,6 @@ PIPELINE_OVERHEAD = Histogram(
     ["platform"],
     buckets=_LATENCY_BUCKETS,
 )
-EVENT_LOOP_LAG = Histogram(
-    "switchboard_event_loop_lag_seconds",
-    "How late a 100 ms timer of the worker's event loop fired: time the loop was held by other work",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-)
-EVENT_LOOP_STALLS = Counter("switchboard_event_loop_stalls_total", "Times the event loop was held for 1 s or more")
 STAGE_LATENCY = Histogram(
     "switchboard_stage_latency_seconds", "Time from the previous hop to this stage", ["stage"], buckets=_LATENCY_BUCKETS
 )
@@ -117,6 +111,12 @@ REDIS_ROUND_TRIPS = Counter(
 PARTITIONS_ASSIGNED = Gauge(
     "switchboard_partitions_assigned", "Topic partitions this worker consumes now (0 during a rebalance)"
 )
+EVENT_LOOP_LAG = Histogram(
+    "switchboard_event_loop_lag_seconds",
+    "How late a 100 ms timer of the worker's event loop fired: time the loop was held by other work",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+EVENT_LOOP_STALLS = Counter("switchboard_event_loop_stalls_total", "Times the event loop was held for 1 s or more")
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
 
 # Long connections (`pipeline.connections`). Bot ids are configuration, not user ids: a bounded label.

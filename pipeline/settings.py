@@ -68,8 +68,8 @@ class BotConfig(BaseModel):
     api_base: str | None = None
     # How the platform and Switchboard reach each other: `webhook` (the default: the platform posts to
     # `/webhooks/{platform}/{bot_id}`) or a long connection the platform module offers
-    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`; Telegram: `polling`), held by one
-    # worker at a time.
+    # (`Platform.transports`; OneBot: `ws-reverse`, `ws-forward`; Telegram: `polling`; Slack:
+    # `socket_mode`; Lark: `long_connection`), held by one worker at a time.
     transport: str = "webhook"
     # Telegram `polling`: call deleteWebhook when polling starts (without it, a webhook still set is
     # an error the holder logs and counts), and how long one getUpdates waits for updates.
@@ -90,10 +90,14 @@ class BotConfig(BaseModel):
     notices: dict[str, str] = Field(default_factory=dict)
     rate_limit_chat: RateLimit | None = None
     rate_limit_bot: RateLimit | None = None
-    # Lark and Slack: a signed webhook whose timestamp is further than this from its receipt is
-    # refused (401 stale_timestamp), so a captured request cannot be replayed later. Well below
-    # the de-duplication window, which catches replays inside it.
+    # Lark, Slack, WeCom and QQ bot: a signed webhook whose timestamp is further than this from its
+    # receipt is refused (401 stale_timestamp), so a captured request cannot be replayed later. Well
+    # below the de-duplication window, which catches replays inside it.
     replay_window_seconds: int = Field(default=300, ge=30, le=3600)
+    # QQ bot: send active messages (no user message answered) where a passive reply is no longer
+    # possible: past the reply window, past the 5 replies to one message, with no message to answer.
+    # Off, such a message is dead-lettered. QQ allows few (4 a month per user or group).
+    active_messages: bool = False
 
     def secret(self, name: str) -> str | None:
         value = self.credentials.get(name)

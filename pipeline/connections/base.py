@@ -1,7 +1,7 @@
 """What a long-connection transport implements, and what the framework gives it.
 
 A `Transport` is one way a platform's bot stays connected to Switchboard instead of webhooks (OneBot
-`ws-forward` and `ws-reverse`, Telegram `polling`; later Slack Socket Mode, Lark's long connection).
+`ws-forward` and `ws-reverse`, Telegram `polling`, Slack `socket_mode`, Lark `long_connection`).
 Either Switchboard dials it (`dialed = True`: the workers compete for the bot's lease and the winner
 calls `connect`), or the platform's side dials a worker, which hands the accepted `Connection` to
 `Connections.accept` (the newest connection wins the lease).

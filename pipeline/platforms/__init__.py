@@ -23,6 +23,8 @@ _REGISTRY: dict[str, str] = {
     "lark": "pipeline.platforms.lark:LarkPlatform",
     "slack": "pipeline.platforms.slack:SlackPlatform",
     "dingtalk": "pipeline.platforms.dingtalk:DingTalkPlatform",
+    "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
+    "wecom": "pipeline.platforms.wecom:WeComPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
 

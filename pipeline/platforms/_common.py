@@ -3,6 +3,7 @@ classification and the text fallbacks for segments a platform cannot show."""
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import functools
 import hashlib
@@ -10,7 +11,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -22,7 +23,20 @@ from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, con
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.media import rejection_label, with_placeholders
-from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, Segment
+from pipeline.segments.models import (
+    MEDIA_SEGMENT_TYPES,
+    AudioSegment,
+    FileSegment,
+    ImageSegment,
+    Media,
+    MediaData,
+    MentionData,
+    MentionSegment,
+    Segment,
+    TextData,
+    TextSegment,
+    VideoSegment,
+)
 from pipeline.settings import BotConfig
 
 log = logging.getLogger("pipeline.platforms")
@@ -150,12 +164,52 @@ def media_placeholder(kind: str) -> str:
     return f"[{kind}]"
 
 
+_MEDIA_SEGMENTS = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}
+
+
+class InboundParts:
+    """Inbound content being read into segments, the plain text the agent gets, the mentioned ids
+    and the names the platform sent with them."""
+
+    def __init__(self) -> None:
+        self.segments: list[Any] = []
+        self.plain: list[str] = []
+        self.mentions: list[str] = []
+        self.names: dict[str, str] = {}
+
+    def text(self, value: str) -> None:
+        if not value:
+            return
+        self.plain.append(value)
+        last = self.segments[-1] if self.segments else None
+        if isinstance(last, TextSegment):
+            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
+        else:
+            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
+
+    def add_mention(self, target: str, name: str) -> None:
+        self.segments.append(MentionSegment(type="mention", data=MentionData(target=target)))
+        self.mentions.append(target)
+        if name:
+            self.names[target] = name
+        self.plain.append(f"@{name or target}")
+
+    def add_media(self, kind: str, media: Media) -> None:
+        """`kind`: image, file, audio or video."""
+        self.segments.append(_MEDIA_SEGMENTS[kind](type=kind, data=MediaData(media=media)))
+        self.plain.append(media_placeholder(kind))
+
+
 # --- outbound fallbacks --------------------------------------------------------------------------
 
 _TEXTS = {
     "attachment_unavailable": {"zh": "[附件不可用]", "en": "[attachment unavailable]"},
     "forward": {"zh": "[合并转发的消息无法在此显示]", "en": "[forwarded messages cannot be shown here]"},
     "face": {"zh": "[表情]", "en": "[emoji]"},
+    "reply_limit": {
+        "zh": "[QQ 只允许对一条消息回复 5 次 其余内容未能发送]",
+        "en": "[QQ allows 5 replies to one message: the rest of this reply could not be sent]",
+    },
 }
 
 # A few QQ face ids that have an obvious emoji, for platforms without QQ faces.
@@ -337,3 +391,43 @@ def obj(value: Any) -> dict[str, Any]:
 
 def arr(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+class TokenCache:
+    """Access tokens per key (API base and app), each until `margin_s` before it expires; one fetch
+    per expiry however many sends wait for it. Per process: a few token calls per worker."""
+
+    def __init__(self, margin_s: float) -> None:
+        self.margin_s = margin_s
+        self._tokens: dict[tuple[str, ...], tuple[str, float]] = {}  # key → (token, monotonic expiry)
+        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
+        self._locks: dict[tuple[tuple[str, ...], int], asyncio.Lock] = {}
+
+    def _cached(self, key: tuple[str, ...]) -> str | None:
+        cached = self._tokens.get(key)
+        return cached[0] if cached and cached[1] > time.monotonic() else None
+
+    async def get(
+        self, key: tuple[str, ...], fetch: Callable[[], Awaitable[tuple[str, float] | SendOutcome]]
+    ) -> str | SendOutcome:
+        """The cached token, or one `fetch` gives (token and lifetime in seconds), or its outcome."""
+        token = self._cached(key)
+        if token is not None:
+            return token
+        async with self._locks.setdefault((key, id(asyncio.get_running_loop())), asyncio.Lock()):
+            token = self._cached(key)
+            if token is not None:
+                return token
+            fetched = await fetch()
+            if isinstance(fetched, SendOutcome):
+                return fetched
+            token, lifetime = fetched
+            self._tokens[key] = (token, time.monotonic() + max(lifetime - self.margin_s, 1.0))
+            return token
+
+    def drop(self, key: tuple[str, ...], token: str | None = None) -> None:
+        """Forget the token of `key` (only if it is still `token`, when given: not one another send
+        fetched meanwhile)."""
+        cached = self._tokens.get(key)
+        if cached is not None and (token is None or cached[0] == token):
+            del self._tokens[key]

@@ -39,6 +39,7 @@ class WebhookRequest:
     body: bytes
     query: Mapping[str, str] = field(default_factory=dict)
     received_at_ms: float = 0.0
+    method: str = "POST"
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -51,6 +52,8 @@ class WebhookResult:
     messages: list[InboundMessage] = field(default_factory=list)
     status: int = 200
     body: Any = None  # JSON-serialisable (a URL-verification challenge), or None for `{}`
+    # Answered as plain text instead of `body` when set (WeCom: the decrypted echostr, or "").
+    text: str | None = None
     # Why nothing was produced, when nothing was (a non-message event, a redelivery): a metric label.
     ignored: str | None = None
 
@@ -106,6 +109,8 @@ class Platform(abc.ABC):
     #: Credentials a bot of this platform must have, checked when the settings load (a worker with
     #: one missing would fail every webhook or send). A tuple entry: at least one of those names.
     required_credentials: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
+    #: HTTP methods its webhook takes (WeCom checks its callback URL with a GET); others get a 405.
+    webhook_methods: ClassVar[frozenset[str]] = frozenset({"POST"})
     #: The transports a bot of this platform may name (`transport` in the bots file), each with the
     #: credentials it needs beyond `required_credentials`. Every platform takes webhooks; a long
     #: connection (held by one worker at a time, `pipeline.connections`) is offered per platform.

@@ -25,19 +25,17 @@ or quote: mentions are shown as `@name` text, quotes are left out. `api_base` re
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import json
 import re
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import httpx
 
 from pipeline.platforms._common import (
+    TokenCache,
     arr,
     attachment_unavailable,
     base_url,
@@ -121,47 +119,6 @@ FILE_ID_SHAPES = {"image": _MEDIA_ID}
 _TIMESTAMP_MS = re.compile(r"[0-9]{10,16}")
 
 
-class AccessTokens:
-    """Access tokens per key (API base and app), each until `margin_s` before it expires; one fetch
-    per expiry however many sends wait for it. Per process: a few token calls per worker.
-
-    The same shape as the WeCom module's cache, kept here until both platforms share one."""
-
-    def __init__(self, margin_s: float) -> None:
-        self.margin_s = margin_s
-        self._tokens: dict[tuple[str, ...], tuple[str, float]] = {}  # key → (token, monotonic expiry)
-        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
-        self._locks: dict[tuple[tuple[str, ...], int], asyncio.Lock] = {}
-
-    def _cached(self, key: tuple[str, ...]) -> str | None:
-        cached = self._tokens.get(key)
-        return cached[0] if cached and cached[1] > time.monotonic() else None
-
-    async def get(
-        self, key: tuple[str, ...], fetch: Callable[[], Awaitable[tuple[str, float] | SendOutcome]]
-    ) -> str | SendOutcome:
-        """The cached token, or the one `fetch` gives (token and lifetime in seconds), or its outcome."""
-        token = self._cached(key)
-        if token is not None:
-            return token
-        async with self._locks.setdefault((key, id(asyncio.get_running_loop())), asyncio.Lock()):
-            token = self._cached(key)
-            if token is not None:
-                return token
-            fetched = await fetch()
-            if isinstance(fetched, SendOutcome):
-                return fetched
-            token, lifetime = fetched
-            self._tokens[key] = (token, time.monotonic() + max(lifetime - self.margin_s, 1.0))
-            return token
-
-    def drop(self, key: tuple[str, ...], token: str | None = None) -> None:
-        """Forget `key`'s token (only while it is still `token`, when given)."""
-        cached = self._tokens.get(key)
-        if cached is not None and (token is None or cached[0] == token):
-            del self._tokens[key]
-
-
 def callback_sign(secret: str, timestamp: str) -> str:
     """The `sign` header of a callback sent at `timestamp` (Unix milliseconds, as text)."""
     digest = hmac.new(secret.encode(), f"{timestamp}\n{secret}".encode(), hashlib.sha256).digest()
@@ -189,7 +146,7 @@ class DingTalkPlatform(Platform):
     )
 
     def __init__(self) -> None:
-        self.tokens = AccessTokens(TOKEN_MARGIN_S)
+        self.tokens = TokenCache(TOKEN_MARGIN_S)
 
     # --- in --------------------------------------------------------------------------------------
 

@@ -15,18 +15,18 @@ outbound id, so Lark itself drops a duplicate send.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
 import json
 import re
-import time
 from typing import Any, ClassVar
 
 import httpx
 
 from pipeline.platforms._common import (
+    InboundParts,
+    TokenCache,
     arr,
     attachment_unavailable,
     base_url,
@@ -37,7 +37,6 @@ from pipeline.platforms._common import (
     http_outcome,
     load_failure,
     load_json,
-    media_placeholder,
     missing_credential,
     network_outcome,
     notice,
@@ -70,14 +69,11 @@ from pipeline.segments.models import (
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
-    MentionData,
     MentionSegment,
     ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -121,7 +117,10 @@ FILE_ID_SHAPES = {"image": _IMAGE_KEY, "audio": _FILE_KEY, "video": _FILE_KEY, "
 
 class LarkPlatform(Platform):
     name: ClassVar[str] = "lark"
-    required_credentials = ("app_id", "app_secret", ("verification_token", "encrypt_key"))
+    required_credentials = ("app_id", "app_secret")
+    # The long connection (`pipeline.connections.lark`): events over a WebSocket Switchboard dials
+    # with the app's id and secret; no event callbacks, so no token or key to check them with.
+    transports = {"webhook": (("verification_token", "encrypt_key"),), "long_connection": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "file", "reply", "share"}),
         max_text_chars=MAX_TEXT,
@@ -134,10 +133,7 @@ class LarkPlatform(Platform):
     )
 
     def __init__(self) -> None:
-        # (api base, app id) → (token, monotonic expiry). Per process: a few token calls per worker.
-        self._tokens: dict[tuple[str, str], tuple[str, float]] = {}
-        # Keyed by event loop too: an asyncio.Lock belongs to the loop it first waited in.
-        self._token_locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._tokens = TokenCache(TOKEN_MARGIN_S)  # per (api base, app id)
 
     # --- in --------------------------------------------------------------------------------------
 
@@ -190,6 +186,8 @@ class LarkPlatform(Platform):
                 raise WebhookRejected(401, "bad_token")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
+        if bot.transport != "webhook":
+            return []  # nothing posts to its webhook
         return missing_credential(
             bot,
             "encrypt_key",
@@ -438,15 +436,8 @@ class LarkPlatform(Platform):
 
     async def _token(self, bot: BotConfig, http: httpx.AsyncClient, root: str) -> str | SendOutcome:
         app_id, secret = bot.secret("app_id") or "", bot.secret("app_secret") or ""
-        key = (root, app_id)
-        cached = self._tokens.get(key)
-        if cached and cached[1] > time.monotonic():
-            return cached[0]
-        lock = self._token_locks.setdefault((*key, id(asyncio.get_running_loop())), asyncio.Lock())
-        async with lock:  # one fetch per expiry, however many sends are waiting
-            cached = self._tokens.get(key)
-            if cached and cached[1] > time.monotonic():
-                return cached[0]
+
+        async def fetch() -> tuple[str, float] | SendOutcome:
             try:
                 response = await http.post(root + TOKEN_PATH, json={"app_id": app_id, "app_secret": secret})
             except httpx.HTTPError as exc:
@@ -460,9 +451,9 @@ class LarkPlatform(Platform):
                 return SendOutcome(
                     "permanent", reason="unauthorized", detail=f"token: code {data.get('code')}: {data.get('msg')}"
                 )
-            lifetime = float(expire) if isinstance(expire, int | float) else 7200.0
-            self._tokens[key] = (token, time.monotonic() + max(lifetime - TOKEN_MARGIN_S, 1.0))
-            return token
+            return token, float(expire) if isinstance(expire, int | float) else 7200.0
+
+        return await self._tokens.get((root, app_id), fetch)
 
     def _classify(
         self, bot: BotConfig, root: str, response: httpx.Response
@@ -479,7 +470,7 @@ class LarkPlatform(Platform):
             )
             return SendOutcome("retry", reason="rate_limited", retry_after=retry_after, detail=detail), {}
         if code in _TOKEN_INVALID:
-            self._tokens.pop((root, bot.secret("app_id") or ""), None)
+            self._tokens.drop((root, bot.secret("app_id") or ""))
             return SendOutcome("retry", reason="token_expired", retry_after=0.0, detail=detail), {}
         if response.status_code >= 500 or code in _SERVER_ERRORS or data is None:
             return SendOutcome("retry", reason="server_error", detail=detail), {}
@@ -533,35 +524,18 @@ def _file_type(mime: str | None, name: str) -> str:
     return "stream"
 
 
-class _Parts:
+class _Parts(InboundParts):
     """Inbound content into segments, plain text and mentioned open_ids."""
 
     def __init__(self, keys: dict[str, tuple[str, str]]) -> None:
+        super().__init__()
         self.keys = keys
-        self.segments: list[Any] = []
-        self.plain: list[str] = []
-        self.mentions: list[str] = []
-        self.names: dict[str, str] = {}  # open_id → the name Lark sent with the mention
-
-    def text(self, value: str) -> None:
-        if not value:
-            return
-        self.plain.append(value)
-        last = self.segments[-1] if self.segments else None
-        if isinstance(last, TextSegment):
-            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
-        else:
-            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
 
     def mention(self, open_id: str, name: str) -> None:
         if not open_id:  # `@_all`, or a user outside the tenant
             self.text(f"@{name or 'all'}")
             return
-        self.segments.append(MentionSegment(type="mention", data=MentionData(target=open_id)))
-        self.mentions.append(open_id)
-        if name:
-            self.names[open_id] = name
-        self.plain.append(f"@{name or open_id}")
+        self.add_mention(open_id, name)
 
     def text_with_mentions(self, value: str) -> None:
         pos = 0
@@ -579,9 +553,7 @@ class _Parts:
         self.text(value[pos:])
 
     def media(self, kind: str, key: str) -> None:
-        cls = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}[kind]
-        self.segments.append(cls(type=kind, data=MediaData(media=Media(kind="file", value=key))))
-        self.plain.append(media_placeholder(kind))
+        self.add_media(kind, Media(kind="file", value=key))
 
     def post(self, content: dict[str, Any]) -> None:
         if "content" not in content:  # `{"zh_cn": {...}}` form: take the first locale

@@ -17,9 +17,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import httpx
+from pydantic import SecretStr
 
 from pipeline.platforms._common import (
     arr,
@@ -121,7 +123,10 @@ FILE_ID_SHAPES = {"image": re.compile(r"F[A-Z0-9]{6,24}")}
 
 class SlackPlatform(Platform):
     name: ClassVar[str] = "slack"
-    required_credentials = ("signing_secret", "bot_token")
+    required_credentials = ("bot_token",)
+    # Socket Mode (`pipeline.connections.slack`): events over a WebSocket Switchboard dials with the
+    # app-level token; no Events API requests, so no signing secret.
+    transports = {"webhook": ("signing_secret",), "socket_mode": ("app_token",)}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,
@@ -132,6 +137,16 @@ class SlackPlatform(Platform):
         default_chat_limit=RateLimit(count=1, per_seconds=1),
         default_bot_limit=RateLimit(count=300, per_seconds=60),
     )
+
+    def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+        credentials = entry.get("credentials")
+        token = credentials.get("app_token") if isinstance(credentials, Mapping) else None
+        if isinstance(token, SecretStr):
+            token = token.get_secret_value()
+        if isinstance(token, str) and token and not token.startswith("xapp-"):
+            # A bot token (`xoxb-`) here is the usual mistake; the value itself is never shown.
+            return [("credentials.app_token", "Socket Mode needs the app-level token, which starts with xapp-")]
+        return []
 
     # --- in --------------------------------------------------------------------------------------
 

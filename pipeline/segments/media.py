@@ -71,6 +71,7 @@ REJECTION_REASONS: frozenset[str] = frozenset(
         # checks
         "type_mismatch",
         "unsupported_by_platform",
+        "refused_by_platform",
         "leak",
         "file_id_shape",
         "other",

@@ -16,7 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchboard sim", description="Reference agent-session server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787, help="0 picks a free port (printed)")
-    parser.add_argument("--api-key", default="switchboard-sim-key", help="accepted key (Bearer for ark, x-api-key for anthropic)")
+    parser.add_argument(
+        "--api-key", default="switchboard-sim-key", help="accepted key (Bearer for ark, x-api-key for anthropic)"
+    )
     parser.add_argument("--think", type=float, default=0.0, help="default think time per turn, seconds")
     parser.add_argument("--ping-interval", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault/drop RNG")

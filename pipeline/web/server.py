@@ -56,6 +56,7 @@ def build_web_app(deps: WebDeps) -> web.Application:
     app[DEPS] = deps
     app[STATIC_DIR] = STATIC
     app.router.add_post("/webhooks/{platform}/{bot_id}", webhook)
+    app.router.add_get("/webhooks/{platform}/{bot_id}", webhook, allow_head=False)
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -163,6 +164,10 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     if bot.transport != "webhook":  # its updates come over its long connection: no second way in
         metrics.WEBHOOKS.labels(platform_name, "not_a_webhook_bot").inc()
         return web.json_response({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
+    if request.method not in platform.webhook_methods:
+        metrics.WEBHOOKS.labels(platform_name, "method_not_allowed").inc()
+        allow = ", ".join(sorted(platform.webhook_methods))
+        return web.json_response({"error": "method not allowed"}, status=405, headers={"Allow": allow})
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -173,6 +178,7 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         body=body,
         query=dict(request.query),
         received_at_ms=received,
+        method=request.method,
     )
     try:
         platform.verify(bot, wire)
@@ -198,6 +204,8 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         metrics.WEBHOOKS.labels(platform_name, "accepted").inc()
     else:
         metrics.WEBHOOKS.labels(platform_name, result.ignored or "ignored").inc()
+    if result.text is not None:
+        return web.Response(text=result.text, status=result.status, content_type="text/plain")
     body_out = result.body if result.body is not None else {}
     return web.json_response(body_out, status=result.status)
 

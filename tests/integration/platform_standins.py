@@ -1,6 +1,7 @@
 """The platform API stand-ins of `tests/platforms` (OneBot HTTP API, Telegram Bot API, Lark Open API,
-Slack Web API, DingTalk robot OpenAPI), served from a background thread with its own event loop, so
-a whole stack started in other processes can call them while the tests (each on its own loop) read what they received.
+Slack Web API, WeCom API, QQ bot OpenAPI, DingTalk robot OpenAPI and Stream gateway), served from a
+background thread with its own event loop, so a whole stack started in other processes can call them
+while the tests (each on its own loop) read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
 `errors` (the test asserts there are none) and answered with a 400 in the platform's own format. The
@@ -29,10 +30,12 @@ from tests.platforms.test_dingtalk import UPLOAD_PATH as DINGTALK_UPLOAD
 from tests.platforms.test_dingtalk import DingTalkStandIn
 from tests.platforms.test_lark import LarkStandIn
 from tests.platforms.test_onebot import check_onebot
+from tests.platforms.test_qqbot import QQStandIn
 from tests.platforms.test_slack import BOT_TOKEN as SLACK_TOKEN
 from tests.platforms.test_slack import check_slack
 from tests.platforms.test_telegram import TOKEN as TELEGRAM_TOKEN
 from tests.platforms.test_telegram import check_telegram_request
+from tests.platforms.test_wecom import WeComStandIn
 
 LARK_MESSAGES = "/open-apis/im/v1/messages"
 LARK_IMAGES = "/open-apis/im/v1/images"
@@ -45,6 +48,8 @@ MESSAGE_PATHS: dict[str, tuple[str, ...]] = {
     "lark": (LARK_MESSAGES,),  # and LARK_MESSAGES/{message_id}/reply
     "slack": ("/chat.postMessage", "/files.completeUploadExternal"),
     "dingtalk": (DINGTALK_PRIVATE, DINGTALK_GROUP),
+    "wecom": ("/cgi-bin/message/send", "/cgi-bin/appchat/send", "/cgi-bin/aibot/response"),
+    "qqbot": (),  # every `…/messages` path (they carry the chat's id)
 }
 
 # What a failed stand-in check answers: a permanent error in the platform's format, never a retry.
@@ -54,6 +59,8 @@ _CHECK_FAILED: dict[str, Answer] = {
     "lark": (400, {"code": 230001, "msg": "stand-in check failed"}),
     "slack": (200, {"ok": False, "error": "invalid_arguments"}),
     "dingtalk": (400, {"code": "invalidParameter", "message": "stand-in check failed"}),
+    "wecom": (200, {"errcode": 40058, "errmsg": "stand-in check failed"}),
+    "qqbot": (400, {"code": 12002, "message": "stand-in check failed"}),
 }
 
 
@@ -88,8 +95,12 @@ class Call:
             return answer.get("code") == 0
         if self.platform == "dingtalk":
             return "processQueryKey" in answer or answer.get("errcode") == 0 or "accessToken" in answer
+        if self.platform == "wecom":
+            return answer.get("errcode") == 0
         if self.platform in ("telegram", "slack"):
             return answer.get("ok") is True or isinstance(self.answer, str)  # the upload answers text
+        if self.platform == "qqbot":
+            return "id" in answer or "file_info" in answer
         return False
 
     @property
@@ -98,6 +109,8 @@ class Call:
 
 
 def _is_message_path(platform: str, path: str) -> bool:
+    if platform == "qqbot":
+        return path.endswith("/messages")
     return path in MESSAGE_PATHS[platform] or (platform == "lark" and path.endswith("/reply"))
 
 
@@ -105,8 +118,11 @@ class StandIns:
     """The stand-ins; `url(platform)` is what a bot's `api_base` points at."""
 
     def __init__(self) -> None:
-        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "dingtalk")}
+        names = ("onebot", "telegram", "lark", "slack", "wecom", "qqbot", "dingtalk")
+        self.apis = {name: FakeApi() for name in names}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
+        self.wecom = WeComStandIn(self.apis["wecom"])
+        self.qq = QQStandIn(self.apis["qqbot"])  # likewise; `qq.received(msg_id)` before a webhook
         self.dingtalk = DingTalkStandIn(self.apis["dingtalk"])
         # DingTalk's Stream gateway, serving the robot OpenAPI stand-in on its other paths.
         self.dingtalk_stream = StreamGateway()
@@ -225,6 +241,16 @@ class StandIns:
         dingtalk.on(DINGTALK_UPLOAD, self._wrap("dingtalk", self.dingtalk.upload))
         for path in MESSAGE_PATHS["dingtalk"]:
             dingtalk.on(path, self._wrap("dingtalk", self.dingtalk.send))
+        wecom = self.apis["wecom"]
+        wecom.on("/cgi-bin/gettoken", self._wrap("wecom", self.wecom.token))
+        wecom.on("/cgi-bin/media/upload", self._wrap("wecom", self.wecom.upload))
+        for path in ("/cgi-bin/message/send", "/cgi-bin/appchat/send"):
+            wecom.on(path, self._wrap("wecom", self.wecom.send))
+        wecom.on("/cgi-bin/aibot/response", self._wrap("wecom", self.wecom.respond))
+        qqbot = self.apis["qqbot"]
+        qqbot.on("/app/getAppAccessToken", self._wrap("qqbot", self.qq.token))
+        for prefix in qqbot.prefixes:
+            qqbot.prefixes[prefix] = self._wrap("qqbot", self.qq.route)
 
     def _wrap(self, platform: str, checker: Callable[[Seen], Any]) -> Callable[[Seen], Answer]:
         def handle(seen: Seen) -> Answer:
@@ -272,6 +298,15 @@ class StandIns:
             users = body.get("userIds")
             chat = body.get("openConversationId") or (users[0] if isinstance(users, list) and users else None)
             return str(chat) if chat is not None else None
+        if platform == "wecom":  # an AI bot answer: the e2e tests use the chat id as response code
+            chat = body.get("touser") or body.get("chatid") or seen.query.get("response_code")
+            return str(chat) if chat is not None else None
+        if platform == "qqbot":  # the chat id Switchboard uses: `<scene>:<id>` from the path
+            parts = seen.path.strip("/").split("/")
+            scenes = {"groups": "group", "users": "c2c", "channels": "channel", "dms": "dm"}
+            if parts[0] == "v2" and len(parts) > 2:
+                parts = parts[1:]
+            return f"{scenes[parts[0]]}:{parts[1]}" if parts[0] in scenes and len(parts) > 1 else None
         return None
 
     def _slack_upload_url(self, seen: Seen) -> Answer:

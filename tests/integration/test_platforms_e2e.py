@@ -17,6 +17,8 @@ import base64
 import datetime as dt
 import itertools
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,8 +37,10 @@ from tests.conftest import enabled_brokers
 from tests.platforms import test_dingtalk as dingtalk_fx
 from tests.platforms import test_lark as lark_fx
 from tests.platforms import test_onebot as onebot_fx
+from tests.platforms import test_qqbot as qq_fx
 from tests.platforms import test_slack as slack_fx
 from tests.platforms import test_telegram as telegram_fx
+from tests.platforms import test_wecom as wecom_fx
 from tests.platforms.conftest import PNG, PNG_B64
 
 from .platform_standins import Call, StandIns
@@ -48,6 +52,8 @@ BOTS = {"onebot": "qq1", "telegram": "tg1", "lark": "lk1", "slack": "sl1"}
 # Platforms in the stack whose tests are their own (not in the loops over BOTS above).
 OWN_TESTS = {"dingtalk": "dt1"}
 DINGTALK_STREAM_BOT = "dt2"  # the same app on transport "stream"
+WECOM_BOT = "wc1"  # its webhook is signed in the query, so it has tests of its own below
+QQ_BOT = "qb1"  # QQ bot (official API): its own envelope and Ed25519 signature, tests of its own below
 
 
 def _bots_toml(standins: StandIns) -> str:
@@ -113,6 +119,16 @@ def _bots_toml(standins: StandIns) -> str:
         f"credentials = {creds({'client_id': dingtalk_fx.CLIENT_ID, 'client_secret': dingtalk_fx.CLIENT_SECRET})}",
         "",
     ]
+    wecom = wecom_fx.bot_config()
+    out.append("[[bots]]")
+    out.append(f'platform = "wecom"\nbot_id = "{WECOM_BOT}"\nusername = "{wecom.username}"')
+    out.append(f'api_base = "{standins.url("wecom")}"\nlanguage = "en"')
+    out.append(f"credentials = {creds({k: v.get_secret_value() for k, v in wecom.credentials.items()})}")
+    out.append("")
+    out.append("[[bots]]")
+    out.append(f'platform = "qqbot"\nbot_id = "{QQ_BOT}"\nself_id = "{qq_fx.BOT_USER}"')
+    out.append(f'api_base = "{standins.url("qqbot")}"\nlanguage = "en"')
+    out.append(f"credentials = {creds({'app_id': qq_fx.APP_ID, 'app_secret': qq_fx.APP_SECRET})}")
     return "\n".join(out)
 
 
@@ -637,6 +653,337 @@ async def test_another_bots_secret_is_cut_from_a_reply_in_any_form(stack: Stack,
     shown = reply_text(call)
     assert shown == "first [redacted]. then [redacted][redacted]** end"  # each piece of the split one cut
     await standins.settle()
+
+
+# -- WeCom: the self-built app's XML callback and the AI bot's JSON one, signed in the query ----------
+
+
+async def wecom_call(stack: Stack, request: WebhookRequest) -> httpx.Response:
+    url = f"{stack.workers[0].url}/webhooks/wecom/{WECOM_BOT}"
+    async with httpx.AsyncClient(timeout=30) as client:
+        if request.method == "GET":
+            return await client.get(url, params=dict(request.query))
+        return await client.post(url, params=dict(request.query), content=request.body, headers=dict(request.headers))
+
+
+def wecom_app_text(n: int, text: str, **crypto: Any) -> tuple[WebhookRequest, str]:
+    """A member's message to the app, encrypted and signed with wechatpy; the chat is the member."""
+    user = f"member.{n}"
+    plain = wecom_fx.app_xml("text", msg_id=str(7_000_000_000_000 + n), user=user, Content=text)
+    return wecom_fx.app_request(plain, **crypto), user
+
+
+def wecom_ai_bot_mention(standins: StandIns, n: int, text: str) -> tuple[WebhookRequest, str]:
+    chat = f"wrkE2E{n:020d}"
+    payload = wecom_fx.aibot_payload(f"@Switch {text}", msg_id=f"aibot-e2e-{n}")
+    # The stand-in answers at the worker's api_base; the response code names the chat.
+    payload.update(chatid=chat, response_url=f"{standins.url('wecom')}/cgi-bin/aibot/response?response_code={chat}")
+    return wecom_fx.aibot_request(payload), chat
+
+
+def wecom_text(call: Call) -> str:
+    body = call.body
+    return str(body[body["msgtype"]]["content"])
+
+
+async def test_wecom_url_check_app_message_and_ai_bot_group_mention(stack: Stack, standins: StandIns) -> None:
+    response = await wecom_call(stack, wecom_fx.url_check("5927384618"))
+    assert response.status_code == 200 and response.text == "5927384618"
+
+    request, user = wecom_app_text(_n(), "hello from wecom")
+    assert b"hello" not in request.body  # nothing readable on the wire
+    response = await wecom_call(stack, request)
+    assert response.status_code == 200 and response.text == ""
+    [call] = await standins.wait_for("wecom", user, within=45)
+    assert call.path == "/cgi-bin/message/send"
+    assert call.seen.query["access_token"] == f"tok-{standins.wecom.tokens_issued}"
+    assert call.body == {
+        "touser": user,
+        "agentid": int(wecom_fx.AGENT_ID),
+        "msgtype": "text",
+        "text": {"content": "echo: hello from wecom"},
+    }
+
+    request, chat = wecom_ai_bot_mention(standins, _n(), "group question")
+    assert (await wecom_call(stack, request)).status_code == 200
+    [call] = await standins.wait_for("wecom", chat)
+    assert call.path == "/cgi-bin/aibot/response" and "access_token" not in call.seen.query
+    assert call.body["msgtype"] == "markdown"
+    assert wecom_text(call).startswith("echo: ") and "group question" in wecom_text(call)
+    await standins.settle()
+    assert len(standins.delivered("wecom", user)) == 1 and len(standins.delivered("wecom", chat)) == 1
+    token_calls = [c for c in standins.all_calls() if c.path == "/cgi-bin/gettoken"]
+    assert len(token_calls) == 1  # cached by the worker
+
+
+async def test_wecom_forged_callback_is_refused_and_redelivery_answered_once(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    forged, user = wecom_app_text(n, "forged wecom", token="wrong-token")
+    assert (await wecom_call(stack, forged)).status_code == 401
+    forged_bot, chat = wecom_ai_bot_mention(standins, n, "forged bot")
+    forged_bot = WebhookRequest(
+        headers=forged_bot.headers, body=forged_bot.body, query=dict(forged_bot.query, msg_signature="0" * 40)
+    )
+    assert (await wecom_call(stack, forged_bot)).status_code == 401
+    # The genuine message, with the same MsgId, three times (WeCom calls again after 5 s unanswered),
+    # each encrypted anew: had the forged one got in, it would have been taken as the first.
+    for _ in range(3):
+        genuine, _user = wecom_app_text(n, "genuine wecom")
+        assert (await wecom_call(stack, genuine)).status_code == 200
+    await standins.wait_for("wecom", user)
+    await standins.settle(quiet=3)
+    assert [wecom_text(c) for c in standins.calls_for("wecom", user)] == ["echo: genuine wecom"]
+    assert standins.calls_for("wecom", chat) == []
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
+    assert 'switchboard_webhooks_total{outcome="bad_signature",platform="wecom"} 2.0' in metrics
+
+
+async def test_wecom_rate_limited_once_then_delivered_and_permanent_dead_lettered(
+    stack: Stack, standins: StandIns
+) -> None:
+    n = _n()
+    limited_request, limited_user = wecom_app_text(n, "after the wait wecom")
+    standins.script("wecom", limited_user, (200, {"errcode": 45009, "errmsg": "api freq out of limit"}))
+    dead_request, dead_user = wecom_app_text(_n(), "nobody hears wecom")
+    errmsg = "user & party & tag all invalid"
+    standins.script("wecom", dead_user, (200, {"errcode": 81013, "errmsg": errmsg}), sticky=True)
+    for request in (limited_request, dead_request):
+        assert (await wecom_call(stack, request)).status_code == 200
+
+    letters: list[dict[str, Any]] = []
+
+    def dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == dead_user:
+            letters.append(letter)
+        return bool(letters)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    await standins.wait_for("wecom", limited_user)
+    await standins.settle(quiet=3)
+    limited, delivered = standins.calls_for("wecom", limited_user)
+    assert not limited.accepted and delivered.accepted
+    assert delivered.at - limited.at >= 2.9, delivered.at - limited.at  # WeCom gives no time: 3 s
+    assert limited.body == delivered.body and wecom_text(delivered) == "echo: after the wait wecom"
+    [letter] = letters
+    assert letter["reason"] == "bad_recipient" and errmsg in letter["error"], letter
+    assert letter["attempts"] == 1 and letter["topic"] == "im.outbound.wecom"
+    [call] = standins.calls_for("wecom", dead_user)  # no retry of a permanent error
+    assert not call.accepted
+
+
+async def test_wecom_media_reply_is_uploaded_first(stack: Stack, standins: StandIns) -> None:
+    """An agent reply with a base64 image and text: `media/upload` for a media_id, then an `image`
+    message with it, then the text."""
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    request, user = wecom_app_text(_n(), f"picture please [sim:reply={reply}]")
+    assert (await wecom_call(stack, request)).status_code == 200
+    image, text = await standins.wait_for("wecom", user, 2)
+    assert image.body["msgtype"] == "image" and text.body == {
+        "touser": user,
+        "agentid": int(wecom_fx.AGENT_ID),
+        "msgtype": "text",
+        "text": {"content": "a pixel"},
+    }
+    assert standins.wecom.media[image.body["image"]["media_id"]] == ("image", PNG)
+    await standins.settle()
+
+
+# -- QQ bot (official API): signed with Ed25519 as QQ documents, fixtures read back by qq-botpy --------
+
+
+async def post_qq(stack: Stack, request: WebhookRequest) -> httpx.Response:
+    url = f"{stack.workers[0].url}/webhooks/qqbot/{QQ_BOT}"
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await client.post(url, content=request.body, headers=dict(request.headers))
+
+
+def qq_group(n: int, text: str) -> tuple[dict[str, Any], str, str]:
+    group, message_id = f"E2EGROUP{n:024d}", f"ROBOT1.0_e2e_group_{n:06d}"
+    return qq_fx.group_at(text, message_id=message_id, group=group), f"group:{group}", message_id
+
+
+def qq_c2c(n: int, text: str) -> tuple[dict[str, Any], str, str]:
+    user, message_id = f"E2EUSER{n:025d}", f"ROBOT1.0_e2e_c2c_{n:06d}"
+    return qq_fx.c2c(text, message_id=message_id, user=user), f"c2c:{user}", message_id
+
+
+async def test_qqbot_url_validation_group_and_c2c(stack: Stack, standins: StandIns) -> None:
+    # The callback URL check QQ makes when the URL is set (its docs' example): answered with the
+    # signature QQ computes itself.
+    url = f"{stack.workers[0].url}/webhooks/qqbot/{QQ_BOT}"
+    validation = b'{"d":{"plain_token":"Arq0D5A61EgUu4OxUvOp","event_ts":"1725442341"},"op":13}'
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(url, content=validation, headers={"x-bot-appid": qq_fx.APP_ID})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["plain_token"] == "Arq0D5A61EgUu4OxUvOp"
+    qq_fx.qq_key().public_key().verify(bytes.fromhex(answer["signature"]), b"1725442341Arq0D5A61EgUu4OxUvOp")
+
+    for build, text in ((qq_group, "qq group ask"), (qq_c2c, "hello from qq c2c")):
+        payload, chat, message_id = build(_n(), text)
+        standins.qq.received(message_id)
+        response = await post_qq(stack, qq_fx.signed(payload))
+        assert response.status_code == 200 and response.json() == {"op": 12, "d": 0}, response.text
+        [call] = await standins.wait_for("qqbot", chat)
+        kind, ident = chat.split(":")
+        assert call.path == (f"/v2/groups/{ident}/messages" if kind == "group" else f"/v2/users/{ident}/messages")
+        assert call.seen.headers["authorization"] == f"QQBot qq-token-{standins.qq.tokens_issued}"
+        body = call.seen.json
+        assert body["msg_type"] == 0 and body["msg_id"] == message_id and isinstance(body["msg_seq"], int)
+        assert body["content"].startswith("echo: ") and text in body["content"]
+    token_calls = [c for c in standins.all_calls() if c.path == "/app/getAppAccessToken"]
+    assert len(token_calls) == 1  # cached by the worker
+    await standins.settle()
+
+
+async def test_qqbot_forged_and_malformed_webhooks_reach_nothing(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    payload, chat, message_id = qq_c2c(n, "forged qqbot")
+    forged = qq_fx.signed(payload, secret="not-the-bot-secret-at-all")
+    response = await post_qq(stack, forged)
+    assert response.status_code == 401 and response.json() == {"error": "bad_signature"}
+    malformed = qq_fx.signed_raw(b'{"op":0,"id":"x","t":"C2C_MESSAGE_CREATE","d":{"id":"m","author":{}}}')
+    response = await post_qq(stack, malformed)
+    assert response.status_code == 400 and response.json()["error"] == "malformed_payload"
+
+    genuine, _, _ = qq_c2c(n, "genuine qqbot")  # the same ids: had the forged one got in, this is a duplicate
+    standins.qq.received(message_id)
+    assert (await post_qq(stack, qq_fx.signed(genuine))).status_code == 200
+    texts = await _inbound_texts_until(stack, ["genuine qqbot"])
+    assert not [t for t in texts if "forged qqbot" in t], texts
+    [call] = await standins.wait_for("qqbot", chat)
+    assert call.seen.json["content"] == "echo: genuine qqbot"
+    await standins.settle()
+    assert len(standins.calls_for("qqbot", chat)) == 1
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
+    assert 'switchboard_webhooks_total{outcome="bad_signature",platform="qqbot"} 1.0' in metrics
+
+
+async def test_qqbot_redelivered_webhook_gets_one_reply(stack: Stack, standins: StandIns) -> None:
+    payload, chat, message_id = qq_group(_n(), "only once qqbot")
+    standins.qq.received(message_id)
+    for _ in range(3):  # QQ posts the same event again (signed anew) when it saw no answer in time
+        assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
+    await standins.wait_for("qqbot", chat)
+    await standins.settle(quiet=3)
+    [call] = standins.calls_for("qqbot", chat)
+    assert call.accepted and "only once qqbot" in call.seen.json["content"]
+
+
+async def test_qqbot_rate_limited_send_waits_and_delivers_once(stack: Stack, standins: StandIns) -> None:
+    payload, chat, message_id = qq_c2c(_n(), "after the wait qqbot")
+    standins.qq.received(message_id)
+    standins.script("qqbot", chat, (429, {"code": 22009, "message": "msg limit exceed"}, {"Retry-After": "2"}))
+    assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
+    await standins.wait_for("qqbot", chat)
+    await standins.settle(quiet=3)
+    limited, delivered = standins.calls_for("qqbot", chat)
+    assert limited.status == 429 and delivered.accepted
+    assert delivered.at - limited.at >= 1.9, delivered.at - limited.at  # retry_after honoured
+    assert limited.seen.json == delivered.seen.json  # the same msg_seq: QQ would drop a second copy
+    assert delivered.seen.json["content"] == "echo: after the wait qqbot"
+
+
+async def test_qqbot_permanent_error_is_dead_lettered_with_qqs_reason(stack: Stack, standins: StandIns) -> None:
+    payload, chat, message_id = qq_c2c(_n(), "nobody hears qqbot")
+    standins.qq.received(message_id)
+    refusal = (403, {"code": 11253, "message": "check app privilege not pass"})
+    standins.script("qqbot", chat, refusal, sticky=True)
+    assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
+    letters: list[dict[str, Any]] = []
+
+    def dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
+            letters.append(letter)
+        return bool(letters)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    await standins.settle(quiet=3)
+    [letter] = letters
+    assert letter["reason"] == "missing_permission" and letter["attempts"] == 1, letter
+    assert letter["topic"] == "im.outbound.qqbot"
+    assert "11253" in letter["error"] and "check app privilege not pass" in letter["error"]
+    [call] = standins.calls_for("qqbot", chat)  # no retry of a permanent error
+    assert not call.accepted
+
+
+async def test_qqbot_media_reply_is_uploaded_then_sent_as_media(stack: Stack, standins: StandIns) -> None:
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    payload, chat, message_id = qq_c2c(_n(), f"picture please [sim:reply={reply}]")
+    standins.qq.received(message_id)
+    assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
+    image, text = await standins.wait_for("qqbot", chat, 2)
+    upload = [c for c in standins.calls_for("qqbot", chat, messages_only=False) if c.path.endswith("/files")]
+    assert len(upload) == 1 and base64.b64decode(upload[0].seen.json["file_data"]) == PNG
+    assert image.seen.json["msg_type"] == 7 and image.seen.json["media"] == {"file_info": upload[0].answer["file_info"]}
+    assert text.seen.json == {
+        "content": "a pixel",
+        "msg_type": 0,
+        "msg_id": message_id,
+        "msg_seq": text.seen.json["msg_seq"],
+    }
+    assert image.seen.json["msg_seq"] != text.seen.json["msg_seq"]
+    await standins.settle()
+
+
+@pytest.mark.slow
+async def test_qqbot_a_worker_killed_after_the_send_does_not_post_twice(stack: Stack, standins: StandIns) -> None:
+    """SIGKILL the worker the moment QQ accepted the reply, before egress could mark it delivered:
+    its replacement replays the record and sends the same msg_id + msg_seq, which QQ refuses as a
+    repeat (40054005); the chat shows the reply once. (Last in the module: it replaces the worker.)"""
+    payload, chat, message_id = qq_c2c(_n(), "survive the crash qqbot")
+    standins.qq.received(message_id)
+    victim = stack.workers[0]
+    assert victim.pid is not None
+    api = standins.apis["qqbot"]
+    serve = api.prefixes["/v2/users/"]
+    killed: list[int] = []
+
+    def accept_then_kill(seen: Any) -> Any:
+        answer = serve(seen)
+        if not killed and seen.path == f"/v2/users/{chat.split(':')[1]}/messages" and answer[0] == 200:
+            os.killpg(victim.pid, signal.SIGKILL)  # the answer never reaches the worker
+            killed.append(victim.pid)
+        return answer
+
+    api.prefixes["/v2/users/"] = accept_then_kill
+    try:
+        assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
+        await standins.wait_for("qqbot", chat)
+        assert killed
+        await victim.kill()  # reaped
+        await stack.add_worker()
+        await standins.wait_for("qqbot", chat, 2, delivered=False, within=90)  # the replayed send
+        await standins.settle(quiet=4)
+    finally:
+        api.prefixes["/v2/users/"] = serve
+    calls = standins.calls_for("qqbot", chat)
+    assert [c.status for c in calls][:1] == [200] and all(c.status == 400 for c in calls[1:]), calls
+    assert {c.answer["code"] for c in calls[1:]} == {40054005}
+    assert len({(c.seen.json["msg_id"], c.seen.json["msg_seq"]) for c in calls}) == 1  # the same send each time
+    assert [s.json["content"] for s in standins.qq.sent if s.json.get("msg_id") == message_id] == [
+        "echo: survive the crash qqbot"
+    ]
 
 
 # -- DingTalk: robot callbacks in the documented shape (checked by the dingtalk-stream SDK's model),

@@ -41,6 +41,8 @@ class FakeApi:
         self.seen: list[Seen] = []
         self.routes: dict[str, list[Handler]] = {}
         self.defaults: dict[str, Handler] = {}
+        # Paths with ids in them (`/v2/groups/{id}/messages`): a prefix → handler, after exact paths.
+        self.prefixes: dict[str, Handler] = {}
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -96,6 +98,8 @@ class FakeApi:
         self.seen.append(seen)
         queue = self.routes.get(request.path)
         handler = queue.pop(0) if queue else self.defaults.get(request.path)
+        if handler is None:
+            handler = next((h for p, h in self.prefixes.items() if request.path.startswith(p)), None)
         if handler is None:
             return web.json_response({"error": "no route"}, status=404)
         answer = handler(seen)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult, get_platform
 from pipeline.settings import BotConfig
 
-from . import test_dingtalk, test_lark, test_onebot, test_slack
+from . import test_dingtalk, test_lark, test_onebot, test_qqbot, test_slack
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -130,6 +130,15 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
                 {"title": "t", "content": [[{"tag": "at", "user_id": "@_user_1"}, {"tag": "img", "image_key": "k"}]]},
                 parent_id="om_p",
             ),
+        ],
+    ),
+    "qqbot": (
+        test_qqbot.bot_config(),
+        [
+            test_qqbot.group_at("hi", attachments=[{"content_type": "image/png", "url": "gchat.qpic.cn/x"}]),
+            test_qqbot.guild_at("<@!200> x <emoji:13>", message_reference={"message_id": "p"}),
+            test_qqbot.direct("dm"),
+            {"op": 13, "d": {"plain_token": "Arq0D5A61EgUu4OxUvOp", "event_ts": "1725442341"}},
         ],
     ),
 }

@@ -23,8 +23,10 @@ from pipeline.web import WebDeps, build_web_app
 
 from . import test_lark as lark_fx
 from . import test_onebot as onebot_fx
+from . import test_qqbot as qq_fx
 from . import test_slack as slack_fx
 from . import test_telegram as telegram_fx
+from . import test_wecom as wecom_fx
 
 
 @dataclass
@@ -54,7 +56,14 @@ class Ingress:
 async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
     settings = Settings(
         redis_prefix=redis_prefix,
-        bots=[lark_fx.bot_config(), slack_fx.bot_config(), telegram_fx.bot_config(), onebot_fx.bot_config()],
+        bots=[
+            lark_fx.bot_config(),
+            slack_fx.bot_config(),
+            telegram_fx.bot_config(),
+            onebot_fx.bot_config(),
+            wecom_fx.bot_config(),
+            qq_fx.bot_config(),
+        ],
     )
     produced = Produced()
 
@@ -131,3 +140,47 @@ async def test_over_long_ids_on_every_platform(ingress: Ingress) -> None:
     assert (await ingress.post("lark", "lk1", lark_fx.encrypted_request(lark_event))).status_code == 400
     reasons = [json.loads(d)["reason"] for d in ingress.produced.on(DEADLETTER)]
     assert reasons == ["id_too_long"] * 3 and ingress.produced.on(IM_INBOUND) == []
+
+
+async def test_wecom_url_check_is_a_get_answered_in_plain_text(ingress: Ingress) -> None:
+    url = f"{ingress.url}/webhooks/wecom/wc1"
+    async with httpx.AsyncClient() as client:
+        check = wecom_fx.url_check("1616140317555161061")
+        response = await client.get(url, params=dict(check.query))
+        assert response.status_code == 200 and response.text == "1616140317555161061"
+        assert response.headers["content-type"].startswith("text/plain")
+        forged = wecom_fx.url_check("1616140317555161061", token="another-token")
+        assert (await client.get(url, params=dict(forged.query))).status_code == 401
+        # A message: an empty 200 (no passive reply); a forged one: 401, nothing produced or kept.
+        message = wecom_fx.app_request(wecom_fx.app_xml("text", Content="hi"))
+        response = await client.post(url, params=dict(message.query), content=message.body)
+        assert response.status_code == 200 and response.text == ""
+        forged_message = wecom_fx.app_request(wecom_fx.app_xml("text", Content="x", msg_id="2"), token="nope")
+        response = await client.post(url, params=dict(forged_message.query), content=forged_message.body)
+        assert response.status_code == 401
+        # Platforms whose webhooks take only POST refuse a GET.
+        before = counted("lark", "method_not_allowed")
+        response = await client.get(f"{ingress.url}/webhooks/lark/lk1")
+        assert response.status_code == 405 and response.headers["allow"] == "POST"
+        assert counted("lark", "method_not_allowed") == before + 1
+    [record] = ingress.produced.records
+    assert record[0] == IM_INBOUND and json.loads(record[2])["text"] == "hi"
+
+
+async def test_qqbot_refusals(ingress: Ingress) -> None:
+    """A forged, a recorded (stale) and an over-long-id QQ callback: 401, 401 and 400, each counted,
+    only the last dead-lettered, nothing produced to im.inbound."""
+    before = {o: counted("qqbot", o) for o in ("bad_signature", "stale_timestamp", "id_too_long")}
+    forged = qq_fx.signed(qq_fx.c2c("hi"), secret="someone-elses-secret")
+    response = await ingress.post("qqbot", "qb1", forged)
+    assert response.status_code == 401 and response.json() == {"error": "bad_signature"}
+    stale = qq_fx.signed(qq_fx.c2c("hi"), timestamp=int(time.time()) - 600)
+    response = await ingress.post("qqbot", "qb1", stale)
+    assert response.status_code == 401 and response.json() == {"error": "stale_timestamp"}
+    long_group = qq_fx.group_at("hi", group="G" * (MAX_ID_CHARS + 1))
+    response = await ingress.post("qqbot", "qb1", qq_fx.signed(long_group))
+    assert response.status_code == 400 and response.json()["error"] == "id_too_long"
+    for outcome, value in before.items():
+        assert counted("qqbot", outcome) == value + 1, outcome
+    assert [json.loads(d)["reason"] for d in ingress.produced.on(DEADLETTER)] == ["id_too_long"]
+    assert ingress.produced.on(IM_INBOUND) == []

@@ -34,7 +34,9 @@ async def test_ark_openapi_provisioner_round_trip(sim: SimServer, ark: SessionCl
 
 
 async def test_ark_openapi_rejects_bad_signature(sim: SimServer) -> None:
-    provisioner = ArkOpenAPIProvisioner(access_key="switchboard-sim-ak", secret_key="wrong", agent_id="a", endpoint=sim.root_url)
+    provisioner = ArkOpenAPIProvisioner(
+        access_key="switchboard-sim-ak", secret_key="wrong", agent_id="a", endpoint=sim.root_url
+    )
     try:
         with pytest.raises(AuthError):
             await provisioner.create_session()

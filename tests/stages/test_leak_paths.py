@@ -46,6 +46,7 @@ SECRETS = {
     "own_bot_access_token": ONEBOT_TOKEN,
     "other_bot_telegram_webhook_secret": "tgWebhookSecret-8812",
     "other_bot_slack_signing_secret": "8f3e2a1b9c7d6e5f4a3b2c1d0e9f8a7b",
+    "other_bot_qqbot_app_secret": "qqBotSecret5Hk2Lm9Tq",
     "session_api_key": "sess-Key-0a1b2c3d4e5f",
     "correction_api_key": "corr-Key-9z8y7x6w",
     "ark_secret_key": "ArkSK-TmVlZHNBbG9uZ2VyU2VjcmV0",
@@ -109,8 +110,13 @@ def settings_for(api: FakeApi, policy: str) -> Settings:
         bot_id="sl1",
         credentials={"signing_secret": SECRETS["other_bot_slack_signing_secret"], "bot_token": "xoxb-1"},
     )
+    qqbot = BotConfig(
+        platform="qqbot",
+        bot_id="qb1",
+        credentials={"app_id": "102005678", "app_secret": SECRETS["other_bot_qqbot_app_secret"]},
+    )
     return Settings(
-        bots=[onebot, telegram, slack],
+        bots=[onebot, telegram, slack, qqbot],
         session_api_key=SECRETS["session_api_key"],
         correction_api_key=SECRETS["correction_api_key"],
         ark_access_key="AKLTplaceholder",
