@@ -655,6 +655,138 @@ async def test_another_bots_secret_is_cut_from_a_reply_in_any_form(stack: Stack,
     await standins.settle()
 
 
+# -- DingTalk: robot callbacks in the documented shape (checked by the dingtalk-stream SDK's model),
+# signed with the app secret; replies through the robot OpenAPI stand-in.
+
+
+def dt_private(n: int, text: str) -> tuple[dict[str, Any], str]:
+    payload = dingtalk_fx.message(text=text, n=900_000 + n)
+    return payload, payload["senderStaffId"]
+
+
+def dt_group(n: int, text: str) -> tuple[dict[str, Any], str]:
+    payload = dingtalk_fx.message(text=f" {text}", group=True, at_bot=True, n=900_000 + n)
+    return payload, payload["conversationId"]
+
+
+async def test_dingtalk_private_and_group_mention(stack: Stack, standins: StandIns) -> None:
+    tokens_before = standins.dingtalk.tokens_issued
+    for build, text, path in (
+        (dt_private, "hello from dingtalk", dingtalk_fx.PRIVATE_PATH),
+        (dt_group, "dingtalk group ask", dingtalk_fx.GROUP_PATH),
+    ):
+        payload, chat = build(_n(), text)
+        response = await post(stack, "dingtalk", dingtalk_fx.signed(payload))
+        assert response.status_code == 200, response.text
+        [call] = await standins.wait_for("dingtalk", chat, within=45)
+        assert call.path == path and call.seen.json["robotCode"] == dingtalk_fx.ROBOT_CODE
+        assert call.seen.headers["x-acs-dingtalk-access-token"].startswith("dt-token-")
+        assert reply_text(call).startswith("echo: ") and reply_text(call).endswith(text)  # groups: speaker named
+    assert standins.dingtalk.tokens_issued - tokens_before <= 1  # cached by the worker
+    await standins.settle()
+
+
+async def test_dingtalk_bad_signature_and_redelivery(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    forged, chat = dt_private(n, "forged dingtalk")
+    for request in (
+        dingtalk_fx.signed(forged, secret="not-the-app-secret"),
+        dingtalk_fx.signed(forged, ts_ms=int(time.time() * 1000) - 3_600_000),  # an hour old
+    ):
+        response = await post(stack, "dingtalk", request)
+        assert response.status_code == 401, response.text
+    malformed = dingtalk_fx.signed({"msgtype": "text", "text": {"content": "no ids"}})
+    assert (await post(stack, "dingtalk", malformed)).status_code == 400
+    # The genuine message with the same msgId, delivered three times (DingTalk retries a callback).
+    genuine = dict(forged, text={"content": "genuine dingtalk"})
+    for _ in range(3):
+        assert (await post(stack, "dingtalk", dingtalk_fx.signed(genuine))).status_code == 200
+    await standins.wait_for("dingtalk", chat)
+    await standins.settle(quiet=3)
+    assert [reply_text(c) for c in standins.calls_for("dingtalk", chat)] == ["echo: genuine dingtalk"]
+    texts = await _inbound_texts_until(stack, ["genuine dingtalk"])
+    assert not [t for t in texts if "forged" in t or "no ids" in t]
+
+
+async def test_dingtalk_rate_limited_once_then_delivered(stack: Stack, standins: StandIns) -> None:
+    payload, chat = dt_group(_n(), "after the wait dingtalk")
+    throttled = (403, {"code": "Forbidden.AccessDenied.QpsLimitForApi", "message": "api qps limit"})
+    standins.script("dingtalk", chat, throttled)
+    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
+    await standins.wait_for("dingtalk", chat)
+    await standins.settle(quiet=3)
+    limited, delivered = standins.calls_for("dingtalk", chat)
+    assert limited.status == 403 and delivered.accepted
+    assert delivered.at - limited.at >= 1.9  # DingTalk gives no wait: the platform's default one
+    assert limited.seen.json == delivered.seen.json
+    assert reply_text(delivered).startswith("echo: ") and "after the wait dingtalk" in reply_text(delivered)
+
+
+async def test_dingtalk_permanent_error_is_one_dead_letter(stack: Stack, standins: StandIns) -> None:
+    payload, chat = dt_private(_n(), "nobody hears dingtalk")
+    refused = (400, {"code": "staffId.notExisted", "message": "the user does not exist"})
+    standins.script("dingtalk", chat, refused, sticky=True)
+    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
+    found: list[dict[str, Any]] = []
+
+    def dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
+            found.append(letter)
+        return bool(found)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    await standins.settle(quiet=3)
+    [letter] = found
+    assert letter["reason"] == "bad_recipient" and letter["attempts"] == 1
+    assert "staffId.notExisted" in letter["error"] and "the user does not exist" in letter["error"]
+    [call] = standins.calls_for("dingtalk", chat)
+    assert not call.accepted
+
+
+async def test_dingtalk_image_reply_is_uploaded(stack: Stack, standins: StandIns) -> None:
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    payload, chat = dt_private(_n(), f"picture please [sim:reply={reply}]")
+    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
+    image, text = await standins.wait_for("dingtalk", chat, 2)
+    assert image.seen.json["msgKey"] == "sampleImageMsg" and text.seen.json["msgKey"] == "sampleText"
+    media_id = json.loads(image.seen.json["msgParam"])["photoURL"]
+    assert standins.dingtalk.media[media_id] == PNG
+    await standins.settle()
+
+
+async def test_dingtalk_stream_mode_one_reply_per_message(stack: Stack, standins: StandIns) -> None:
+    """The stream bot's holder dials the gateway; a robot message over the socket is acknowledged
+    after the broker has it and answered once, also when DingTalk sends the frame again."""
+    gateway = standins.dingtalk_stream
+    deadline = time.monotonic() + 30
+    while gateway.live is None:
+        assert time.monotonic() < deadline, f"no Stream connection; opens: {len(gateway.opens)}"
+        await asyncio.sleep(0.1)
+    payload, chat = dt_group(_n(), "over the stream")
+    frame = gateway.callback(payload)
+    frame_id = standins.run(gateway.push(frame))
+    [call] = await standins.wait_for("dingtalk", chat, within=45)
+    assert call.path == dingtalk_fx.GROUP_PATH and "over the stream" in reply_text(call)
+    ack = standins.run(gateway.wait_ack(frame_id, timeout=10))
+    assert ack["code"] == 200
+    standins.run(gateway.push(frame))  # a redelivery: same frame, same msgId
+    while len(gateway.acks_for(frame_id)) < 2:  # acknowledged again (ingest drops the copy)
+        assert time.monotonic() < deadline + 60, "the redelivered frame was not acknowledged"
+        await asyncio.sleep(0.1)
+    await standins.settle(quiet=3)
+    assert len(standins.calls_for("dingtalk", chat)) == 1
+    assert len(gateway.acks_for(frame_id)) == 2 and gateway.errors == []
+
+
 # -- WeCom: the self-built app's XML callback and the AI bot's JSON one, signed in the query ----------
 
 
@@ -984,135 +1116,3 @@ async def test_qqbot_a_worker_killed_after_the_send_does_not_post_twice(stack: S
     assert [s.json["content"] for s in standins.qq.sent if s.json.get("msg_id") == message_id] == [
         "echo: survive the crash qqbot"
     ]
-
-
-# -- DingTalk: robot callbacks in the documented shape (checked by the dingtalk-stream SDK's model),
-# signed with the app secret; replies through the robot OpenAPI stand-in.
-
-
-def dt_private(n: int, text: str) -> tuple[dict[str, Any], str]:
-    payload = dingtalk_fx.message(text=text, n=900_000 + n)
-    return payload, payload["senderStaffId"]
-
-
-def dt_group(n: int, text: str) -> tuple[dict[str, Any], str]:
-    payload = dingtalk_fx.message(text=f" {text}", group=True, at_bot=True, n=900_000 + n)
-    return payload, payload["conversationId"]
-
-
-async def test_dingtalk_private_and_group_mention(stack: Stack, standins: StandIns) -> None:
-    tokens_before = standins.dingtalk.tokens_issued
-    for build, text, path in (
-        (dt_private, "hello from dingtalk", dingtalk_fx.PRIVATE_PATH),
-        (dt_group, "dingtalk group ask", dingtalk_fx.GROUP_PATH),
-    ):
-        payload, chat = build(_n(), text)
-        response = await post(stack, "dingtalk", dingtalk_fx.signed(payload))
-        assert response.status_code == 200, response.text
-        [call] = await standins.wait_for("dingtalk", chat, within=45)
-        assert call.path == path and call.seen.json["robotCode"] == dingtalk_fx.ROBOT_CODE
-        assert call.seen.headers["x-acs-dingtalk-access-token"].startswith("dt-token-")
-        assert reply_text(call).startswith("echo: ") and reply_text(call).endswith(text)  # groups: speaker named
-    assert standins.dingtalk.tokens_issued - tokens_before <= 1  # cached by the worker
-    await standins.settle()
-
-
-async def test_dingtalk_bad_signature_and_redelivery(stack: Stack, standins: StandIns) -> None:
-    n = _n()
-    forged, chat = dt_private(n, "forged dingtalk")
-    for request in (
-        dingtalk_fx.signed(forged, secret="not-the-app-secret"),
-        dingtalk_fx.signed(forged, ts_ms=int(time.time() * 1000) - 3_600_000),  # an hour old
-    ):
-        response = await post(stack, "dingtalk", request)
-        assert response.status_code == 401, response.text
-    malformed = dingtalk_fx.signed({"msgtype": "text", "text": {"content": "no ids"}})
-    assert (await post(stack, "dingtalk", malformed)).status_code == 400
-    # The genuine message with the same msgId, delivered three times (DingTalk retries a callback).
-    genuine = dict(forged, text={"content": "genuine dingtalk"})
-    for _ in range(3):
-        assert (await post(stack, "dingtalk", dingtalk_fx.signed(genuine))).status_code == 200
-    await standins.wait_for("dingtalk", chat)
-    await standins.settle(quiet=3)
-    assert [reply_text(c) for c in standins.calls_for("dingtalk", chat)] == ["echo: genuine dingtalk"]
-    texts = await _inbound_texts_until(stack, ["genuine dingtalk"])
-    assert not [t for t in texts if "forged" in t or "no ids" in t]
-
-
-async def test_dingtalk_rate_limited_once_then_delivered(stack: Stack, standins: StandIns) -> None:
-    payload, chat = dt_group(_n(), "after the wait dingtalk")
-    throttled = (403, {"code": "Forbidden.AccessDenied.QpsLimitForApi", "message": "api qps limit"})
-    standins.script("dingtalk", chat, throttled)
-    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
-    await standins.wait_for("dingtalk", chat)
-    await standins.settle(quiet=3)
-    limited, delivered = standins.calls_for("dingtalk", chat)
-    assert limited.status == 403 and delivered.accepted
-    assert delivered.at - limited.at >= 1.9  # DingTalk gives no wait: the platform's default one
-    assert limited.seen.json == delivered.seen.json
-    assert reply_text(delivered).startswith("echo: ") and "after the wait dingtalk" in reply_text(delivered)
-
-
-async def test_dingtalk_permanent_error_is_one_dead_letter(stack: Stack, standins: StandIns) -> None:
-    payload, chat = dt_private(_n(), "nobody hears dingtalk")
-    refused = (400, {"code": "staffId.notExisted", "message": "the user does not exist"})
-    standins.script("dingtalk", chat, refused, sticky=True)
-    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
-    found: list[dict[str, Any]] = []
-
-    def dead(record: Any) -> bool:
-        letter = json.loads(record.value)
-        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
-            found.append(letter)
-        return bool(found)
-
-    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
-    await standins.settle(quiet=3)
-    [letter] = found
-    assert letter["reason"] == "bad_recipient" and letter["attempts"] == 1
-    assert "staffId.notExisted" in letter["error"] and "the user does not exist" in letter["error"]
-    [call] = standins.calls_for("dingtalk", chat)
-    assert not call.accepted
-
-
-async def test_dingtalk_image_reply_is_uploaded(stack: Stack, standins: StandIns) -> None:
-    reply = json.dumps(
-        {
-            "segments": [
-                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
-                {"type": "text", "data": {"text": "a pixel"}},
-            ]
-        },
-        separators=(",", ":"),
-    )
-    payload, chat = dt_private(_n(), f"picture please [sim:reply={reply}]")
-    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
-    image, text = await standins.wait_for("dingtalk", chat, 2)
-    assert image.seen.json["msgKey"] == "sampleImageMsg" and text.seen.json["msgKey"] == "sampleText"
-    media_id = json.loads(image.seen.json["msgParam"])["photoURL"]
-    assert standins.dingtalk.media[media_id] == PNG
-    await standins.settle()
-
-
-async def test_dingtalk_stream_mode_one_reply_per_message(stack: Stack, standins: StandIns) -> None:
-    """The stream bot's holder dials the gateway; a robot message over the socket is acknowledged
-    after the broker has it and answered once, also when DingTalk sends the frame again."""
-    gateway = standins.dingtalk_stream
-    deadline = time.monotonic() + 30
-    while gateway.live is None:
-        assert time.monotonic() < deadline, f"no Stream connection; opens: {len(gateway.opens)}"
-        await asyncio.sleep(0.1)
-    payload, chat = dt_group(_n(), "over the stream")
-    frame = gateway.callback(payload)
-    frame_id = standins.run(gateway.push(frame))
-    [call] = await standins.wait_for("dingtalk", chat, within=45)
-    assert call.path == dingtalk_fx.GROUP_PATH and "over the stream" in reply_text(call)
-    ack = standins.run(gateway.wait_ack(frame_id, timeout=10))
-    assert ack["code"] == 200
-    standins.run(gateway.push(frame))  # a redelivery: same frame, same msgId
-    while len(gateway.acks_for(frame_id)) < 2:  # acknowledged again (ingest drops the copy)
-        assert time.monotonic() < deadline + 60, "the redelivered frame was not acknowledged"
-        await asyncio.sleep(0.1)
-    await standins.settle(quiet=3)
-    assert len(standins.calls_for("dingtalk", chat)) == 1
-    assert len(gateway.acks_for(frame_id)) == 2 and gateway.errors == []
