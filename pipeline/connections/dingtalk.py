@@ -32,6 +32,7 @@ from pipeline.platforms._common import base_url
 from pipeline.platforms.dingtalk import BOT_MESSAGE_TOPIC, DEFAULT_API_BASE, STREAM_OPEN_PATH
 from pipeline.settings import BotConfig
 
+from ._acks import Acknowledgements
 from .base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class DingTalkStream(Connection):
         self.ws = ws
         self.bot = bot
         self._send_lock = asyncio.Lock()
-        self._acks: set[asyncio.Task[None]] = set()
+        self._acks = Acknowledgements()
 
     async def run(self, link: Link) -> None:
         try:
@@ -76,8 +77,7 @@ class DingTalkStream(Connection):
         finally:
             # Acknowledgements of frames the broker took before the socket ended are still sent if
             # they can be; the others are redelivered by DingTalk to the next connection.
-            if self._acks:
-                await asyncio.wait(set(self._acks), timeout=5.0)
+            await self._acks.settle()
 
     async def _frame(self, text: str, link: Link) -> str:
         try:
@@ -107,9 +107,7 @@ class DingTalkStream(Connection):
             await self._answer(_ACK_UNKNOWN, headers, json.dumps({"response": None}), message="unknown topic")
             return ""
         acknowledged = await link.submit(data.encode())
-        task = asyncio.create_task(self._ack_when_durable(acknowledged, headers))
-        self._acks.add(task)
-        task.add_done_callback(self._acks.discard)
+        self._acks.after(self._ack_when_durable(acknowledged, headers))
         return ""
 
     async def _ack_when_durable(self, acknowledged: Any, headers: dict[str, Any]) -> None:
