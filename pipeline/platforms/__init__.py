@@ -22,6 +22,7 @@ _REGISTRY: dict[str, str] = {
     "telegram": "pipeline.platforms.telegram:TelegramPlatform",
     "lark": "pipeline.platforms.lark:LarkPlatform",
     "slack": "pipeline.platforms.slack:SlackPlatform",
+    "dingtalk": "pipeline.platforms.dingtalk:DingTalkPlatform",
     "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
 }

@@ -1,7 +1,7 @@
 """The platform API stand-ins of `tests/platforms` (OneBot HTTP API, Telegram Bot API, Lark Open API,
-Slack Web API, WeCom API, QQ bot OpenAPI), served from a background thread with its own event loop,
-so a whole stack started in other processes can call them while the tests (each on its own loop)
-read what they received.
+Slack Web API, WeCom API, QQ bot OpenAPI, DingTalk robot OpenAPI and Stream gateway), served from a
+background thread with its own event loop, so a whole stack started in other processes can call them
+while the tests (each on its own loop) read what they received.
 
 Each request is checked by the same checker the platform unit tests use; a failed check is kept in
 `errors` (the test asserts there are none) and answered with a 400 in the platform's own format. The
@@ -21,7 +21,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from tests.connections.dingtalk_stream import StreamGateway
 from tests.platforms.conftest import PNG, Answer, FakeApi, Seen
+from tests.platforms.test_dingtalk import GROUP_PATH as DINGTALK_GROUP
+from tests.platforms.test_dingtalk import PRIVATE_PATH as DINGTALK_PRIVATE
+from tests.platforms.test_dingtalk import TOKEN_PATH as DINGTALK_TOKEN
+from tests.platforms.test_dingtalk import UPLOAD_PATH as DINGTALK_UPLOAD
+from tests.platforms.test_dingtalk import DingTalkStandIn
 from tests.platforms.test_lark import LarkStandIn
 from tests.platforms.test_onebot import check_onebot
 from tests.platforms.test_qqbot import QQStandIn
@@ -41,6 +47,7 @@ MESSAGE_PATHS: dict[str, tuple[str, ...]] = {
     "telegram": tuple(f"/bot{TELEGRAM_TOKEN}/{m}" for m in ("sendMessage", "sendPhoto", "sendDocument")),
     "lark": (LARK_MESSAGES,),  # and LARK_MESSAGES/{message_id}/reply
     "slack": ("/chat.postMessage", "/files.completeUploadExternal"),
+    "dingtalk": (DINGTALK_PRIVATE, DINGTALK_GROUP),
     "wecom": ("/cgi-bin/message/send", "/cgi-bin/appchat/send", "/cgi-bin/aibot/response"),
     "qqbot": (),  # every `…/messages` path (they carry the chat's id)
 }
@@ -51,6 +58,7 @@ _CHECK_FAILED: dict[str, Answer] = {
     "telegram": (400, {"ok": False, "error_code": 400, "description": "Bad Request: stand-in check failed"}),
     "lark": (400, {"code": 230001, "msg": "stand-in check failed"}),
     "slack": (200, {"ok": False, "error": "invalid_arguments"}),
+    "dingtalk": (400, {"code": "invalidParameter", "message": "stand-in check failed"}),
     "wecom": (200, {"errcode": 40058, "errmsg": "stand-in check failed"}),
     "qqbot": (400, {"code": 12002, "message": "stand-in check failed"}),
 }
@@ -85,6 +93,8 @@ class Call:
             return answer.get("status") in ("ok", "async")
         if self.platform == "lark":
             return answer.get("code") == 0
+        if self.platform == "dingtalk":
+            return "processQueryKey" in answer or answer.get("errcode") == 0 or "accessToken" in answer
         if self.platform == "wecom":
             return answer.get("errcode") == 0
         if self.platform in ("telegram", "slack"):
@@ -108,10 +118,14 @@ class StandIns:
     """The stand-ins; `url(platform)` is what a bot's `api_base` points at."""
 
     def __init__(self) -> None:
-        self.apis = {name: FakeApi() for name in ("onebot", "telegram", "lark", "slack", "wecom", "qqbot")}
+        names = ("onebot", "telegram", "lark", "slack", "wecom", "qqbot", "dingtalk")
+        self.apis = {name: FakeApi() for name in names}
         self.lark = LarkStandIn(self.apis["lark"])  # its checkers; `_routes` serves them wrapped
         self.wecom = WeComStandIn(self.apis["wecom"])
         self.qq = QQStandIn(self.apis["qqbot"])  # likewise; `qq.received(msg_id)` before a webhook
+        self.dingtalk = DingTalkStandIn(self.apis["dingtalk"])
+        # DingTalk's Stream gateway, serving the robot OpenAPI stand-in on its other paths.
+        self.dingtalk_stream = StreamGateway()
         self.calls: list[Call] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
@@ -127,17 +141,23 @@ class StandIns:
         self._thread.start()
         for api in self.apis.values():
             self._run(api.start())
+        self._run(self.dingtalk_stream.start(other_paths=self.apis["dingtalk"]._handle))
         self._routes()
         return self
 
     def stop(self) -> None:
         try:
+            self._run(self.dingtalk_stream.stop())
             for api in self.apis.values():
                 self._run(api.stop())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the stand-ins' loop (a push over the Stream gateway's socket)."""
+        return self._run(coro)
 
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=15)
@@ -216,6 +236,11 @@ class StandIns:
         slack.on("/chat.postMessage", self._wrap("slack", check_slack))
         slack.on("/files.getUploadURLExternal", self._wrap("slack", self._slack_upload_url))
         slack.on("/files.completeUploadExternal", self._wrap("slack", _slack_complete_upload))
+        dingtalk = self.apis["dingtalk"]
+        dingtalk.on(DINGTALK_TOKEN, self._wrap("dingtalk", self.dingtalk.token))
+        dingtalk.on(DINGTALK_UPLOAD, self._wrap("dingtalk", self.dingtalk.upload))
+        for path in MESSAGE_PATHS["dingtalk"]:
+            dingtalk.on(path, self._wrap("dingtalk", self.dingtalk.send))
         wecom = self.apis["wecom"]
         wecom.on("/cgi-bin/gettoken", self._wrap("wecom", self.wecom.token))
         wecom.on("/cgi-bin/media/upload", self._wrap("wecom", self.wecom.upload))
@@ -268,6 +293,10 @@ class StandIns:
             return str(receive_id) if receive_id is not None else None
         if platform == "slack":
             chat = body.get("channel") or body.get("channel_id")
+            return str(chat) if chat is not None else None
+        if platform == "dingtalk":
+            users = body.get("userIds")
+            chat = body.get("openConversationId") or (users[0] if isinstance(users, list) and users else None)
             return str(chat) if chat is not None else None
         if platform == "wecom":  # an AI bot answer: the e2e tests use the chat id as response code
             chat = body.get("touser") or body.get("chatid") or seen.query.get("response_code")

@@ -4,12 +4,15 @@ One stack for the module (a fresh broker, the session's Redis under a unique pre
 one worker) with one bot per platform whose `api_base` points at the stand-ins of `tests/platforms`
 (served from a background thread, see `platform_standins.py`). Inbound requests are built and signed
 with the fixture builders of `tests/platforms` (python-telegram-bot objects, slack_sdk signatures,
-lark-oapi's event model encrypted as Lark does, the OneBot v11 spec's events). The simulator's agent
-echoes, so a message `T` is answered with `echo: T`.
+lark-oapi's event model encrypted as Lark does, the OneBot v11 spec's events, DingTalk robot
+messages read back by the dingtalk-stream SDK). DingTalk has a second bot on transport `stream`,
+dialled by the worker to the stand-in Stream gateway. The simulator's agent echoes, so a message `T`
+is answered with `echo: T`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import itertools
@@ -31,6 +34,7 @@ from pipeline.platforms import WebhookRequest
 from pipeline.stack import Stack
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from tests.conftest import enabled_brokers
+from tests.platforms import test_dingtalk as dingtalk_fx
 from tests.platforms import test_lark as lark_fx
 from tests.platforms import test_onebot as onebot_fx
 from tests.platforms import test_qqbot as qq_fx
@@ -45,6 +49,9 @@ from .stacks import running_stack
 pytestmark = [pytest.mark.integration]
 
 BOTS = {"onebot": "qq1", "telegram": "tg1", "lark": "lk1", "slack": "sl1"}
+# Platforms in the stack whose tests are their own (not in the loops over BOTS above).
+OWN_TESTS = {"dingtalk": "dt1"}
+DINGTALK_STREAM_BOT = "dt2"  # the same app on transport "stream"
 WECOM_BOT = "wc1"  # its webhook is signed in the query, so it has tests of its own below
 QQ_BOT = "qb1"  # QQ bot (official API): its own envelope and Ed25519 signature, tests of its own below
 
@@ -83,12 +90,18 @@ def _bots_toml(standins: StandIns) -> str:
             None,
             {"signing_secret": slack_fx.SIGNING_SECRET, "bot_token": slack_fx.BOT_TOKEN},
         ),
+        (
+            "dingtalk",
+            dingtalk_fx.BOT_DINGTALK_ID,
+            None,
+            {"client_id": dingtalk_fx.CLIENT_ID, "client_secret": dingtalk_fx.CLIENT_SECRET},
+        ),
     ]
     out = []
     for platform, self_id, username, credentials in bots:
         out.append("[[bots]]")
         out.append(f'platform = "{platform}"')
-        out.append(f'bot_id = "{BOTS[platform]}"')
+        out.append(f'bot_id = "{({**BOTS, **OWN_TESTS})[platform]}"')
         out.append(f'self_id = "{self_id}"')
         if username:
             out.append(f'username = "{username}"')
@@ -96,6 +109,16 @@ def _bots_toml(standins: StandIns) -> str:
         out.append('language = "en"')
         out.append(f"credentials = {creds(credentials)}")
         out.append("")
+    out += [
+        "[[bots]]",
+        'platform = "dingtalk"',
+        f'bot_id = "{DINGTALK_STREAM_BOT}"',
+        'transport = "stream"',
+        f'api_base = "{standins.dingtalk_stream.url}"',
+        'language = "en"',
+        f"credentials = {creds({'client_id': dingtalk_fx.CLIENT_ID, 'client_secret': dingtalk_fx.CLIENT_SECRET})}",
+        "",
+    ]
     wecom = wecom_fx.bot_config()
     out.append("[[bots]]")
     out.append(f'platform = "wecom"\nbot_id = "{WECOM_BOT}"\nusername = "{wecom.username}"')
@@ -147,7 +170,7 @@ def _n() -> int:
 
 
 async def post(stack: Stack, platform: str, request: WebhookRequest) -> httpx.Response:
-    url = f"{stack.workers[0].url}/webhooks/{platform}/{BOTS[platform]}"
+    url = f"{stack.workers[0].url}/webhooks/{platform}/{({**BOTS, **OWN_TESTS})[platform]}"
     async with httpx.AsyncClient(timeout=30) as client:
         return await client.post(url, content=request.body, headers=dict(request.headers))
 
@@ -161,6 +184,9 @@ def reply_text(call: Call) -> str:
         return "".join(s["data"]["text"] for s in body["message"] if s["type"] == "text")
     if call.platform == "slack":
         return str(body.get("text", ""))
+    if call.platform == "dingtalk":
+        param = json.loads(body["msgParam"])
+        return str(param.get("content") or param.get("text") or "")
     content = json.loads(body["content"])
     if body["msg_type"] == "text":
         return str(content["text"])
@@ -627,6 +653,138 @@ async def test_another_bots_secret_is_cut_from_a_reply_in_any_form(stack: Stack,
     shown = reply_text(call)
     assert shown == "first [redacted]. then [redacted][redacted]** end"  # each piece of the split one cut
     await standins.settle()
+
+
+# -- DingTalk: robot callbacks in the documented shape (checked by the dingtalk-stream SDK's model),
+# signed with the app secret; replies through the robot OpenAPI stand-in.
+
+
+def dt_private(n: int, text: str) -> tuple[dict[str, Any], str]:
+    payload = dingtalk_fx.message(text=text, n=900_000 + n)
+    return payload, payload["senderStaffId"]
+
+
+def dt_group(n: int, text: str) -> tuple[dict[str, Any], str]:
+    payload = dingtalk_fx.message(text=f" {text}", group=True, at_bot=True, n=900_000 + n)
+    return payload, payload["conversationId"]
+
+
+async def test_dingtalk_private_and_group_mention(stack: Stack, standins: StandIns) -> None:
+    tokens_before = standins.dingtalk.tokens_issued
+    for build, text, path in (
+        (dt_private, "hello from dingtalk", dingtalk_fx.PRIVATE_PATH),
+        (dt_group, "dingtalk group ask", dingtalk_fx.GROUP_PATH),
+    ):
+        payload, chat = build(_n(), text)
+        response = await post(stack, "dingtalk", dingtalk_fx.signed(payload))
+        assert response.status_code == 200, response.text
+        [call] = await standins.wait_for("dingtalk", chat, within=45)
+        assert call.path == path and call.seen.json["robotCode"] == dingtalk_fx.ROBOT_CODE
+        assert call.seen.headers["x-acs-dingtalk-access-token"].startswith("dt-token-")
+        assert reply_text(call).startswith("echo: ") and reply_text(call).endswith(text)  # groups: speaker named
+    assert standins.dingtalk.tokens_issued - tokens_before <= 1  # cached by the worker
+    await standins.settle()
+
+
+async def test_dingtalk_bad_signature_and_redelivery(stack: Stack, standins: StandIns) -> None:
+    n = _n()
+    forged, chat = dt_private(n, "forged dingtalk")
+    for request in (
+        dingtalk_fx.signed(forged, secret="not-the-app-secret"),
+        dingtalk_fx.signed(forged, ts_ms=int(time.time() * 1000) - 3_600_000),  # an hour old
+    ):
+        response = await post(stack, "dingtalk", request)
+        assert response.status_code == 401, response.text
+    malformed = dingtalk_fx.signed({"msgtype": "text", "text": {"content": "no ids"}})
+    assert (await post(stack, "dingtalk", malformed)).status_code == 400
+    # The genuine message with the same msgId, delivered three times (DingTalk retries a callback).
+    genuine = dict(forged, text={"content": "genuine dingtalk"})
+    for _ in range(3):
+        assert (await post(stack, "dingtalk", dingtalk_fx.signed(genuine))).status_code == 200
+    await standins.wait_for("dingtalk", chat)
+    await standins.settle(quiet=3)
+    assert [reply_text(c) for c in standins.calls_for("dingtalk", chat)] == ["echo: genuine dingtalk"]
+    texts = await _inbound_texts_until(stack, ["genuine dingtalk"])
+    assert not [t for t in texts if "forged" in t or "no ids" in t]
+
+
+async def test_dingtalk_rate_limited_once_then_delivered(stack: Stack, standins: StandIns) -> None:
+    payload, chat = dt_group(_n(), "after the wait dingtalk")
+    throttled = (403, {"code": "Forbidden.AccessDenied.QpsLimitForApi", "message": "api qps limit"})
+    standins.script("dingtalk", chat, throttled)
+    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
+    await standins.wait_for("dingtalk", chat)
+    await standins.settle(quiet=3)
+    limited, delivered = standins.calls_for("dingtalk", chat)
+    assert limited.status == 403 and delivered.accepted
+    assert delivered.at - limited.at >= 1.9  # DingTalk gives no wait: the platform's default one
+    assert limited.seen.json == delivered.seen.json
+    assert reply_text(delivered).startswith("echo: ") and "after the wait dingtalk" in reply_text(delivered)
+
+
+async def test_dingtalk_permanent_error_is_one_dead_letter(stack: Stack, standins: StandIns) -> None:
+    payload, chat = dt_private(_n(), "nobody hears dingtalk")
+    refused = (400, {"code": "staffId.notExisted", "message": "the user does not exist"})
+    standins.script("dingtalk", chat, refused, sticky=True)
+    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
+    found: list[dict[str, Any]] = []
+
+    def dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
+            found.append(letter)
+        return bool(found)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    await standins.settle(quiet=3)
+    [letter] = found
+    assert letter["reason"] == "bad_recipient" and letter["attempts"] == 1
+    assert "staffId.notExisted" in letter["error"] and "the user does not exist" in letter["error"]
+    [call] = standins.calls_for("dingtalk", chat)
+    assert not call.accepted
+
+
+async def test_dingtalk_image_reply_is_uploaded(stack: Stack, standins: StandIns) -> None:
+    reply = json.dumps(
+        {
+            "segments": [
+                {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}},
+                {"type": "text", "data": {"text": "a pixel"}},
+            ]
+        },
+        separators=(",", ":"),
+    )
+    payload, chat = dt_private(_n(), f"picture please [sim:reply={reply}]")
+    assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
+    image, text = await standins.wait_for("dingtalk", chat, 2)
+    assert image.seen.json["msgKey"] == "sampleImageMsg" and text.seen.json["msgKey"] == "sampleText"
+    media_id = json.loads(image.seen.json["msgParam"])["photoURL"]
+    assert standins.dingtalk.media[media_id] == PNG
+    await standins.settle()
+
+
+async def test_dingtalk_stream_mode_one_reply_per_message(stack: Stack, standins: StandIns) -> None:
+    """The stream bot's holder dials the gateway; a robot message over the socket is acknowledged
+    after the broker has it and answered once, also when DingTalk sends the frame again."""
+    gateway = standins.dingtalk_stream
+    deadline = time.monotonic() + 30
+    while gateway.live is None:
+        assert time.monotonic() < deadline, f"no Stream connection; opens: {len(gateway.opens)}"
+        await asyncio.sleep(0.1)
+    payload, chat = dt_group(_n(), "over the stream")
+    frame = gateway.callback(payload)
+    frame_id = standins.run(gateway.push(frame))
+    [call] = await standins.wait_for("dingtalk", chat, within=45)
+    assert call.path == dingtalk_fx.GROUP_PATH and "over the stream" in reply_text(call)
+    ack = standins.run(gateway.wait_ack(frame_id, timeout=10))
+    assert ack["code"] == 200
+    standins.run(gateway.push(frame))  # a redelivery: same frame, same msgId
+    while len(gateway.acks_for(frame_id)) < 2:  # acknowledged again (ingest drops the copy)
+        assert time.monotonic() < deadline + 60, "the redelivered frame was not acknowledged"
+        await asyncio.sleep(0.1)
+    await standins.settle(quiet=3)
+    assert len(standins.calls_for("dingtalk", chat)) == 1
+    assert len(gateway.acks_for(frame_id)) == 2 and gateway.errors == []
 
 
 # -- WeCom: the self-built app's XML callback and the AI bot's JSON one, signed in the query ----------

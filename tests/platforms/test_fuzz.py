@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult, get_platform
 from pipeline.settings import BotConfig
 
-from . import test_lark, test_onebot, test_qqbot, test_slack
+from . import test_dingtalk, test_lark, test_onebot, test_qqbot, test_slack
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -108,6 +108,17 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
             test_slack.callback(test_slack.DM),
         ],
     ),
+    "dingtalk": (
+        test_dingtalk.bot_config(),
+        [
+            test_dingtalk.message(
+                group=True, at_bot=True, atUsers=[{"dingtalkId": "$:LWCP_v1:$b", "staffId": "b1"}], text="hi"
+            ),
+            test_dingtalk.message(
+                "richText", content={"richText": [{"text": "a"}, {"type": "picture", "downloadCode": "d"}]}
+            ),
+        ],
+    ),
     "lark": (
         BotConfig(platform="lark", bot_id="lk1", self_id=test_lark.BOT_OPEN_ID),
         [
@@ -146,6 +157,8 @@ IGNORED = {
     "url_verification",
     "unsupported_chat",
     "unsupported_message",
+    "no_staff_id",
+    "empty_message",
 }
 
 
