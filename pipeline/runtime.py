@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 import httpx
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -62,7 +62,7 @@ from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
-from pipeline.state import ContextEntry, State
+from pipeline.state import ContextEntry, State, redis_py_pool
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 from pipeline.web.connections import add_connection_routes
 from pipeline.web.server import INSTANCE_ID
@@ -173,7 +173,7 @@ class Runtime:
         # A plain pool, not the blocking one: its per-call lock and timeout cost a fifth of the CPU of
         # a round trip (bench/redis_client_bench.py). The keyed executors bound concurrency well
         # below the cap; a call beyond it fails like an outage and the stage retries it.
-        pool = ConnectionPool.from_url(
+        pool = redis_py_pool(
             s.redis_url,
             max_connections=s.redis_max_connections,
             decode_responses=True,
@@ -270,7 +270,7 @@ class Runtime:
         # Long connections: waits for actions and their answers block a Redis connection, so they
         # get a client of their own whose socket timeout is above every wait.
         self.blocking_redis = Redis(
-            connection_pool=ConnectionPool.from_url(
+            connection_pool=redis_py_pool(
                 s.redis_url,
                 max_connections=s.redis_max_connections,
                 decode_responses=True,

@@ -9,7 +9,8 @@
 - `connections` (`ConnectionStore`, opened by `pipeline.connections` with a blocking client of its
   own): the leases of long connections and the actions queued for their holders.
 
-The hot steps are one Lua script each (`scripts/*.lua`).
+The hot steps are one Lua script each (`scripts/*.lua`). `SWITCHBOARD_REDIS_URL` names one server
+or a Sentinel-managed primary (`redis_url`); `redis_py_pool` gives redis-py clients of the same URL.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pipeline.state.models import (
     TurnRecord,
     TurnStart,
 )
+from pipeline.state.redis_url import parse_redis_url, redis_py_pool
 from pipeline.state.streams import StreamStore
 
 
@@ -102,4 +104,6 @@ __all__ = [
     "TurnStart",
     "message_seq",
     "note_message",
+    "parse_redis_url",
+    "redis_py_pool",
 ]
