@@ -152,7 +152,11 @@ def _connect_problem(host: str, port: int, timeout: float) -> str | None:
 
 
 def _short(exc: BaseException) -> str:
+    from redis.sentinel import MasterNotFoundError
+
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
+    if isinstance(exc, MasterNotFoundError):  # its text lists every sentinel client's repr
+        return "no sentinel answered with the primary's address"
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]

@@ -28,6 +28,10 @@ class SentinelTopology:
         members = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{auth}{members}/{MASTER}/{db}"
 
+    async def stop(self) -> None:
+        for server in [*reversed(self.sentinels), self.replica, self.primary]:
+            await server.stop()
+
     async def primary_address(self) -> tuple[str, int]:
         """The primary as the first sentinel that answers reports it."""
         for sentinel in self.sentinels:
@@ -89,24 +93,31 @@ async def _reported_primary(sentinel: RedisSentinel) -> tuple[str, int] | None:
         await client.aclose()
 
 
-@contextlib.asynccontextmanager
-async def sentinel_topology(*, password: str | None = None) -> AsyncIterator[SentinelTopology]:
-    """Primary, replica and three sentinels (quorum 2, down after 1 s, failover timeout 5 s)."""
+async def start_topology(*, password: str | None = None) -> SentinelTopology:
+    """Primary, replica and three sentinels (quorum 2, down after 1 s, failover timeout 5 s), settled;
+    `SentinelTopology.stop()` stops them (a plain coroutine, not a generator, so it can be started
+    in one event loop and stopped in another)."""
     primary = RedisServer(password=password)
-    started: list[RedisServer] = []
+    topology = SentinelTopology(primary, RedisServer(password=password), [], password)
     try:
         await primary.start()
-        started.append(primary)
-        replica = RedisServer(password=password, extra_args=["--replicaof", primary.host, str(primary.port)])
-        await replica.start()
-        started.append(replica)
-        sentinels = [RedisSentinel(MASTER, (primary.host, primary.port), auth_pass=password) for _ in range(3)]
-        for s in sentinels:
-            await s.start()
-            started.append(s)
-        topology = SentinelTopology(primary, replica, sentinels, password)
+        topology.replica.extra_args = ["--replicaof", primary.host, str(primary.port)]
+        await topology.replica.start()
+        for _ in range(3):
+            sentinel = RedisSentinel(MASTER, (primary.host, primary.port), auth_pass=password)
+            topology.sentinels.append(sentinel)
+            await sentinel.start()
         await topology.wait_until_ready()
+    except BaseException:
+        await topology.stop()
+        raise
+    return topology
+
+
+@contextlib.asynccontextmanager
+async def sentinel_topology(*, password: str | None = None) -> AsyncIterator[SentinelTopology]:
+    topology = await start_topology(password=password)
+    try:
         yield topology
     finally:
-        for server in reversed(started):
-            await server.stop()
+        await topology.stop()
