@@ -188,7 +188,11 @@ class Runtime:
         # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
         # serves the console's pub/sub and what is not on a turn's path.
         self.state = State.connect(
-            s.redis_url, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+            s.redis_url,
+            s.redis_prefix,
+            mapping_ttl=s.mapping_ttl_seconds,
+            dedup_ttl=s.dedup_ttl_seconds,
+            replica_wait_ms=s.redis_replica_wait_ms,
         )
         self.notifier = Notifier(s)
         self.session_client = SessionClient(

@@ -53,9 +53,18 @@ class State:
     console: ConsoleStore
 
     @classmethod
-    def connect(cls, url: str, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> State:
+    def connect(
+        cls,
+        url: str,
+        prefix: str = "sb:",
+        *,
+        mapping_ttl: int = 7 * 86400,
+        dedup_ttl: int = 86400,
+        replica_wait_ms: int = 0,
+    ) -> State:
         """The stores over a new client of the Redis at `url` (it connects on first use)."""
-        return cls.open(RedisClient(url), prefix, mapping_ttl=mapping_ttl, dedup_ttl=dedup_ttl)
+        redis = RedisClient(url, replica_wait_ms=replica_wait_ms)
+        return cls.open(redis, prefix, mapping_ttl=mapping_ttl, dedup_ttl=dedup_ttl)
 
     @classmethod
     def open(

@@ -167,12 +167,14 @@ class RedisClient:
         connect_timeout: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
         name: str = "switchboard",
+        replica_wait_ms: int = 0,
     ) -> None:
         self.target = parse_redis_url(url)
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
         self._ssl = ssl_context or (ssl.create_default_context() if self.target.tls else None)
         self._name = name
+        self.replica_wait_ms = replica_wait_ms
         self._connection: _Connection | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -222,6 +224,15 @@ class RedisClient:
         except NoScriptError:
             await self.execute("SCRIPT", "LOAD", script.source)
             return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def replicated(self) -> None:
+        """With `replica_wait_ms`: wait until one replica has every write made so far on this
+        connection (`WAIT 1 <ms>`), so a failover cannot lose them; counted when none confirmed in
+        time (the write stands; it is only less safe)."""
+        if self.replica_wait_ms <= 0:
+            return
+        if await self.execute("WAIT", 1, self.replica_wait_ms) < 1:
+            metrics.REDIS_UNREPLICATED.inc()
 
     async def aclose(self) -> None:
         if self._watchdog is not None:

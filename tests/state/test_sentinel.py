@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -214,3 +217,36 @@ def _info_field(info: str, name: str) -> str:
         if line.startswith(f"{name}:"):
             return line.split(":", 1)[1].strip()
     raise AssertionError(f"no {name} in INFO")
+
+
+def _unreplicated() -> float:
+    return REGISTRY.get_sample_value("switchboard_redis_unreplicated_writes_total") or 0.0
+
+
+async def test_replica_wait_confirms_markers_and_counts_what_no_replica_took(topology: SentinelTopology) -> None:
+    state = State.connect(topology.url(), "sb:w:", mapping_ttl=600, dedup_ttl=300, replica_wait_ms=300)
+    replica = Redis(host=topology.replica.host, port=topology.replica.port, password=PASSWORD, decode_responses=True)
+    try:
+        before = _unreplicated()
+        await state.deliveries.mark_delivered(["out-1"])
+        assert await state.markers.claim_send("send-1") is None
+        # Confirmed: on the replica the moment the call returns.
+        assert await replica.get(state.keys.marker("out", "out-1")) == "1"
+        assert await replica.get(state.keys.marker("sent", "send-1")) == "sending"
+        assert _unreplicated() == before
+        # The replica stopped (SIGSTOP): the write stands, the wait gives up and is counted.
+        assert topology.replica.pid is not None
+        os.kill(topology.replica.pid, signal.SIGSTOP)
+        try:
+            await state.deliveries.mark_delivered(["out-2"])
+            assert await state.markers.claim_send("send-2") is None
+        finally:
+            os.kill(topology.replica.pid, signal.SIGCONT)
+        assert _unreplicated() == before + 2
+        assert (await state.deliveries.claim(["out-2"], [])).delivered == ["1"]
+        # A replayed send claim is not a new write: no wait.
+        assert await state.markers.claim_send("send-1") == "sending"
+        assert _unreplicated() == before + 2
+    finally:
+        await state.redis.aclose()
+        await replica.aclose()
