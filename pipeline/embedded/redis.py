@@ -90,17 +90,14 @@ class RedisServer(ManagedProcess):
     def _prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
+    def _listening(self) -> list[str]:
+        """Where and how it listens: loopback, in the foreground, logging to stdout."""
+        return ["--port", str(self.port), "--bind", self.host, "--daemonize", "no", "--protected-mode", "no"]
+
     def _command(self) -> list[str]:
         argv = [
             self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            self.host,
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
+            *self._listening(),
             "--databases",
             str(self.databases),
             "--dir",
@@ -192,18 +189,4 @@ class RedisSentinel(RedisServer):
     def _command(self) -> list[str]:
         # The port is given on the command line (not in the file) so a new free port after a lost
         # bind race takes effect.
-        return [
-            self.binary,
-            str(self.config_path),
-            "--sentinel",
-            "--port",
-            str(self.port),
-            "--bind",
-            self.host,
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--logfile",
-            "",
-        ]
+        return [self.binary, str(self.config_path), "--sentinel", *self._listening(), "--logfile", ""]
