@@ -250,3 +250,20 @@ async def test_replica_wait_confirms_markers_and_counts_what_no_replica_took(top
     finally:
         await state.redis.aclose()
         await replica.aclose()
+
+
+async def test_a_dead_sentinel_is_skipped_and_none_left_is_a_retried_error(topology: SentinelTopology) -> None:
+    await topology.sentinels[0].kill()
+    client = RedisClient(topology.url(), connect_timeout=2)
+    try:
+        assert await client.execute("SET", "k", "v") == "OK"  # asked the next sentinel
+        for sentinel in topology.sentinels[1:]:
+            await sentinel.kill()
+        await topology.primary.kill()  # the connection goes; no sentinel is left to ask
+        with pytest.raises(UNAVAILABLE):
+            await client.execute("GET", "k")
+        with pytest.raises(RedisConnectionError, match=f"no sentinel named the primary of {MASTER} via") as info:
+            await client.execute("GET", "k")
+        assert PASSWORD not in str(info.value)
+    finally:
+        await client.aclose()
