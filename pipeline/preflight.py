@@ -86,7 +86,8 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
         from redis.sentinel import Sentinel
 
         tls = {"ssl": True} if target.tls else {}
-        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={**socket_options, **tls})
+        sentinel_auth = {"password": target.sentinel_password} if target.sentinel_password else {}
+        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={**socket_options, **tls, **sentinel_auth})
         client = sentinel.master_for(
             target.master,
             db=target.db,

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_plus
 
 import httpx
 from pydantic import BaseModel, SecretStr
@@ -70,8 +70,9 @@ from pipeline.web.server import INSTANCE_ID
 log = logging.getLogger(__name__)
 
 
-# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases).
-_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@")
+# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases), and
+# a Redis Sentinel URL's `sentinel_password=` option.
+_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@|[?&]sentinel_password=([^&\s]+)")
 
 
 def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
@@ -81,7 +82,8 @@ def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
             yield Secret(value.get_secret_value(), f"{where}{name}")
         elif isinstance(value, str):
             for match in _URL_PASSWORD.finditer(value):
-                yield Secret(unquote(match.group(1)), f"{where}{name} (password in the URL)")
+                password = unquote(match.group(1)) if match.group(1) else unquote_plus(match.group(2))
+                yield Secret(password, f"{where}{name} (password in the URL)")
 
 
 def deployment_secrets(settings: Settings) -> list[Secret]:

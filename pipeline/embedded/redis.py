@@ -153,19 +153,22 @@ class RedisSentinel(RedisServer):
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 5000,
         auth_pass: str | None = None,
+        requirepass: str | None = None,
         port: int | None = None,
         host: str = "127.0.0.1",
         binary: str | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         keep_run_dir: bool | None = None,
     ) -> None:
-        super().__init__(port=port, host=host, binary=binary, run_dir=run_dir, keep_run_dir=keep_run_dir)
+        super().__init__(
+            port=port, host=host, binary=binary, password=requirepass, run_dir=run_dir, keep_run_dir=keep_run_dir
+        )
         self.master_name = master_name
         self.primary = primary
         self.quorum = quorum
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
-        self.auth_pass = auth_pass  # the servers' password (the sentinel itself asks for none)
+        self.auth_pass = auth_pass  # the servers' password
 
     @property
     def config_path(self) -> Path:
@@ -184,6 +187,8 @@ class RedisSentinel(RedisServer):
             f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
             f"sentinel parallel-syncs {name} 1\n"
             + (f"sentinel auth-pass {name} {self.auth_pass}\n" if self.auth_pass else "")
+            # Its own password (`password`: asked of its clients, given to its peers).
+            + (f"requirepass {self.password}\nsentinel sentinel-pass {self.password}\n" if self.password else "")
         )
 
     def _command(self) -> list[str]:

@@ -301,9 +301,11 @@ class RedisClient:
         problems: list[str] = []
         for host, port in list(self._sentinels):
             try:
-                connection, (reply,) = await self._dial(
-                    host, port, [("SENTINEL", "get-master-addr-by-name", target.master)], lambda _c: None
+                auth: list[tuple[Arg, ...]] = [("AUTH", target.sentinel_password)] if target.sentinel_password else []
+                connection, replies = await self._dial(
+                    host, port, [*auth, ("SENTINEL", "get-master-addr-by-name", target.master)], lambda _c: None
                 )
+                reply = replies[-1]
                 connection.fail(RedisConnectionError("sentinel asked"))
             except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
                 problems.append(f"{host}:{port}: {exc}")

@@ -3,20 +3,20 @@
 Two forms:
 
 - `redis://[[user]:password@]host[:port][/db]` (`rediss://` for TLS): one Redis server;
-- `redis+sentinel://[[user]:password@]host1[:port1][,host2[:port2],…]/master-name[/db]`
+- `redis+sentinel://[[user]:password@]host1[:port1][,host2[:port2],…]/master-name[/db][?sentinel_password=…]`
   (`rediss+sentinel://` for TLS to the sentinels and the servers): the primary of `master-name`
   as Redis Sentinel reports it, followed through failovers. Sentinel ports default to 26379.
   This is the form of the `Redis-Sentinel-Url` package and of redis-vl, Prefect and docket.
 
-The credentials authenticate to the Redis servers (primary and replicas); the sentinels are asked
-without them (redis-py's default), so they must be reachable only from the private network.
+The credentials authenticate to the Redis servers (primary and replicas); the sentinels get
+`sentinel_password` when it is given (sentinels with `requirepass`), else no credentials.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedSSLConnection
@@ -61,6 +61,7 @@ class SentinelTarget:
     username: str | None = None
     password: str | None = None
     tls: bool = False
+    sentinel_password: str | None = None
 
     def primary(self, host: str, port: int) -> Endpoint:
         return Endpoint(host, port, self.db, self.username, self.password, self.tls)
@@ -89,8 +90,9 @@ def parse_redis_url(url: str) -> RedisTarget:
         "username": unquote(username) if username else None,
         "password": unquote(password) if colon and password else None,
     }
+    location, _, query = location.partition("?")
     netloc, _, path = location.partition("/")
-    path = path.split("?", 1)[0].strip("/")
+    path = path.strip("/")
     if scheme in _SERVER_SCHEMES:
         parts = urlsplit(f"redis://{netloc}")
         return Endpoint(
@@ -106,7 +108,19 @@ def parse_redis_url(url: str) -> RedisTarget:
     master, _, db = path.partition("/")
     if not master:
         raise ValueError(f"{scheme}:// URL without the master's name (…/master-name[/db])")
-    return SentinelTarget(sentinels, master, _db(db, url_scheme=scheme), tls=_SENTINEL_SCHEMES[scheme], **credentials)
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"sentinel_password"})
+    if unknown:
+        raise ValueError(f"{scheme}:// URL: unknown option {unknown[0]!r} (known: sentinel_password)")
+    sentinel_password = options.get("sentinel_password", [""])[-1] or None
+    return SentinelTarget(
+        sentinels,
+        master,
+        _db(db, url_scheme=scheme),
+        tls=_SENTINEL_SCHEMES[scheme],
+        sentinel_password=sentinel_password,
+        **credentials,
+    )
 
 
 def _db(text: str, *, url_scheme: str) -> int:
@@ -134,6 +148,8 @@ def redis_py_pool(url: str, **options: Any) -> ConnectionPool:
     if isinstance(target, Endpoint):
         return ConnectionPool.from_url(url, **options)
     sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
+    if target.sentinel_password:
+        sentinel_options["password"] = target.sentinel_password
     if target.tls:
         sentinel_options["ssl"] = True
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_options)

@@ -22,11 +22,13 @@ class SentinelTopology:
     replica: RedisServer
     sentinels: list[RedisSentinel]
     password: str | None = None
+    sentinel_password: str | None = None
 
     def url(self, db: int = 0) -> str:
         auth = f":{self.password}@" if self.password else ""
         members = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{auth}{members}/{MASTER}/{db}"
+        option = f"?sentinel_password={self.sentinel_password}" if self.sentinel_password else ""
+        return f"redis+sentinel://{auth}{members}/{MASTER}/{db}{option}"
 
     async def stop(self) -> None:
         for server in [*reversed(self.sentinels), self.replica, self.primary]:
@@ -71,7 +73,9 @@ class SentinelTopology:
         finally:
             await replica.aclose()
         for sentinel in self.sentinels:
-            client = aioredis.Redis(host=sentinel.host, port=sentinel.port, decode_responses=True)
+            client = aioredis.Redis(
+                host=sentinel.host, port=sentinel.port, password=sentinel.password, decode_responses=True
+            )
             try:
                 master = await client.execute_command("SENTINEL", "master", MASTER)
                 fields = dict(zip(master[::2], master[1::2], strict=True)) if isinstance(master, list) else master
@@ -83,7 +87,7 @@ class SentinelTopology:
 
 
 async def _reported_primary(sentinel: RedisSentinel) -> tuple[str, int] | None:
-    client = aioredis.Redis(host=sentinel.host, port=sentinel.port, decode_responses=True)
+    client = aioredis.Redis(host=sentinel.host, port=sentinel.port, password=sentinel.password, decode_responses=True)
     try:
         host, port = await client.execute_command("SENTINEL", "get-master-addr-by-name", MASTER)
         return str(host), int(port)
@@ -93,18 +97,20 @@ async def _reported_primary(sentinel: RedisSentinel) -> tuple[str, int] | None:
         await client.aclose()
 
 
-async def start_topology(*, password: str | None = None) -> SentinelTopology:
+async def start_topology(*, password: str | None = None, sentinel_password: str | None = None) -> SentinelTopology:
     """Primary, replica and three sentinels (quorum 2, down after 1 s, failover timeout 5 s), settled;
     `SentinelTopology.stop()` stops them (a plain coroutine, not a generator, so it can be started
     in one event loop and stopped in another)."""
     primary = RedisServer(password=password)
-    topology = SentinelTopology(primary, RedisServer(password=password), [], password)
+    topology = SentinelTopology(primary, RedisServer(password=password), [], password, sentinel_password)
     try:
         await primary.start()
         topology.replica.extra_args = ["--replicaof", primary.host, str(primary.port)]
         await topology.replica.start()
         for _ in range(3):
-            sentinel = RedisSentinel(MASTER, (primary.host, primary.port), auth_pass=password)
+            sentinel = RedisSentinel(
+                MASTER, (primary.host, primary.port), auth_pass=password, requirepass=sentinel_password
+            )
             topology.sentinels.append(sentinel)
             await sentinel.start()
         await topology.wait_until_ready()
@@ -115,8 +121,10 @@ async def start_topology(*, password: str | None = None) -> SentinelTopology:
 
 
 @contextlib.asynccontextmanager
-async def sentinel_topology(*, password: str | None = None) -> AsyncIterator[SentinelTopology]:
-    topology = await start_topology(password=password)
+async def sentinel_topology(
+    *, password: str | None = None, sentinel_password: str | None = None
+) -> AsyncIterator[SentinelTopology]:
+    topology = await start_topology(password=password, sentinel_password=sentinel_password)
     try:
         yield topology
     finally:

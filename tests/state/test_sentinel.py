@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pipeline import preflight
@@ -31,11 +32,12 @@ from .sentinels import MASTER, SentinelTopology, sentinel_topology
 
 T = TypeVar("T")
 PASSWORD = "s3ntinel-Test-Passw0rd"
+SENTINEL_PASSWORD = "only-The-Sentinels-0wn"
 
 
 @pytest.fixture
 async def topology() -> AsyncIterator[SentinelTopology]:
-    async with sentinel_topology(password=PASSWORD) as topology:
+    async with sentinel_topology(password=PASSWORD, sentinel_password=SENTINEL_PASSWORD) as topology:
         yield topology
 
 
@@ -55,6 +57,7 @@ def test_sentinel_url_forms() -> None:
         ("redis+sentinel://:pw@s1:26379/main/x", "must be a number"),
         ("redis+sentinel://:pw@s1:port/main", "bad sentinel address"),
         ("http://:pw@example", "not a redis://"),
+        ("redis+sentinel://:pw@s1/main?password=pw", "unknown option 'password'"),
     ]:
         with pytest.raises(ValueError, match=problem) as info:
             parse_redis_url(bad)
@@ -63,9 +66,13 @@ def test_sentinel_url_forms() -> None:
         Endpoint.from_url("redis+sentinel://s1/main")
 
 
-def test_the_password_of_a_sentinel_url_is_a_deployment_secret() -> None:
-    settings = Settings(redis_url=f"redis+sentinel://:{PASSWORD}@s1:26379,s2:26379/{MASTER}/0")
-    assert PASSWORD in [secret.value for secret in deployment_secrets(settings)]
+def test_the_passwords_of_a_sentinel_url_are_deployment_secrets() -> None:
+    url = f"redis+sentinel://:{PASSWORD}@s1:26379,s2:26379/{MASTER}/0?sentinel_password=a%2Bb+c"
+    assert parse_redis_url(url).sentinel_password == "a+b c"  # type: ignore[union-attr]
+    settings = Settings(redis_url=url)
+    secrets = [secret.value for secret in deployment_secrets(settings)]
+    assert PASSWORD in secrets
+    assert "a+b c" in secrets
 
 
 def test_preflight_names_the_sentinels_without_the_password() -> None:
@@ -81,6 +88,10 @@ def test_preflight_names_the_sentinels_without_the_password() -> None:
 
 async def test_stores_and_redis_py_work_through_the_sentinel_url(topology: SentinelTopology) -> None:
     assert await asyncio.to_thread(preflight.redis_problem, topology.url(3), "SWITCHBOARD_REDIS_URL") is None
+    anonymous = Redis(host=topology.sentinels[0].host, port=topology.sentinels[0].port)
+    with pytest.raises(AuthenticationError):  # the sentinels do ask for their password
+        await anonymous.execute_command("SENTINEL", "get-master-addr-by-name", MASTER)
+    await anonymous.aclose()
     state = State.connect(topology.url(db=3), "sb:t:", mapping_ttl=600, dedup_ttl=300)
     redis_py = Redis(connection_pool=redis_py_pool(topology.url(db=3), decode_responses=True))
     assert isinstance(redis_py.connection_pool, SentinelConnectionPool)
@@ -159,7 +170,7 @@ async def test_demoted_primary_answers_readonly_and_the_client_moves(
     client = RedisClient(topology.url(), socket_timeout=5)
     try:
         await client.execute("SET", "before", "1")
-        sentinel = Redis(host=topology.sentinels[0].host, port=topology.sentinels[0].port)
+        sentinel = Redis(host=topology.sentinels[0].host, port=topology.sentinels[0].port, password=SENTINEL_PASSWORD)
         try:
             assert await sentinel.execute_command("SENTINEL", "FAILOVER", MASTER)
         finally:
@@ -196,9 +207,11 @@ async def test_a_server_the_sentinels_wrongly_name_is_refused(topology: Sentinel
     """The sentinels' answer is checked with ROLE: a replica named as primary (here: the sentinels
     are told the wrong address) is never written to."""
     client = RedisClient(topology.url(), socket_timeout=5, connect_timeout=2)
-    client.target = SentinelTarget(client.target.sentinels, "other", password=PASSWORD)  # type: ignore[union-attr]
+    client.target = SentinelTarget(
+        client.target.sentinels, "other", password=PASSWORD, sentinel_password=SENTINEL_PASSWORD
+    )  # type: ignore[union-attr]
     for sentinel in topology.sentinels:
-        admin = Redis(host=sentinel.host, port=sentinel.port)
+        admin = Redis(host=sentinel.host, port=sentinel.port, password=SENTINEL_PASSWORD)
         try:
             await admin.execute_command("SENTINEL", "MONITOR", "other", topology.replica.host, topology.replica.port, 2)
         finally:
@@ -208,6 +221,7 @@ async def test_a_server_the_sentinels_wrongly_name_is_refused(topology: Sentinel
             await client.execute("SET", "x", "1")
         assert "is a slave" in str(info.value)
         assert PASSWORD not in str(info.value)
+        assert SENTINEL_PASSWORD not in str(info.value)
     finally:
         await client.aclose()
 
@@ -265,5 +279,6 @@ async def test_a_dead_sentinel_is_skipped_and_none_left_is_a_retried_error(topol
         with pytest.raises(RedisConnectionError, match=f"no sentinel named the primary of {MASTER} via") as info:
             await client.execute("GET", "k")
         assert PASSWORD not in str(info.value)
+        assert SENTINEL_PASSWORD not in str(info.value)
     finally:
         await client.aclose()
