@@ -107,6 +107,11 @@ REDIS_ROUND_TRIPS = Counter(
     "switchboard_redis_round_trips", "Requests sent to Redis (a command, a pipeline or a script call each)"
 )
 
+REDIS_UNREPLICATED = Counter(
+    "switchboard_redis_unreplicated_writes",
+    "Delivery and send markers no replica confirmed within SWITCHBOARD_REDIS_REPLICA_WAIT_MS",
+)
+
 # Consumer lag (exported by the worker; Faust does not derive it).
 PARTITIONS_ASSIGNED = Gauge(
     "switchboard_partitions_assigned", "Topic partitions this worker consumes now (0 during a rebalance)"

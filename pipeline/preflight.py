@@ -69,12 +69,33 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
+    from pipeline.state.redis_url import Endpoint, parse_redis_url
+
     where = redis_address(url)
     deadline = time.monotonic() + timeout
+    socket_options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        target = None if url.lower().startswith("unix:") else parse_redis_url(url)
+        if target is None or isinstance(target, Endpoint):
+            client = redis.Redis.from_url(url, **socket_options)
     except ValueError as exc:  # not a Redis URL
         return f"{variable} is not a Redis URL ({exc})"
+    if target is not None and not isinstance(
+        target, Endpoint
+    ):  # the primary the sentinels name (redis-py's MasterNotFoundError is a ConnectionError)
+        from redis.sentinel import Sentinel
+
+        tls = {"ssl": True} if target.tls else {}
+        sentinel_auth = {"password": target.sentinel_password} if target.sentinel_password else {}
+        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={**socket_options, **tls, **sentinel_auth})
+        client = sentinel.master_for(
+            target.master,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            **socket_options,
+            **tls,
+        )
     try:
         while True:
             try:
@@ -91,11 +112,18 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
 
 
 def redis_address(url: str) -> str:
-    """`host:port/db` of a Redis URL, without its user name or password."""
+    """`host:port/db` of a Redis URL (`master via sentinel:port,…/db` for a sentinel URL), without
+    its user name or password."""
+    from pipeline.state.redis_url import Endpoint, parse_redis_url
+
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return parts.path
-    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+    try:
+        target = parse_redis_url(url)
+    except ValueError:
+        return f"{parts.scheme}://…"
+    return f"{target.address}/{target.db}" if isinstance(target, Endpoint) or target.db else target.address
 
 
 def _host_port(server: str, default_port: int) -> tuple[str, int]:
@@ -125,7 +153,11 @@ def _connect_problem(host: str, port: int, timeout: float) -> str | None:
 
 
 def _short(exc: BaseException) -> str:
+    from redis.sentinel import MasterNotFoundError
+
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
+    if isinstance(exc, MasterNotFoundError):  # its text lists every sentinel client's repr
+        return "no sentinel answered with the primary's address"
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]

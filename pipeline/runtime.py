@@ -11,11 +11,11 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_plus
 
 import httpx
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -62,7 +62,7 @@ from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
-from pipeline.state import ContextEntry, State
+from pipeline.state import ContextEntry, State, redis_py_pool
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 from pipeline.web.connections import add_connection_routes
 from pipeline.web.server import INSTANCE_ID
@@ -70,8 +70,9 @@ from pipeline.web.server import INSTANCE_ID
 log = logging.getLogger(__name__)
 
 
-# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases).
-_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@")
+# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases), and
+# a Redis Sentinel URL's `sentinel_password=` option.
+_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@|[?&]sentinel_password=([^&\s]+)")
 
 
 def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
@@ -81,7 +82,8 @@ def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
             yield Secret(value.get_secret_value(), f"{where}{name}")
         elif isinstance(value, str):
             for match in _URL_PASSWORD.finditer(value):
-                yield Secret(unquote(match.group(1)), f"{where}{name} (password in the URL)")
+                password = unquote(match.group(1)) if match.group(1) else unquote_plus(match.group(2))
+                yield Secret(password, f"{where}{name} (password in the URL)")
 
 
 def deployment_secrets(settings: Settings) -> list[Secret]:
@@ -173,7 +175,7 @@ class Runtime:
         # A plain pool, not the blocking one: its per-call lock and timeout cost a fifth of the CPU of
         # a round trip (bench/redis_client_bench.py). The keyed executors bound concurrency well
         # below the cap; a call beyond it fails like an outage and the stage retries it.
-        pool = ConnectionPool.from_url(
+        pool = redis_py_pool(
             s.redis_url,
             max_connections=s.redis_max_connections,
             decode_responses=True,
@@ -188,7 +190,11 @@ class Runtime:
         # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
         # serves the console's pub/sub and what is not on a turn's path.
         self.state = State.connect(
-            s.redis_url, s.redis_prefix, mapping_ttl=s.mapping_ttl_seconds, dedup_ttl=s.dedup_ttl_seconds
+            s.redis_url,
+            s.redis_prefix,
+            mapping_ttl=s.mapping_ttl_seconds,
+            dedup_ttl=s.dedup_ttl_seconds,
+            replica_wait_ms=s.redis_replica_wait_ms,
         )
         self.notifier = Notifier(s)
         self.session_client = SessionClient(
@@ -270,7 +276,7 @@ class Runtime:
         # Long connections: waits for actions and their answers block a Redis connection, so they
         # get a client of their own whose socket timeout is above every wait.
         self.blocking_redis = Redis(
-            connection_pool=ConnectionPool.from_url(
+            connection_pool=redis_py_pool(
                 s.redis_url,
                 max_connections=s.redis_max_connections,
                 decode_responses=True,

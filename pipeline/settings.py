@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     redis_prefix: str = "sb:"
     redis_max_connections: int = Field(default=1024, ge=4)
+    # After the writes whose loss in a failover could post twice, wait this long at most for one
+    # replica to confirm them (`WAIT 1 <ms>`); 0: do not wait (docs/operations.md, Redis failover).
+    redis_replica_wait_ms: int = Field(default=0, ge=0, le=10_000)
 
     # Session API.
     session_base_url: str | None = None

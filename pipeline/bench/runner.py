@@ -43,7 +43,7 @@ from pipeline.bench.measure import (
 )
 from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
 from pipeline.stack import Stack
-from pipeline.state import LiveMessage
+from pipeline.state import LiveMessage, redis_py_pool
 
 BOTS_TOML = """
 [[bots]]
@@ -253,7 +253,7 @@ async def attach_stack(urls: Sequence[str], pids: Sequence[int]) -> BenchStack:
         attach_pids=list(pids),
         broker_kind="attached",
     )
-    bs.redis = aioredis.from_url(settings.redis_url, decode_responses=True)
+    bs.redis = aioredis.Redis(connection_pool=redis_py_pool(settings.redis_url, decode_responses=True))
     return bs
 
 

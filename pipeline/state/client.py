@@ -9,8 +9,15 @@ call costs 6.8 instead of 133 µs of client CPU at 64 calls in flight, and far f
 
 Failures are redis-py's exception types, so the stages' retry policy is unchanged: the connection
 lost or a reply overdue (`socket_timeout`) fails every call waiting on it with `ConnectionError` /
-`TimeoutError` (the next call reconnects); `-LOADING` is `BusyLoadingError`, `-NOSCRIPT`
-`NoScriptError`, other error replies `ResponseError`. No blocking commands and no pub/sub here.
+`TimeoutError` (the next call reconnects, with a capped backoff after failed attempts); `-LOADING`
+is `BusyLoadingError`, `-NOSCRIPT` `NoScriptError`, other error replies `ResponseError`. A
+`-READONLY` reply (the server was demoted to a replica) fails the connection like a loss. No
+blocking commands and no pub/sub here.
+
+With a `redis+sentinel://` URL (`pipeline/state/redis_url.py`) every connection starts by asking
+the sentinels for the primary (`SENTINEL get-master-addr-by-name`, each sentinel in turn) and
+checks with `ROLE` that the server is one; so after a failover the next connection goes to the
+promoted replica, without a restart.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import hiredis
 from redis.exceptions import BusyLoadingError, NoScriptError, ResponseError
@@ -31,10 +37,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
+from pipeline.state.redis_url import Endpoint, SentinelTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
 
 Arg = str | bytes | int | float
+
+# Seconds at most between two connection attempts while Redis (or every sentinel) is unreachable.
+_CONNECT_BACKOFF_CAP = 0.5
 
 
 class _ErrorReply(Exception):
@@ -59,32 +69,6 @@ class Script:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.source.encode()).hexdigest())
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-    tls: bool = False
-
-    @classmethod
-    def from_url(cls, url: str) -> Endpoint:
-        """`redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss"):
-            raise ValueError(f"not a redis:// or rediss:// URL: {parts.scheme}://…")
-        path = parts.path.strip("/")
-        return cls(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 6379,
-            db=int(path) if path else 0,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-            tls=parts.scheme == "rediss",
-        )
 
 
 class _Connection(asyncio.Protocol):
@@ -118,6 +102,15 @@ class _Connection(asyncio.Protocol):
                 self.fail(RedisConnectionError("Redis sent a reply nobody waits for"))
                 return
             future = waiting.popleft()
+            if isinstance(reply, _ErrorReply) and str(reply).startswith("READONLY"):
+                # A replica now (a failover demoted it): this call and every other on the
+                # connection fail as a lost connection, and the next one finds the primary.
+                log.warning("Redis answered READONLY (a failover?): reconnecting")
+                lost = RedisConnectionError("Redis is read-only now (a replica): reconnecting")
+                if not future.done():
+                    future.set_exception(lost)
+                self.fail(lost)
+                return
             if not future.done():
                 if isinstance(reply, _ErrorReply):
                     future.set_exception(_error(reply))
@@ -174,15 +167,21 @@ class RedisClient:
         connect_timeout: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
         name: str = "switchboard",
+        replica_wait_ms: int = 0,
     ) -> None:
-        self.endpoint = Endpoint.from_url(url)
+        self.target = parse_redis_url(url)
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
-        self._ssl = ssl_context or (ssl.create_default_context() if self.endpoint.tls else None)
+        self._ssl = ssl_context or (ssl.create_default_context() if self.target.tls else None)
         self._name = name
+        self.replica_wait_ms = replica_wait_ms
         self._connection: _Connection | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._failed_connects = 0
+        self._next_connect = 0.0
+        # Sentinels in the order they are asked (the last that answered first).
+        self._sentinels = list(self.target.sentinels) if isinstance(self.target, SentinelTarget) else []
 
     # -- calls -----------------------------------------------------------------------------------
     async def execute(self, *args: Arg) -> Any:
@@ -226,6 +225,15 @@ class RedisClient:
             await self.execute("SCRIPT", "LOAD", script.source)
             return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
+    async def replicated(self) -> None:
+        """With `replica_wait_ms`: wait until one replica has every write made so far on this
+        connection (`WAIT 1 <ms>`), so a failover cannot lose them; counted when none confirmed in
+        time (the write stands; it is only less safe)."""
+        if self.replica_wait_ms <= 0:
+            return
+        if await self.execute("WAIT", 1, self.replica_wait_ms) < 1:
+            metrics.REDIS_UNREPLICATED.inc()
+
     async def aclose(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -249,34 +257,90 @@ class RedisClient:
                 self._connecting = None
 
     async def _connect(self) -> _Connection:
+        """A new connection to the server, or to the primary the sentinels name; after a failed
+        attempt the next waits a little longer (capped), so a failover is not met with a storm."""
         loop = asyncio.get_running_loop()
-        endpoint = self.endpoint
+        await asyncio.sleep(max(0.0, self._next_connect - loop.time()))
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(loop, self._lost),
-                    endpoint.host,
-                    endpoint.port,
-                    ssl=self._ssl,
-                    server_hostname=endpoint.host if self._ssl else None,
-                )
-                setup: list[tuple[Arg, ...]] = []
-                if endpoint.password is not None:
-                    auth: tuple[Arg, ...] = ("AUTH", endpoint.password)
-                    setup.append(("AUTH", endpoint.username, endpoint.password) if endpoint.username else auth)
-                if endpoint.db:
-                    setup.append(("SELECT", endpoint.db))
-                setup.append(("CLIENT", "SETNAME", self._name))
-                futures = connection.send(b"".join(_pack(c) for c in setup), len(setup))
-                await _all(futures)
-        except TimeoutError as exc:
-            raise RedisTimeoutError(f"connecting to Redis at {endpoint.host}:{endpoint.port} timed out") from exc
-        except OSError as exc:
-            raise RedisConnectionError(f"cannot connect to Redis at {endpoint.host}:{endpoint.port}: {exc}") from exc
+            connection = await self._open()
+        except (RedisConnectionError, RedisTimeoutError):
+            self._failed_connects += 1
+            self._next_connect = loop.time() + min(_CONNECT_BACKOFF_CAP, 0.025 * 2**self._failed_connects)
+            raise
+        self._failed_connects = 0
         self._connection = connection
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.create_task(self._watch(), name="redis-watchdog")
         return connection
+
+    async def _open(self) -> _Connection:
+        target = self.target
+        endpoint = await self._primary(target) if isinstance(target, SentinelTarget) else target
+        setup: list[tuple[Arg, ...]] = []
+        if endpoint.password is not None:
+            auth: tuple[Arg, ...] = ("AUTH", endpoint.password)
+            setup.append(("AUTH", endpoint.username, endpoint.password) if endpoint.username else auth)
+        if endpoint.db:
+            setup.append(("SELECT", endpoint.db))
+        setup.append(("CLIENT", "SETNAME", self._name))
+        if isinstance(target, SentinelTarget):
+            setup.append(("ROLE",))
+        connection, replies = await self._dial(endpoint.host, endpoint.port, setup, self._lost)
+        if isinstance(target, SentinelTarget) and replies[-1][0] != "master":
+            # The sentinels named a server that is not (or no longer) the primary: they have not
+            # caught up with a failover yet. The retry asks them again.
+            connection.fail(RedisConnectionError("not the primary"))
+            raise RedisConnectionError(
+                f"Redis at {endpoint.address}, named primary of {target.master} by the sentinels, is a {replies[-1][0]}"
+            )
+        return connection
+
+    async def _primary(self, target: SentinelTarget) -> Endpoint:
+        """The primary's address from the first sentinel that knows it (the one that answered
+        last is asked first)."""
+        problems: list[str] = []
+        for host, port in list(self._sentinels):
+            try:
+                auth: list[tuple[Arg, ...]] = [("AUTH", target.sentinel_password)] if target.sentinel_password else []
+                connection, replies = await self._dial(
+                    host, port, [*auth, ("SENTINEL", "get-master-addr-by-name", target.master)], lambda _c: None
+                )
+                reply = replies[-1]
+                connection.fail(RedisConnectionError("sentinel asked"))
+            except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
+                problems.append(f"{host}:{port}: {exc}")
+                continue
+            if reply is None:
+                problems.append(f"{host}:{port}: does not know {target.master!r}")
+                continue
+            self._sentinels.remove((host, port))
+            self._sentinels.insert(0, (host, port))
+            return target.primary(str(reply[0]), int(reply[1]))
+        raise RedisConnectionError(f"no sentinel named the primary of {target.address}: {'; '.join(problems)}")
+
+    async def _dial(
+        self, host: str, port: int, setup: Sequence[Sequence[Arg]], on_lost: Any
+    ) -> tuple[_Connection, list[Any]]:
+        """A connection to host:port with the `setup` commands' replies."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(loop, on_lost),
+                    host,
+                    port,
+                    ssl=self._ssl,
+                    server_hostname=host if self._ssl else None,
+                )
+                try:
+                    return connection, await _all(connection.send(b"".join(_pack(c) for c in setup), len(setup)))
+                except BaseException:
+                    connection.fail(RedisConnectionError("setup failed"))
+                    raise
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"connecting to Redis at {host}:{port} timed out") from exc
+        except OSError as exc:
+            raise RedisConnectionError(f"cannot connect to Redis at {host}:{port}: {exc}") from exc
 
     def _lost(self, connection: _Connection) -> None:
         if self._connection is connection:

@@ -56,4 +56,7 @@ class DeliveryStore:
         return Claim(delivered=[text(v) for v in raw[:-1]], wait=max(0.0, float(raw[-1]) / 1000.0))
 
     async def mark_delivered(self, marker_ids: Sequence[str]) -> None:
+        """Marked delivered; on a replica too when the client waits for one (a marker lost in a
+        failover would let a replay post again)."""
         await self.redis.pipeline([("SET", self.keys.marker("out", m), "1", "EX", self.dedup_ttl) for m in marker_ids])
+        await self.redis.replicated()

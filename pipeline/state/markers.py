@@ -45,6 +45,8 @@ class MarkerStore:
         """Before a send: the marker's previous value (None: first attempt, now marked `sending`)."""
         key = self.keys.marker("sent", marker_id)
         previous, _ = await self.redis.transaction([("GET", key), ("SET", key, "sending", "NX", "EX", self.dedup_ttl)])
+        if previous is None:  # on a replica too before the send (see `RedisClient.replicated`)
+            await self.redis.replicated()
         return text(previous)
 
     async def admit_inbound(self, items: list[InboundAdmission], context_size: int) -> list[AdmissionResult]:

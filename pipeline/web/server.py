@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import Redis
 
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
@@ -27,7 +27,7 @@ from pipeline.platforms.console import bearer_ok
 from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import ConsoleStore, Keys, RedisClient
+from pipeline.state import ConsoleStore, Keys, RedisClient, redis_py_pool
 from pipeline.topics import IM_INBOUND
 
 from ._console import add_console_routes
@@ -98,7 +98,7 @@ class WebServer:
                 mapping_ttl=s.mapping_ttl_seconds,
                 dedup_ttl=s.dedup_ttl_seconds,
             )
-            subscription = ConnectionPool.from_url(
+            subscription = redis_py_pool(
                 s.redis_url,
                 max_connections=1,
                 decode_responses=True,
