@@ -126,7 +126,8 @@ credentials = { app_id = "cli_1", app_secret = "" }
 """
 
 EXPECTED_BOT_PROBLEMS = [
-    "bots[1].platform: unknown platform 'whatsapp'; known: console, dingtalk, lark, onebot, qqbot, slack, telegram, wecom",
+    "bots[1].platform: unknown platform 'whatsapp'; "
+    "known: console, dingtalk, lark, onebot, qqbot, slack, telegram, wecom",
     "bots[2].credentials.signing_secret: required for slack webhook (bot 'support')",
     "bots[3].bot_id: String should match pattern",
     "bots[3].credentials.token: required for telegram (bot 'has space')",
