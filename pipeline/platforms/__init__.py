@@ -22,6 +22,7 @@ _REGISTRY: dict[str, str] = {
     "telegram": "pipeline.platforms.telegram:TelegramPlatform",
     "lark": "pipeline.platforms.lark:LarkPlatform",
     "slack": "pipeline.platforms.slack:SlackPlatform",
+    "discord": "pipeline.platforms.discord:DiscordPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
