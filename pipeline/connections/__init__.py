@@ -9,6 +9,7 @@ one worker at a time, taken over by another when the holder dies.
 - `base`: what a transport implements (`Transport`, `Connection`) and gets (`Link`).
 - `onebot`: OneBot v11 over forward and reverse WebSocket.
 - `telegram`: Telegram Bot API `getUpdates` long polling.
+- `discord`: Discord's Gateway (resumed from the session state kept under the lease).
 - `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
@@ -26,6 +27,7 @@ from ._actions import ActionRouter
 from ._inbound import InboundSink, Send
 from ._manager import Connections, LongConnectionBot
 from .base import ActionAnswer, Connection, Link, Transport
+from .discord import TRANSPORTS as _DISCORD
 from .lark import TRANSPORTS as _LARK
 from .onebot import TRANSPORTS as _ONEBOT
 from .slack import TRANSPORTS as _SLACK
@@ -34,7 +36,7 @@ from .telegram import TRANSPORTS as _TELEGRAM
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK}
+    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DISCORD}
 
 
 def open_connections(
