@@ -133,6 +133,9 @@ class DiscordPlatform(Platform):
     required_credentials = ("token",)
     # The interactions endpoint needs the application's public key; the Gateway only the token.
     transports = {"webhook": ("public_key",), "gateway": ()}
+    # A Gateway bot's slash commands still come to the interactions endpoint (refused without a
+    # public_key, like every unsigned request).
+    webhooks_beside = frozenset({"gateway"})
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "reply", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,

@@ -9,6 +9,10 @@
   after its `seq` again, then RESUMED; an unknown session gets INVALID_SESSION `d: false`.
 - A heartbeat must carry a sequence number this session has sent (or null); it is ACKed unless
   `ack_heartbeats` is off. A socket closed by the client with 1000/1001 ends its session.
+- Events of a session whose socket is gone are kept and sent on its RESUME, as Discord does.
+- The REST API's `POST /channels/{id}/messages` (checked by `check_discord`, answered with
+  rate-limit headers; a test can script answers per channel: a 429 once, a permanent error) and
+  `POST /channels/{id}/typing`.
 Anything else is kept in `errors` (the tests assert there are none).
 """
 
@@ -18,6 +22,7 @@ import itertools
 import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +30,9 @@ import discord
 from aiohttp import WSMsgType, web
 
 from tests.connections.standin_support import ServedSocket, start_app
-from tests.platforms.test_discord import BOT_USER, TOKEN
+from tests.connections.standin_support import seen as seen_request
+from tests.platforms.conftest import Answer, Seen
+from tests.platforms.test_discord import BOT_USER, TOKEN, check_discord
 
 EXPECTED_INTENTS = discord.Intents(guild_messages=True, dm_messages=True, message_content=True).value
 
@@ -36,6 +43,15 @@ class Session:
     events: list[dict[str, Any]] = field(default_factory=list)  # every dispatch sent, in order
     seq: int = 0
     ended: bool = False
+
+
+@dataclass
+class RestCall:
+    channel: str
+    seen: Seen
+    status: int
+    answer: Any
+    at: float  # time.monotonic()
 
 
 @dataclass
@@ -59,6 +75,9 @@ class DiscordGatewayStandIn:
         self.resumes: list[dict[str, Any]] = []
         self.gateway_requests: list[str] = []  # the Authorization header of each GET /gateway/bot
         self.errors: list[str] = []
+        self.rest_calls: list[RestCall] = []
+        self.scripts: dict[str, deque[Answer]] = {}  # channel → answers given before the checker's
+        self.sticky: dict[str, Answer] = {}  # channel → the answer every time
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
 
@@ -67,6 +86,8 @@ class DiscordGatewayStandIn:
         app.router.add_get("/gateway/bot", self._gateway_bot)
         app.router.add_get("/gw/", self._socket)
         app.router.add_get("/resume/", self._socket)
+        app.router.add_post("/channels/{channel}/messages", self._create_message)
+        app.router.add_post("/channels/{channel}/typing", self._typing)
         self._runner, self.url = await start_app(app)
 
     async def stop(self) -> None:
@@ -84,14 +105,22 @@ class DiscordGatewayStandIn:
         return await self.dispatch("MESSAGE_CREATE", d)
 
     async def dispatch(self, kind: str, d: dict[str, Any], socket: Socket | None = None) -> int:
-        socket = socket or self.open_sockets()[-1]
-        assert socket.session is not None, "no session on the socket yet"
-        session = socket.session
+        """An event of the latest session, sent on its socket if one is open (else kept for its RESUME)."""
+        if socket is None:
+            session = list(self.sessions.values())[-1]
+            socket = next((s for s in reversed(self.open_sockets()) if s.session is session), None)
+        else:
+            assert socket.session is not None, "no session on the socket yet"
+            session = socket.session
         session.seq += 1
         frame = {"op": 0, "t": kind, "s": session.seq, "d": d}
         session.events.append(frame)
-        await socket.ws.send_json(frame)
+        if socket is not None:
+            await socket.ws.send_json(frame)
         return session.seq
+
+    def messages_to(self, channel: str) -> list[RestCall]:
+        return [c for c in self.rest_calls if c.channel == channel]
 
     async def send_op(self, op: int, d: Any = None) -> None:
         await self.open_sockets()[-1].ws.send_json({"op": op, "d": d})
@@ -103,6 +132,28 @@ class DiscordGatewayStandIn:
         await socket.ws.close(code=code)
 
     # -- Discord's side --------------------------------------------------------------------------
+    async def _create_message(self, request: web.Request) -> web.Response:
+        channel = request.match_info["channel"]
+        seen = await seen_request(request)
+        if request.content_type == "multipart/form-data":
+            self.errors.append("multipart is not expected in these tests")
+        queue = self.scripts.get(channel)
+        answer = queue.popleft() if queue else self.sticky.get(channel)
+        if answer is None:
+            try:
+                answer = check_discord(seen)
+            except AssertionError as exc:
+                self.errors.append(f"{seen.path}: {exc!r} body={seen.body[:300]!r}")
+                answer = (400, {"message": "Invalid Form Body", "code": 50035})
+        status, body, *rest = answer
+        self.rest_calls.append(RestCall(channel, seen, status, body, time.monotonic()))
+        return web.json_response(body, status=status, headers=rest[0] if rest else None)
+
+    async def _typing(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bot {self.token}":
+            return web.json_response({"message": "401: Unauthorized", "code": 0}, status=401)
+        return web.Response(status=204)
+
     async def _gateway_bot(self, request: web.Request) -> web.Response:
         authorization = request.headers.get("Authorization", "")
         self.gateway_requests.append(authorization)
