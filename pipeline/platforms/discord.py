@@ -58,7 +58,7 @@ from pipeline.platforms._common import (
     rps_text,
     with_own_file_ids,
 )
-from pipeline.platforms._richtext import RichText, Span, parse_markdown, render_tree, split_rich
+from pipeline.platforms._richtext import RichText, Span, hug, parse_markdown, pieces_within, render_tree
 from pipeline.platforms.base import (
     MediaLoader,
     Platform,
@@ -334,7 +334,7 @@ class DiscordPlatform(Platform):
 
         def flush() -> None:
             nonlocal rich
-            for text in _markdown_pieces(rich, MAX_TEXT):
+            for text in pieces_within(rich, MAX_TEXT, to_discord_markdown, MAX_TEXT):
                 add({"content": text})
             rich = RichText()
 
@@ -517,28 +517,9 @@ def to_discord_markdown(rich: RichText) -> str:
         if span.kind == "code":
             ticks = "``" if "`" in raw else "`"
             return f"{ticks} {raw} {ticks}" if ticks == "``" else f"`{raw}`"
-        mark = markers.get(span.kind, "")
-        core = inner.strip()
-        if not core or not mark:
-            return inner
-        lead = inner[: len(inner) - len(inner.lstrip())]
-        trail = inner[len(inner.rstrip()) :]
-        return f"{lead}{mark}{core}{mark}{trail}"
+        return hug(inner, markers.get(span.kind, ""))
 
     return render_tree(rich, escape_markdown, wrap)
-
-
-def _markdown_pieces(rich: RichText, limit: int) -> list[str]:
-    """Markdown of at most MAX_TEXT characters each. Splitting counts the plain text; escapes and
-    link URLs make the markdown longer, so a piece that grew past the limit is split again, smaller."""
-    out: list[str] = []
-    for piece in split_rich(rich, limit):
-        text = to_discord_markdown(piece)
-        if len(text) > MAX_TEXT and limit > 200:
-            out.extend(_markdown_pieces(piece, limit * 2 // 3))
-        else:
-            out.append(text[:MAX_TEXT])
-    return out
 
 
 def _display_name(user: Mapping[str, Any], member: Mapping[str, Any] | None = None) -> str:

@@ -55,6 +55,15 @@ async def committed(store: ConnectionStore) -> dict[str, Any]:
     return json.loads(await store.resume_state("discord", "dc1") or "{}")
 
 
+async def until_committed(store: ConnectionStore, field: str, value: Any) -> None:
+    """Until the resume state in Redis has `field` = `value` (written by another task)."""
+    for _ in range(250):
+        if (await committed(store)).get(field) == value:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"resume state {await committed(store)}: {field} never became {value!r}")
+
+
 def mention(n: int) -> dict[str, Any]:
     return message_create(f"<@{BOT_USER}> question {n}", id=f"77000000000000000{n:02d}")
 
@@ -88,11 +97,7 @@ async def test_identify_then_a_message_is_produced_and_its_sequence_committed_on
         }
         for ack in produced.acks:
             ack.set_result(None)
-        for _ in range(200):
-            if (await committed(store)).get("seq") == seq:
-                break
-            await asyncio.sleep(0.02)
-        assert (await committed(store))["seq"] == seq
+        await until_committed(store, "seq", seq)
 
 
 async def test_a_drop_is_resumed_and_what_was_not_durable_comes_again(
@@ -107,10 +112,7 @@ async def test_a_drop_is_resumed_and_what_was_not_durable_comes_again(
         [session] = discord_gateway.sessions
         durable = await discord_gateway.send_message(mention(1))
         await until(lambda: len(inbound(produced)) == 1, "first produced")
-        for _ in range(200):
-            if (await committed(store)).get("seq") == durable:
-                break
-            await asyncio.sleep(0.02)
+        await until_committed(store, "seq", durable)
         produced.hold = True  # the next message reaches the producer, never the broker
         await discord_gateway.send_message(mention(2))
         await until(lambda: len(inbound(produced)) == 2, "second produced")
@@ -142,11 +144,7 @@ async def test_reconnect_and_invalid_session(
         await until(lambda: len(discord_gateway.identifies) == 2, "identified again")
         await until(lambda: len(discord_gateway.sessions) == 2, "a new session")
         second = list(discord_gateway.sessions)[1]
-        for _ in range(200):
-            if (await committed(store)).get("session_id") == second:
-                break
-            await asyncio.sleep(0.02)
-        assert (await committed(store))["session_id"] == second
+        await until_committed(store, "session_id", second)
         seq = await discord_gateway.send_message(mention(3))
         await until(lambda: len(inbound(produced)) == 1, "produced on the new session")
         assert inbound(produced)[0].message_id == mention(3)["id"] and seq > 1
