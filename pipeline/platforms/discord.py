@@ -14,7 +14,8 @@ interaction token in the route is valid for 15 minutes. Other interaction types 
 autocomplete, modals) are acknowledged and not produced.
 Out: `POST /channels/{id}/messages` with `Authorization: Bot <token>`: Discord markdown (native),
 `<@id>` mentions, at most 2,000 characters per message (longer text is split), the first piece a
-reply (`message_reference`) to the message answered. `allowed_mentions` is always
+reply (`message_reference`) to the message answered, each with a nonce derived from the outbound
+id (`enforce_nonce`: Discord posts a repeat within minutes only once). `allowed_mentions` is always
 `{"parse": [], "users": [the mention segments' ids]}`: no text an agent writes pings @everyone,
 @here, a role or a user it was not allowed to mention. Media are uploaded as attachments
 (multipart: `payload_json` + `files[0]`). Rate limits: the per-route buckets Discord announces
@@ -26,6 +27,7 @@ Missing Permissions, 10003 Unknown Channel, …) are dead-lettered with Discord'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -326,6 +328,10 @@ class DiscordPlatform(Platform):
             else:
                 if not calls and reply_to:
                     body["message_reference"] = {"message_id": reply_to, "fail_if_not_exists": False}
+                # Discord creates one message per nonce within a few minutes: a send repeated after
+                # a crash between Discord's answer and egress's marker returns the first message.
+                body["nonce"] = _nonce(message.outbound_id, len(calls))
+                body["enforce_nonce"] = True
                 path, method = f"/channels/{message.chat_id}/messages", "POST"
             meta = {"segment": segment_type} if media is not None else {}
             calls.append(
@@ -520,6 +526,11 @@ def to_discord_markdown(rich: RichText) -> str:
         return hug(inner, markers.get(span.kind, ""))
 
     return render_tree(rich, escape_markdown, wrap)
+
+
+def _nonce(outbound_id: str, index: int) -> str:
+    """A stable nonce per message of an outbound record (Discord takes at most 25 characters)."""
+    return hashlib.sha256(f"{outbound_id}:{index}".encode()).hexdigest()[:25]
 
 
 def _display_name(user: Mapping[str, Any], member: Mapping[str, Any] | None = None) -> str:

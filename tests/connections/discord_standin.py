@@ -11,7 +11,8 @@
   `ack_heartbeats` is off. A socket closed by the client with 1000/1001 ends its session.
 - Events of a session whose socket is gone are kept and sent on its RESUME, as Discord does.
 - The REST API's `POST /channels/{id}/messages` (checked by `check_discord`, answered with
-  rate-limit headers; a test can script answers per channel: a 429 once, a permanent error) and
+  rate-limit headers; one message per `nonce` as `enforce_nonce` asks; a test can script answers
+  per channel: a 429 once, a permanent error) and
   `POST /channels/{id}/typing`.
 Anything else is kept in `errors` (the tests assert there are none).
 """
@@ -52,6 +53,7 @@ class RestCall:
     status: int
     answer: Any
     at: float  # time.monotonic()
+    created: bool = True  # False: a nonce seen before, answered with the message it created
 
 
 @dataclass
@@ -78,6 +80,7 @@ class DiscordGatewayStandIn:
         self.rest_calls: list[RestCall] = []
         self.scripts: dict[str, deque[Answer]] = {}  # channel → answers given before the checker's
         self.sticky: dict[str, Answer] = {}  # channel → the answer every time
+        self.nonces: dict[tuple[str, str], Any] = {}  # (channel, nonce) → the message it created
         self._ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
 
@@ -146,7 +149,13 @@ class DiscordGatewayStandIn:
                 self.errors.append(f"{seen.path}: {exc!r} body={seen.body[:300]!r}")
                 answer = (400, {"message": "Invalid Form Body", "code": 50035})
         status, body, *rest = answer
-        self.rest_calls.append(RestCall(channel, seen, status, body, time.monotonic()))
+        nonce = seen.json.get("nonce") if isinstance(seen.json, dict) else None
+        created = True
+        if status == 200 and isinstance(nonce, str):  # `enforce_nonce`: one message per nonce
+            key = (channel, nonce)
+            created = key not in self.nonces
+            body = self.nonces.setdefault(key, body)
+        self.rest_calls.append(RestCall(channel, seen, status, body, time.monotonic(), created))
         return web.json_response(body, status=status, headers=rest[0] if rest else None)
 
     async def _typing(self, request: web.Request) -> web.Response:

@@ -105,7 +105,7 @@ def answered(discord: DiscordThread, numbers: range) -> Counter[int]:
     counts: Counter[int] = Counter()
     for n in numbers:
         for call in discord.it.messages_to(channel(n)):
-            if call.status == 200:
+            if call.status == 200 and call.created:
                 assert call.seen.json["content"] == f"echo: m{n}", call.seen.json
                 counts[n] += 1
     return counts

@@ -246,15 +246,19 @@ def check_discord(seen: Seen) -> tuple[int, Any]:
     assert len(content) <= 2000
     if not seen.files:
         assert content.strip(), "empty message (50006)"
+    if MESSAGE_PATH.fullmatch(seen.path):  # a nonce per message, enforced: repeats are posted once
+        assert isinstance(body["nonce"], str) and 0 < len(body["nonce"]) <= 25 and body["enforce_nonce"] is True
     if "message_reference" in body:
         assert set(body["message_reference"]) == {"message_id", "fail_if_not_exists"}
     headers = {"X-RateLimit-Bucket": "abcd1234", "X-RateLimit-Remaining": "4", "X-RateLimit-Reset-After": "5"}
     return 200, {"id": f"1{len(seen.body) + len(content):018d}", "channel_id": CHANNEL, "content": content}, headers
 
 
-def outbound(segments: list[dict[str, Any]], chat: str = CHANNEL, **extra: Any) -> OutboundMessage:
+def outbound(
+    segments: list[dict[str, Any]], chat: str = CHANNEL, outbound_id: str = "out-d", **extra: Any
+) -> OutboundMessage:
     return OutboundMessage(
-        outbound_id="out-d",
+        outbound_id=outbound_id,
         kind="reply",
         platform="discord",
         bot_id="dc1",
@@ -309,6 +313,16 @@ def test_escaping_keeps_plain_text_literal() -> None:
     assert escape_markdown("# title\n- item\n> quote *x* _y_ `z` |s| [l](u)") == (
         "\\# title\n\\- item\n\\> quote \\*x\\* \\_y\\_ \\`z\\` \\|s\\| \\[l\\](u)"
     )
+
+
+def test_nonces_are_stable_per_message_of_a_reply() -> None:
+    platform, bot = fresh_platform(), bot_config()
+    message = outbound([{"type": "text", "data": {"text": "lorem " * 800}}])
+    first = [c.json["nonce"] for c in platform.render(bot, message) if c.json]
+    again = [c.json["nonce"] for c in platform.render(bot, message) if c.json]
+    assert first == again and len(set(first)) == len(first) >= 2
+    other = platform.render(bot, outbound([{"type": "text", "data": {"text": "x"}}], outbound_id="out-e"))
+    assert other[0].json is not None and other[0].json["nonce"] not in first
 
 
 async def test_long_text_is_split_and_only_the_first_piece_replies(api: FakeApi, http: httpx.AsyncClient) -> None:
