@@ -23,7 +23,20 @@ from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, con
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.media import rejection_label, with_placeholders
-from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, Segment
+from pipeline.segments.models import (
+    MEDIA_SEGMENT_TYPES,
+    AudioSegment,
+    FileSegment,
+    ImageSegment,
+    Media,
+    MediaData,
+    MentionData,
+    MentionSegment,
+    Segment,
+    TextData,
+    TextSegment,
+    VideoSegment,
+)
 from pipeline.settings import BotConfig
 
 log = logging.getLogger("pipeline.platforms")
@@ -149,6 +162,46 @@ def build_inbound(
 
 def media_placeholder(kind: str) -> str:
     return f"[{kind}]"
+
+
+_MEDIA_SEGMENTS: dict[str, type[ImageSegment | AudioSegment | VideoSegment | FileSegment]] = {
+    "image": ImageSegment,
+    "audio": AudioSegment,
+    "video": VideoSegment,
+    "file": FileSegment,
+}
+
+
+class InboundParts:
+    """An inbound message's segments, plain text and mentioned ids, built in reading order
+    (adjacent text runs merged into one segment)."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+        self.plain: list[str] = []
+        self.mentions: list[str] = []
+
+    def text(self, value: str) -> None:
+        if not value:
+            return
+        self.plain.append(value)
+        last = self.segments[-1] if self.segments else None
+        if isinstance(last, TextSegment):
+            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
+        else:
+            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
+
+    def mention(self, user_id: str, label: str) -> None:
+        self.segments.append(MentionSegment(type="mention", data=MentionData(target=user_id)))
+        self.mentions.append(user_id)
+        self.plain.append(f"@{label}")
+
+    def media(self, mime: str, media: Media) -> None:
+        """An attachment as the media segment its MIME type says (`file` for anything else)."""
+        major = mime.split("/", 1)[0]
+        kind = major if major in ("image", "audio", "video") else "file"
+        self.segments.append(_MEDIA_SEGMENTS[kind](type=kind, data=MediaData(media=media)))
+        self.plain.append(media_placeholder(kind))
 
 
 # --- outbound fallbacks --------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from pipeline.platforms._common import (
+    InboundParts,
     arr,
     attachment_unavailable,
     base_url,
@@ -50,7 +51,6 @@ from pipeline.platforms._common import (
     file_name,
     load_failure,
     load_json,
-    media_placeholder,
     network_outcome,
     notice,
     obj,
@@ -81,8 +81,6 @@ from pipeline.segments.models import (
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
-    MentionData,
     MentionSegment,
     ReplyData,
     ReplySegment,
@@ -208,15 +206,11 @@ class DiscordPlatform(Platform):
         guild_id = d.get("guild_id")
         names = {str(u["id"]): _display_name(u) for u in arr(d.get("mentions")) if isinstance(u, dict) and "id" in u}
         content = d.get("content")
-        segments, plain, mentions = _parse_content(content if isinstance(content, str) else "", names)
+        parts = _parse_content(content if isinstance(content, str) else "", names)
         for attachment in arr(d.get("attachments")):
-            if not isinstance(attachment, dict) or not isinstance(attachment.get("url"), str):
-                continue
-            mime = str(attachment.get("content_type") or "")
-            kind = mime.split("/", 1)[0] if mime.split("/", 1)[0] in ("image", "audio", "video") else "file"
-            cls = {"image": ImageSegment, "audio": AudioSegment, "video": VideoSegment, "file": FileSegment}[kind]
-            segments.append(cls(type=kind, data=MediaData(media=Media(kind="url", value=attachment["url"]))))
-            plain.append(media_placeholder(kind))
+            if isinstance(attachment, dict) and isinstance(attachment.get("url"), str):
+                parts.media(str(attachment.get("content_type") or ""), Media(kind="url", value=attachment["url"]))
+        segments, plain, mentions = parts.segments, parts.plain, list(dict.fromkeys(parts.mentions))
 
         reply_to: ReplyRef | None = None
         reference = obj(d.get("message_reference"))
@@ -540,39 +534,25 @@ def _display_name(user: Mapping[str, Any], member: Mapping[str, Any] | None = No
     return ""
 
 
-def _parse_content(text: str, names: dict[str, str]) -> tuple[list[Any], list[str], list[str]]:
+def _parse_content(text: str, names: dict[str, str]) -> InboundParts:
     """Discord message content into segments: user mentions as mention segments; role and channel
     mentions and custom emoji as readable text."""
-    segments: list[Any] = []
-    plain: list[str] = []
-    mentions: list[str] = []
-
-    def add(value: str) -> None:
-        if value:
-            plain.append(value)
-            if segments and isinstance(segments[-1], TextSegment):
-                segments[-1] = TextSegment(type="text", data=TextData(text=segments[-1].data.text + value))
-            else:
-                segments.append(TextSegment(type="text", data=TextData(text=value)))
-
+    parts = InboundParts()
     pos = 0
     for match in _TOKEN.finditer(text):
-        add(text[pos : match.start()])
+        parts.text(text[pos : match.start()])
         pos = match.end()
         sigil, ident, emoji = match.groups()
         if emoji is not None:
-            add(f":{emoji}:")
+            parts.text(f":{emoji}:")
         elif sigil in ("@", "@!"):
-            segments.append(MentionSegment(type="mention", data=MentionData(target=ident)))
-            if ident not in mentions:
-                mentions.append(ident)
-            plain.append(f"@{names.get(ident) or ident}")
+            parts.mention(ident, names.get(ident) or ident)
         elif sigil == "@&":
-            add(f"@role:{ident}")
+            parts.text(f"@role:{ident}")
         else:
-            add(f"#channel:{ident}")
-    add(text[pos:])
-    return segments, plain, mentions
+            parts.text(f"#channel:{ident}")
+    parts.text(text[pos:])
+    return parts
 
 
 def _command_text(name: str, options: list[Any]) -> str:
