@@ -21,7 +21,7 @@ from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.discord import DiscordPlatform, escape_markdown
 from pipeline.records import OutboundMessage
 from pipeline.segments import segment_list_adapter
-from pipeline.settings import BotConfig
+from pipeline.settings import BotConfig, Settings
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
 
@@ -445,3 +445,24 @@ async def test_a_wrong_token_is_refused_by_the_stand_in(api: FakeApi, http: http
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason) == ("permanent", "unauthorized")
+
+
+def test_the_bots_file_names_what_a_discord_bot_lacks() -> None:
+    with pytest.raises(ValueError) as error:
+        Settings(bots=[{"platform": "discord", "bot_id": "d", "credentials": {"token": TOKEN}}])
+    text = str(error.value)
+    assert "self_id" in text and "public_key" in text  # a webhook bot needs the interactions key
+    gateway = Settings(
+        bots=[
+            {
+                "platform": "discord",
+                "bot_id": "d",
+                "self_id": BOT_USER,
+                "transport": "gateway",
+                "credentials": {"token": TOKEN},
+            }
+        ]
+    )
+    assert gateway.bots[0].transport == "gateway"
+    with pytest.raises(ValueError, match="token"):
+        Settings(bots=[{"platform": "discord", "bot_id": "d", "self_id": BOT_USER, "transport": "gateway"}])
