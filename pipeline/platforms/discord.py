@@ -114,6 +114,7 @@ _PERMANENT_CODES = {
     50006: "empty_message",
     50007: "cannot_dm_user",
     50013: "missing_permissions",
+    50027: "invalid_webhook_token",  # an interaction token older than 15 minutes
     50035: "invalid_form_body",
     160005: "thread_locked",
 }

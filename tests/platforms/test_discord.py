@@ -466,3 +466,10 @@ def test_the_bots_file_names_what_a_discord_bot_lacks() -> None:
     assert gateway.bots[0].transport == "gateway"
     with pytest.raises(ValueError, match="token"):
         Settings(bots=[{"platform": "discord", "bot_id": "d", "self_id": BOT_USER, "transport": "gateway"}])
+
+
+async def test_typing_is_shown_with_the_bot_token(api: FakeApi, http: httpx.AsyncClient) -> None:
+    api.reply(f"/channels/{CHANNEL}/typing", 204, b"")
+    await fresh_platform().typing(bot_config(api), CHANNEL, http)
+    [seen] = api.calls(f"/channels/{CHANNEL}/typing")
+    assert seen.method == "POST" and seen.headers["authorization"] == f"Bot {TOKEN}"
