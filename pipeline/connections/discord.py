@@ -119,8 +119,17 @@ class DiscordGateway(Connection):
 
     async def run(self, link: Link) -> None:
         self._session = Session.parse(await link.resume_state())
-        url = self._session.resume_gateway_url if self._session else self.url
-        self._ws = await self.http.ws_connect(url.rstrip("/") + "/" + GATEWAY_QUERY, max_msg_size=MAX_FRAME_BYTES)
+        if self._session is not None:
+            try:
+                self._ws = await self._dial(self._session.resume_gateway_url)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                # The resume URL is gone: a new session, or every later dial would fail the same way.
+                log.warning(
+                    "%s/%s: resume URL unreachable (%s)", self.bot.platform, self.bot.bot_id, type(exc).__name__
+                )
+                await self._new_session(link)
+        if self._ws is None:
+            self._ws = await self._dial(self.url)
         committer = asyncio.create_task(self._commit(link))
         heartbeat: asyncio.Task[None] | None = None
         try:
@@ -134,10 +143,15 @@ class DiscordGateway(Connection):
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await heartbeat  # a send on a closing socket may have ended it first
             await self._finish(committer)
             await self.close()
             if self._why:
                 log.info("%s/%s: Gateway connection ended: %s", self.bot.platform, self.bot.bot_id, self._why)
+
+    async def _dial(self, url: str) -> aiohttp.ClientWebSocketResponse:
+        return await self.http.ws_connect(url.rstrip("/") + "/" + GATEWAY_QUERY, max_msg_size=MAX_FRAME_BYTES)
 
     async def _read(self, link: Link) -> None:
         assert self._ws is not None

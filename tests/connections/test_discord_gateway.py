@@ -202,3 +202,20 @@ async def test_a_new_holder_resumes_the_last_holders_session(
         await until(lambda: len(discord_gateway.resumes) == 1, "resumed by the new holder")
         assert discord_gateway.resumes[0] == {"token": TOKEN, "session_id": session, "seq": seq}
         assert len(discord_gateway.identifies) == 1
+
+
+async def test_an_unreachable_resume_url_falls_back_to_a_new_session(
+    discord_gateway: DiscordGatewayStandIn,
+    redis_url: str,
+    redis_prefix: str,
+    produced: Produced,
+    store: ConnectionStore,
+) -> None:
+    stale = {"session_id": "gone", "resume_gateway_url": "ws://127.0.0.1:9/nothing", "seq": 41}
+    await store.redis.execute("SET", store.keys.resume("discord", "dc1"), json.dumps(stale))
+    async with running(redis_url, redis_prefix, produced, bot(discord_gateway)):
+        await until(lambda: len(discord_gateway.identifies) == 1, "identified instead")
+        await until(lambda: bool(discord_gateway.sessions), "ready")
+        [session] = discord_gateway.sessions
+        await until_committed(store, "session_id", session)
+    assert discord_gateway.resumes == []
