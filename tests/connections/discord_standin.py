@@ -91,6 +91,8 @@ class DiscordGatewayStandIn:
         app.router.add_get("/resume/", self._socket)
         app.router.add_post("/channels/{channel}/messages", self._create_message)
         app.router.add_post("/channels/{channel}/typing", self._typing)
+        app.router.add_route("*", "/webhooks/{application}/{token}/messages/@original", self._interaction_reply)
+        app.router.add_post("/webhooks/{application}/{token}", self._interaction_reply)
         self._runner, self.url = await start_app(app)
 
     async def stop(self) -> None:
@@ -157,6 +159,20 @@ class DiscordGatewayStandIn:
             body = self.nonces.setdefault(key, body)
         self.rest_calls.append(RestCall(channel, seen, status, body, time.monotonic(), created))
         return web.json_response(body, status=status, headers=rest[0] if rest else None)
+
+    async def _interaction_reply(self, request: web.Request) -> web.Response:
+        """An interaction's deferred response edited (PATCH @original) or followed up: recorded
+        under the channel `interaction:<token>`."""
+        seen = await seen_request(request)
+        try:
+            answer = check_discord(seen)
+        except AssertionError as exc:
+            self.errors.append(f"{seen.path}: {exc!r} body={seen.body[:300]!r}")
+            answer = (400, {"message": "Invalid Form Body", "code": 50035})
+        status, body, *_ = answer
+        channel = f"interaction:{request.match_info['token']}"
+        self.rest_calls.append(RestCall(channel, seen, status, body, time.monotonic()))
+        return web.json_response(body, status=status)
 
     async def _typing(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bot {self.token}":

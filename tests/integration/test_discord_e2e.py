@@ -5,8 +5,9 @@ echoes, so a DM `m<n>` is answered `echo: m<n>`.
 
 Covered: one reply per message; a dispatch Discord sends twice (same message id) answered once; a
 429 once (JSON `retry_after`) answered once after the wait; a permanent error (50001 Missing
-Access) dead-lettered once with Discord's message; the Gateway's holder SIGKILLed, a survivor takes
-the lease and RESUMEs the session from the sequence in Redis, and every message is answered once.
+Access) dead-lettered once with Discord's message; a signed slash command answered with a deferred
+response, then edited with the reply; the Gateway's holder SIGKILLed, a survivor takes the lease
+and RESUMEs the session from the sequence in Redis, and every message is answered once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from pipeline.embedded import RedisServer
@@ -27,7 +29,7 @@ from pipeline.stack import Stack
 from pipeline.topics import DEADLETTER
 from tests.conftest import enabled_brokers
 from tests.connections.discord_standin import DiscordGatewayStandIn
-from tests.platforms.test_discord import BOT_USER, PUBLIC_KEY, TOKEN, message_create
+from tests.platforms.test_discord import BOT_USER, PUBLIC_KEY, SLASH, TOKEN, message_create, signed
 
 from .loop_thread import LoopThread
 from .stacks import running_stack
@@ -165,6 +167,29 @@ async def test_a_permanent_error_is_dead_lettered_once(stack: Stack, discord: Di
     assert letter["reason"] == "missing_access" and "Missing Access" in letter["error"], letter
     assert letter["attempts"] == 1
     assert len(discord.it.messages_to(channel(n))) == 1  # a permanent error is not retried
+
+
+async def test_a_slash_command_is_deferred_and_its_reply_edits_the_deferred_response(
+    stack: Stack, discord: DiscordThread
+) -> None:
+    n = next(_numbers)
+    token = f"aW50ZXJhY3Rpb24tdG9rZW4t{n:04d}"
+    command = dict(SLASH, id=f"{99 * 10**16 + n}", token=token, channel_id=channel(n))
+    command["data"] = {"id": "1", "name": "ask", "type": 1, "options": [{"name": "q", "type": 3, "value": f"m{n}"}]}
+    request = signed(command)
+    async with httpx.AsyncClient(timeout=30) as http:
+        answer = await http.post(
+            f"{stack.workers[0].url}/webhooks/discord/dc1", content=request.body, headers=dict(request.headers)
+        )
+    assert (answer.status_code, answer.json()) == (200, {"type": 5})
+    edits = lambda: discord.it.messages_to(f"interaction:{token}")  # noqa: E731
+    await wait_for(lambda: edits(), "the deferred response edited", 60)
+    await settle(lambda: discord.it.rest_calls, quiet=3.0)
+    [edit] = edits()
+    assert edit.seen.method == "PATCH" and edit.seen.path.endswith("/messages/@original")
+    # In a guild the agent sees who spoke (`[Alice (id)]`), and ingest takes `/ask` as the command prefix.
+    content = edit.seen.json["content"]
+    assert content.startswith("echo: ") and content.endswith(f" q=m{n}"), content
 
 
 async def test_the_holder_sigkilled_a_survivor_resumes_and_every_message_is_answered_once(
