@@ -20,6 +20,7 @@ from nacl.signing import SigningKey
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.discord import DiscordPlatform, escape_markdown
 from pipeline.records import OutboundMessage
+from pipeline.runtime import deployment_secrets
 from pipeline.segments import segment_list_adapter
 from pipeline.settings import BotConfig, Settings
 
@@ -466,6 +467,9 @@ def test_the_bots_file_names_what_a_discord_bot_lacks() -> None:
     assert gateway.bots[0].transport == "gateway"
     with pytest.raises(ValueError, match="token"):
         Settings(bots=[{"platform": "discord", "bot_id": "d", "self_id": BOT_USER, "transport": "gateway"}])
+    # The token is one of the secrets every outbound message is checked for, and never printed.
+    assert TOKEN in {s.value for s in deployment_secrets(gateway)}
+    assert TOKEN not in repr(gateway) and TOKEN not in str(gateway.model_dump())
 
 
 async def test_typing_is_shown_with_the_bot_token(api: FakeApi, http: httpx.AsyncClient) -> None:
