@@ -10,6 +10,7 @@ one worker at a time, taken over by another when the holder dies.
 - `onebot`: OneBot v11 over forward and reverse WebSocket.
 - `telegram`: Telegram Bot API `getUpdates` long polling.
 - `dingtalk`: DingTalk Stream mode (a WebSocket opened with a ticket of `connections/open`).
+- `discord`: Discord's Gateway (resumed from the session state kept under the lease).
 - `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
@@ -28,6 +29,7 @@ from ._inbound import InboundSink, Send
 from ._manager import Connections, LongConnectionBot
 from .base import ActionAnswer, Connection, Link, Transport
 from .dingtalk import TRANSPORTS as _DINGTALK
+from .discord import TRANSPORTS as _DISCORD
 from .lark import TRANSPORTS as _LARK
 from .onebot import TRANSPORTS as _ONEBOT
 from .slack import TRANSPORTS as _SLACK
@@ -36,7 +38,7 @@ from .telegram import TRANSPORTS as _TELEGRAM
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK}
+    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD}
 
 
 def open_connections(

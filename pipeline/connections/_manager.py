@@ -88,11 +88,28 @@ class _Link(Link):
         return await self.store.committed_offset(self.bot.platform, self.bot.bot_id)
 
     async def commit_offset(self, offset: int) -> bool:
-        channel = EVENT if EVENT in self.lease.channels else self.lease.channels[0]
-        if await self.store.commit_offset(self.bot.platform, self.bot.bot_id, channel, self.lease.owner, offset):
-            return True
-        self.lease.lose("taken")
-        return False
+        committed = await self.store.commit_offset(
+            self.bot.platform, self.bot.bot_id, self._channel, self.lease.owner, offset
+        )
+        return self._still_ours(committed)
+
+    async def resume_state(self) -> str | None:
+        return await self.store.resume_state(self.bot.platform, self.bot.bot_id)
+
+    async def commit_resume_state(self, state: str) -> bool:
+        committed = await self.store.commit_resume_state(
+            self.bot.platform, self.bot.bot_id, self._channel, self.lease.owner, state
+        )
+        return self._still_ours(committed)
+
+    @property
+    def _channel(self) -> str:
+        return EVENT if EVENT in self.lease.channels else self.lease.channels[0]
+
+    def _still_ours(self, committed: bool) -> bool:
+        if not committed:
+            self.lease.lose("taken")
+        return committed
 
     async def still_held(self) -> bool:
         await self.lease.set_state(self.lease.state)  # a renewal: it finds out whether the lease is ours

@@ -75,6 +75,17 @@ class Link(abc.ABC):
         when the lease is not this holder's any more (nothing written: stop polling)."""
         raise NotImplementedError
 
+    # Resumable sessions (Discord's Gateway): what a new connection needs to resume where the last
+    # left off, kept in Redis under the bot's lease so a new holder can resume too.
+    async def resume_state(self) -> str | None:
+        """The session state the last holder committed (None: none)."""
+        raise NotImplementedError
+
+    async def commit_resume_state(self, state: str) -> bool:
+        """Record the session state (after the events it counts were acknowledged by the broker);
+        False when the lease is not this holder's any more (nothing written: stop)."""
+        raise NotImplementedError
+
     async def still_held(self) -> bool:
         """Check with Redis that the lease is still this holder's (renewing it)."""
         raise NotImplementedError

@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str] = {
     "slack": "pipeline.platforms.slack:SlackPlatform",
     "dingtalk": "pipeline.platforms.dingtalk:DingTalkPlatform",
     "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
+    "discord": "pipeline.platforms.discord:DiscordPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}

@@ -200,6 +200,12 @@ class InboundParts:
         self.plain.append(media_placeholder(kind))
 
 
+def media_kind(mime: str) -> str:
+    """The media segment type a MIME type reads as (`file` for anything but image, audio, video)."""
+    major = mime.split("/", 1)[0]
+    return major if major in ("image", "audio", "video") else "file"
+
+
 # --- outbound fallbacks --------------------------------------------------------------------------
 
 _TEXTS = {

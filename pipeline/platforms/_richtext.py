@@ -383,15 +383,34 @@ def to_mrkdwn(rich: RichText) -> str:
             return f"```\n{slack_escape(raw)}\n```"
         if span.kind == "code":
             return f"`{slack_escape(raw)}`"
-        mark = markers.get(span.kind, "")
-        core = inner.strip()
-        if not core or not mark:
-            return inner
-        lead = inner[: len(inner) - len(inner.lstrip())]
-        trail = inner[len(inner.rstrip()) :]
-        return f"{lead}{mark}{core}{mark}{trail}"
+        return hug(inner, markers.get(span.kind, ""))
 
     return render_tree(rich, slack_escape, wrap)
+
+
+def hug(inner: str, mark: str) -> str:
+    """`inner` between `mark`s that hug its non-space characters (markdown dialects ignore a marker
+    next to a space), the whitespace moved outside."""
+    core = inner.strip()
+    if not core or not mark:
+        return inner
+    lead = inner[: len(inner) - len(inner.lstrip())]
+    trail = inner[len(inner.rstrip()) :]
+    return f"{lead}{mark}{core}{mark}{trail}"
+
+
+def pieces_within(rich: RichText, limit: int, render: Callable[[RichText], str], max_chars: int) -> list[str]:
+    """`rich` rendered in pieces of at most `max_chars` characters. Splitting counts the plain text;
+    escapes and link URLs make the rendering longer, so a piece that grew past the limit is split
+    again, smaller (down to 200 characters of text; then cut)."""
+    out: list[str] = []
+    for piece in split_rich(rich, limit):
+        text = render(piece)
+        if len(text) > max_chars and limit > 200:
+            out.extend(pieces_within(piece, limit * 2 // 3, render, max_chars))
+        else:
+            out.append(text[:max_chars])
+    return out
 
 
 _TG_KIND = {"bold": "bold", "italic": "italic", "strike": "strikethrough", "code": "code", "pre": "pre"}

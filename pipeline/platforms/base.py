@@ -115,6 +115,9 @@ class Platform(abc.ABC):
     #: credentials it needs beyond `required_credentials`. Every platform takes webhooks; a long
     #: connection (held by one worker at a time, `pipeline.connections`) is offered per platform.
     transports: ClassVar[Mapping[str, tuple[str | tuple[str, ...], ...]]] = {"webhook": ()}
+    #: Long-connection transports whose bots still take webhooks (Discord: messages over the
+    #: Gateway, slash commands at the interactions endpoint). Default: none, one way in per bot.
+    webhooks_beside: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:

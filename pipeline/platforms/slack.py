@@ -24,6 +24,7 @@ import httpx
 from pydantic import SecretStr
 
 from pipeline.platforms._common import (
+    InboundParts,
     arr,
     attachment_unavailable,
     base_url,
@@ -34,7 +35,7 @@ from pipeline.platforms._common import (
     http_outcome,
     load_failure,
     load_json,
-    media_placeholder,
+    media_kind,
     network_outcome,
     notice,
     obj,
@@ -66,14 +67,11 @@ from pipeline.segments.models import (
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
-    MentionData,
     MentionSegment,
     ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -193,15 +191,11 @@ class SlackPlatform(Platform):
         private = channel_type == "im" or (channel_type is None and channel.startswith("D"))
 
         text = event.get("text")
-        segments, plain, mentions, names = _parse_slack_text(text if isinstance(text, str) else "")
+        parts, names = _parse_slack_text(text if isinstance(text, str) else "")
         for f in arr(event.get("files")):
-            if not isinstance(f, dict) or not isinstance(f.get("id"), str):
-                continue
-            mime = str(f.get("mimetype") or "")
-            kind = mime.split("/", 1)[0] if mime.split("/", 1)[0] in ("image", "audio", "video") else "file"
-            cls = {"image": ImageSegment, "audio": AudioSegment, "video": VideoSegment, "file": FileSegment}[kind]
-            segments.append(cls(type=kind, data=MediaData(media=Media(kind="file", value=f["id"]))))
-            plain.append(media_placeholder(kind))
+            if isinstance(f, dict) and isinstance(f.get("id"), str):
+                parts.add_media(media_kind(str(f.get("mimetype") or "")), Media(kind="file", value=f["id"]))
+        segments, plain, mentions = parts.segments, parts.plain, parts.mentions
         mentions_bot = etype == "app_mention" or (bot.self_id is not None and bot.self_id in mentions)
 
         route: dict[str, str] = {}
@@ -413,22 +407,14 @@ def _classify(response: httpx.Response) -> tuple[SendOutcome | None, dict[str, A
     return SendOutcome("permanent", reason=reason, detail=error), {}
 
 
-def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
+def _parse_slack_text(text: str) -> tuple[InboundParts, dict[str, str]]:
     """Slack message text into segments: `<@U…>` mentions (with the name of `<@U…|name>`, where
     Slack gives one), `<url|label>` links, entities."""
-    segments: list[Any] = []
-    plain: list[str] = []
-    mentions: list[str] = []
+    parts = InboundParts()
     names: dict[str, str] = {}
 
     def add(value: str) -> None:
-        value = value.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-        if value:
-            plain.append(value)
-            if segments and isinstance(segments[-1], TextSegment):
-                segments[-1] = TextSegment(type="text", data=TextData(text=segments[-1].data.text + value))
-            else:
-                segments.append(TextSegment(type="text", data=TextData(text=value)))
+        parts.text(value.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
 
     pos = 0
     for match in _SLACK_TOKEN.finditer(text):
@@ -437,11 +423,9 @@ def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str], dict[
         inner, _, label = match.group(1).partition("|")
         if inner.startswith("@"):
             user = inner[1:]
-            segments.append(MentionSegment(type="mention", data=MentionData(target=user)))
-            mentions.append(user)
+            parts.add_mention(user, label or user)
             if label:
                 names[user] = label
-            plain.append(f"@{label or user}")
         elif inner.startswith("#"):
             add(f"#{label or inner[1:]}")
         elif inner.startswith("!"):
@@ -449,4 +433,4 @@ def _parse_slack_text(text: str) -> tuple[list[Any], list[str], list[str], dict[
         else:
             add(f"{label} ({inner})" if label and label != inner else inner)
     add(text[pos:])
-    return segments, plain, mentions, names
+    return parts, names

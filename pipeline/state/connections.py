@@ -183,5 +183,16 @@ class ConnectionStore:
         keys = [self.keys.lease(platform, bot_id, channel), self.keys.offset(platform, bot_id)]
         return bool(await self.redis.run_script(_COMMIT_OFFSET, keys, [owner, offset]))
 
+    # -- resumable sessions (Discord's Gateway) ----------------------------------------------------
+    async def resume_state(self, platform: str, bot_id: str) -> str | None:
+        """The session state the last holder recorded (None: none)."""
+        return text(await self.redis.execute("GET", self.keys.resume(platform, bot_id)))
+
+    async def commit_resume_state(self, platform: str, bot_id: str, channel: str, owner: str, state: str) -> bool:
+        """Record the session state if the lease of `channel` is still `owner`'s; False: the lease
+        was lost and nothing was written (the same fencing as an offset)."""
+        keys = [self.keys.lease(platform, bot_id, channel), self.keys.resume(platform, bot_id)]
+        return bool(await self.redis.run_script(_COMMIT_OFFSET, keys, [owner, state]))
+
 
 __all__ = ["Acquired", "ActionClaim", "ConnectionStore", "LeaseState", "LeaseValue"]

@@ -86,3 +86,9 @@ class Keys:
         """The committed position of a polled bot's update stream (Telegram: the next `offset` of
         `getUpdates`), written only by the holder of its lease."""
         return self.of("offset", f"{platform}:{bot_id}")
+
+    def resume(self, platform: str, bot_id: str) -> str:
+        """What a new connection needs to resume a bot's session where the last one left off
+        (Discord: the session id, its resume URL and the last durable sequence number), written only
+        by the holder of its lease."""
+        return self.of("resume", f"{platform}:{bot_id}")

@@ -161,7 +161,8 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     if bot is None:
         metrics.WEBHOOKS.labels("unknown", "unknown_bot").inc()
         return web.json_response({"error": "unknown bot"}, status=404)
-    if bot.transport != "webhook":  # its updates come over its long connection: no second way in
+    if bot.transport != "webhook" and bot.transport not in platform.webhooks_beside:
+        # Its updates come over its long connection: no second way in.
         metrics.WEBHOOKS.labels(platform_name, "not_a_webhook_bot").inc()
         return web.json_response({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
     if request.method not in platform.webhook_methods:

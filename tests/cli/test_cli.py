@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.cli import build_parser
 from pipeline.embedded import RedisServer, TansuBroker, free_port
+from pipeline.platforms import known_platforms
 from tests.cli.support import run, worker_env
 
 
@@ -126,8 +127,7 @@ credentials = { app_id = "cli_1", app_secret = "" }
 """
 
 EXPECTED_BOT_PROBLEMS = [
-    "bots[1].platform: unknown platform 'whatsapp'; "
-    "known: console, dingtalk, lark, onebot, qqbot, slack, telegram, wecom",
+    f"bots[1].platform: unknown platform 'whatsapp'; known: {', '.join(known_platforms())}",
     "bots[2].credentials.signing_secret: required for slack webhook (bot 'support')",
     "bots[3].bot_id: String should match pattern",
     "bots[3].credentials.token: required for telegram (bot 'has space')",

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult, get_platform
 from pipeline.settings import BotConfig
 
-from . import test_dingtalk, test_lark, test_onebot, test_qqbot, test_slack
+from . import test_dingtalk, test_discord, test_lark, test_onebot, test_qqbot, test_slack
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -119,6 +119,23 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
             ),
         ],
     ),
+    "discord": (
+        test_discord.bot_config(),
+        [
+            json.loads(
+                test_discord.dispatch(
+                    test_discord.message_create(
+                        f"<@{test_discord.BOT_USER}> hi <:e:1>",
+                        mentions=[test_discord.user(test_discord.BOT_USER, "sb")],
+                        message_reference={"message_id": "8"},
+                        referenced_message={"id": "8", "author": test_discord.user("9", "x"), "content": "q"},
+                        attachments=[{"id": "1", "content_type": "image/png", "url": "https://cdn/x.png"}],
+                    )
+                )
+            ),
+            test_discord.SLASH,
+        ],
+    ),
     "lark": (
         BotConfig(platform="lark", bot_id="lk1", self_id=test_lark.BOT_OPEN_ID),
         [
@@ -159,6 +176,7 @@ IGNORED = {
     "unsupported_message",
     "no_staff_id",
     "empty_message",
+    "ping",
 }
 
 

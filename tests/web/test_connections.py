@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from pipeline.records import DeadLetter
 from pipeline.settings import BotConfig
 from pipeline.topics import DEADLETTER
+from tests.platforms import test_discord as discord_fx
 
 from .conftest import TOKEN, StartWorker, Worker
 
@@ -171,3 +172,29 @@ async def test_a_bot_on_a_long_connection_takes_no_webhooks(start_worker: StartW
     )
     assert (after or 0.0) == (before or 0.0) + 1
     assert worker.produced.records == []
+
+
+async def test_a_discord_gateway_bot_keeps_its_signed_interactions_endpoint(start_worker: StartWorker) -> None:
+    """Discord sends messages over the Gateway but slash commands to the interactions endpoint: a
+    Gateway bot's webhook route stays open for signed requests only (PING answered, forgeries 401)."""
+    gateway_bot = BotConfig(
+        platform="discord",
+        bot_id="dc1",
+        self_id=discord_fx.BOT_USER,
+        transport="gateway",
+        credentials={"token": discord_fx.TOKEN, "public_key": discord_fx.PUBLIC_KEY},
+        api_base="http://127.0.0.1:9",  # nothing listens: the worker's dials fail, which is fine here
+    )
+    worker = await start_worker(bots=[gateway_bot])
+    ping = discord_fx.signed({"type": 1, "id": "1", "application_id": discord_fx.BOT_USER, "token": "t", "version": 1})
+    command = discord_fx.signed(discord_fx.SLASH)
+    async with aiohttp.ClientSession() as http:
+        url = f"{worker.url}/webhooks/discord/dc1"
+        async with http.post(url, data=ping.body, headers=dict(ping.headers)) as r:
+            assert (r.status, await r.json()) == (200, {"type": 1})
+        async with http.post(url, data=command.body, headers={**command.headers, "x-signature-timestamp": "1"}) as r:
+            assert r.status == 401
+        assert worker.produced.records == []
+        async with http.post(url, data=command.body, headers=dict(command.headers)) as r:
+            assert (r.status, await r.json()) == (200, {"type": 5})
+    assert len(worker.produced.records) == 1
