@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import tempfile
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -107,6 +110,7 @@ def create_app(
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=False,
+        datadir=_faust_datadir(settings.app_id),
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         topic_disable_leader=True,
@@ -244,6 +248,18 @@ class _LagGauge:
         for labels in self._labels - current:
             metrics.CONSUMER_LAG.remove(*labels)
         self._labels = current
+
+
+def _faust_datadir(app_id: str) -> str:
+    """Faust wants a directory for local tables (Switchboard keeps none). Its default is
+    `<app id>-data` in the working directory, which litters checkouts and fails on a read-only
+    root filesystem: `FAUST_DATADIR` when set (the image sets it), else one under the temp dir."""
+    configured = os.environ.get("FAUST_DATADIR")
+    if configured:
+        return configured
+    parent = Path(tempfile.gettempdir()) / "switchboard-faust"
+    parent.mkdir(exist_ok=True)
+    return str(parent / f"{app_id}-data")
 
 
 def _producer_send(app: faust.App, *, acked: bool = False) -> Any:
