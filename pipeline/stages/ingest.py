@@ -214,7 +214,7 @@ class IngestStage:
         works: list[IngestWork | None] = []
         for message, plan in zip(messages, plans, strict=True):
             if plan is None:
-                metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
+                metrics.child(metrics.INBOUND_DEDUPLICATED, message.platform).inc()
                 works.append(None)
                 continue
             if plan.bot is None:
@@ -223,13 +223,13 @@ class IngestStage:
                 continue
             result = next(results)
             if result.duplicate:
-                metrics.INBOUND_DEDUPLICATED.labels(message.platform).inc()
+                metrics.child(metrics.INBOUND_DEDUPLICATED, message.platform).inc()
                 works.append(None)
                 continue
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
             if plan.command is None and plan.reason is None:
-                metrics.INBOUND_FILTERED.labels(message.platform).inc()
+                metrics.child(metrics.INBOUND_FILTERED, message.platform).inc()
                 works.append(None)
                 continue
             works.append(functools.partial(self._produce, plan, result.window))

@@ -73,5 +73,5 @@ class MarkerStore:
         results = []
         for reply in raw:
             duplicate = int(reply[0]) == 0
-            results.append(AdmissionResult(duplicate=duplicate, window=[] if duplicate else window(reply[1:])))
+            results.append(AdmissionResult(duplicate=duplicate, window=window(reply[1:]) if len(reply) > 1 else []))
         return results
