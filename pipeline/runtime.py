@@ -53,6 +53,7 @@ from pipeline.session import (
     StaticPoolProvisioner,
 )
 from pipeline.settings import BotConfig, Settings
+from pipeline.stages.deadlines import ReplyDeadlines
 from pipeline.stages.dispatch import DispatchStage
 from pipeline.stages.egress import EgressStage
 from pipeline.stages.ingest import IngestStage, member_names
@@ -165,6 +166,7 @@ class Runtime:
         self.started_event = asyncio.Event()
         self.web: WebServer | None = None
         self.web_port: int | None = None
+        self._deadline_check: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -243,6 +245,7 @@ class Runtime:
             )
             for name, p in self.platforms.items()
         }
+        self.deadlines = ReplyDeadlines(s, self.state, self.outputs, self.notifier, self.platforms)
         self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt)
         self.dispatch = DispatchStage(
             s,
@@ -253,6 +256,7 @@ class Runtime:
             self.outputs,
             self.notifier,
             typing=self._typing,
+            deadlines=self.deadlines,
         )
         self.render = RenderStage(
             s,
@@ -264,6 +268,7 @@ class Runtime:
             ImTools(s, self.state.conversations),
             corrector=self.corrector,
             media=self.media,
+            deadlines=self.deadlines,
         )
         self.egress = EgressStage(
             s,
@@ -291,6 +296,10 @@ class Runtime:
         if isinstance(onebot, OneBotPlatform):
             onebot.bind(self.connections.router)
         await self.connections.start()
+        # Every worker checks the reply deadlines (a claim gives each due turn to one of them).
+        self._deadline_check = (
+            asyncio.create_task(self.deadlines.run(), name="reply-deadlines") if self.deadlines.watching else None
+        )
         self.started = True
         self.started_event.set()
 
@@ -314,6 +323,9 @@ class Runtime:
             self.web = None
         if not self.started:
             return
+        if self._deadline_check is not None:
+            self._deadline_check.cancel()
+            await asyncio.gather(self._deadline_check, return_exceptions=True)
         await self.connections.stop()
         await self.blocking_redis.aclose()
         await self.streams.close()

@@ -98,6 +98,10 @@ class BotConfig(BaseModel):
     # possible: past the reply window, past the 5 replies to one message, with no message to answer.
     # Off, such a message is dead-lettered. QQ allows few (4 a month per user or group).
     active_messages: bool = False
+    # Where the platform closes replies to a message after a while (QQ bot: its passive-reply
+    # window): a turn still running this long before then gets the notice `reply_window_closing`
+    # (`reply_window_closing_active` with `active_messages`), once. 0: no notice.
+    reply_window_notice_seconds: float = Field(default=30.0, ge=0, le=600)
 
     def secret(self, name: str) -> str | None:
         value = self.credentials.get(name)

@@ -71,6 +71,9 @@ class PlatformProfile:
     default_bot_limit: RateLimit | None = None
     # The platform itself posts a message at most once per outbound id (egress keeps no markers).
     delivers_once: bool = False
+    # Replies to a user message can be sent only for a while after it (`Platform.reply_deadline_ms`):
+    # a turn still running shortly before then gets a notice (`pipeline.stages.deadlines`).
+    reply_window: bool = False
 
 
 @dataclass
@@ -136,6 +139,12 @@ class Platform(abc.ABC):
         self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
     ) -> SendOutcome:
         """Perform one call. Never raises for HTTP or platform errors: classify them instead."""
+
+    def reply_deadline_ms(self, bot: BotConfig, chat_id: str, route: Mapping[str, str]) -> float | None:
+        """The last moment (Unix ms) a reply to the user message `route` names can be sent, on a
+        platform whose profile has `reply_window`; None where the message sets no such limit (the
+        default: replies can go at any time)."""
+        return None
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
         """Show that the bot is working, where the platform can. Default: nothing."""

@@ -25,6 +25,7 @@ import datetime as dt
 import hashlib
 import hmac
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -195,6 +196,15 @@ def parse_chat_id(chat_id: str) -> _Target:
     return _Target(scene, ident)
 
 
+def passive_deadline_ms(scene: str, route: Mapping[str, str]) -> float | None:
+    """The last moment (Unix ms) egress sends a passive reply in `scene` to the message of `route`:
+    the scene's window after the message's `at_ms`, less the margin; None without `at_ms`."""
+    at_ms = route.get("at_ms", "")
+    if not at_ms.isdigit():
+        return None
+    return int(at_ms) + (PASSIVE_WINDOW_S[scene] - PASSIVE_MARGIN_S) * 1000
+
+
 def msg_seq(outbound_id: str, index: int) -> int:
     """A stable `msg_seq` for call `index` of an outbound message: the same on every replay, so QQ
     refuses a second send of it; 31 bits, so two calls replying to one message collide with a
@@ -219,6 +229,7 @@ class QQBotPlatform(Platform):
         # Passive group/one-to-one replies are de-duplicated by QQ (msg_id + msg_seq); guild channel
         # and DM messages and active messages are not: egress keeps its markers.
         delivers_once=False,
+        reply_window=True,  # passive replies only within the window after the user's message
     )
 
     def __init__(self) -> None:
@@ -404,10 +415,7 @@ class QQBotPlatform(Platform):
             bodies = bodies[: limit - 1]
             bodies.append(({"content": notice(bot, "reply_limit"), "msg_type": 0}, None, "text"))
 
-        deadline = None
-        at_ms = message.route.get("at_ms", "")
-        if reply_id and at_ms.isdigit():
-            deadline = int(at_ms) + (PASSIVE_WINDOW_S[target.scene] - PASSIVE_MARGIN_S) * 1000
+        deadline = passive_deadline_ms(target.scene, message.route) if reply_id else None
         calls: list[PlatformCall] = []
         for index, (body, media, segment_type) in enumerate(bodies):
             passive = bool(reply_id) and (limit is None or index < limit)
@@ -424,6 +432,17 @@ class QQBotPlatform(Platform):
                 meta["upload"] = segment_type
             calls.append(PlatformCall(method="POST", path=target.messages_path, json=body, media=media, meta=meta))
         return calls
+
+    def reply_deadline_ms(self, bot: BotConfig, chat_id: str, route: Mapping[str, str]) -> float | None:
+        """When egress stops sending passive replies to the message `route` names (`msg_id`, and
+        `at_ms`, which parse puts there); None for a route without them."""
+        if not route.get("msg_id"):
+            return None
+        try:
+            scene = parse_chat_id(chat_id).scene
+        except ValueError:
+            return None
+        return passive_deadline_ms(scene, route)
 
     async def send(
         self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader

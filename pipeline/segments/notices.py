@@ -29,6 +29,10 @@ class NoticeKind(StrEnum):
     STOPPED = "stopped"
     RESET = "reset"
     CUSTOM_TOOL_UNAVAILABLE = "custom_tool_unavailable"
+    # A turn still running shortly before the platform's reply window closes (QQ's passive replies):
+    # the answer will not come here (or, with the bot's active messages, will come separately).
+    REPLY_WINDOW_CLOSING = "reply_window_closing"
+    REPLY_WINDOW_CLOSING_ACTIVE = "reply_window_closing_active"
 
 
 # Placeholders each kind may use; anything else in a template is a configuration error.
@@ -56,6 +60,10 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.STOPPED: "Stopped.",
         NoticeKind.RESET: "Conversation reset. The next message starts a new conversation.",
         NoticeKind.CUSTOM_TOOL_UNAVAILABLE: "The tool {tool_name} is not available here.",
+        NoticeKind.REPLY_WINDOW_CLOSING: "This answer is taking longer than this chat lets me reply to your "
+        "message, so it cannot be sent here. Send a new message to get it.",
+        NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE: "This answer is taking longer than this chat lets me reply to "
+        "your message; it will be sent as a separate message.",
     },
     "zh": {
         NoticeKind.REPLY_INVALID: "抱歉，回复格式生成失败，请稍后重试。",
@@ -72,6 +80,9 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.STOPPED: "已停止。",
         NoticeKind.RESET: "会话已重置，下一条消息将开始新的会话。",
         NoticeKind.CUSTOM_TOOL_UNAVAILABLE: "工具 {tool_name} 在此不可用。",
+        NoticeKind.REPLY_WINDOW_CLOSING: "回答耗时超过了平台允许回复这条消息的时间，无法在此发送。"
+        "请再发一条消息获取回答。",
+        NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE: "回答耗时超过了平台允许回复这条消息的时间，稍后将作为单独的消息发送。",
     },
 }
 

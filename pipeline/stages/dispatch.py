@@ -21,6 +21,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart, note_message
 
 from ._ids import inbound_dedup_id, stable_id, user_message_id
+from .deadlines import ReplyDeadlines
 from .notify import Notifier
 from .outputs import Outputs
 from .streams import StreamRegistry
@@ -77,8 +78,10 @@ class DispatchStage:
         outputs: Outputs,
         notifier: Notifier,
         typing: Callable[[BotConfig, str], Awaitable[None]] | None = None,
+        deadlines: ReplyDeadlines | None = None,
     ) -> None:
         self.typing = typing
+        self.deadlines = deadlines
         self.settings = settings
         self.state = state
         self.client = client
@@ -176,6 +179,8 @@ class DispatchStage:
         if start.decision != "start" or start.session_id is None:
             return False  # busy (a flush while another turn runs: that turn's end flushes again)
         session_id = start.session_id
+        if self.deadlines is not None:
+            await self.deadlines.turn_started(bot, conversation, turn_id, command.chat_id, command.route)
         await self.streams.track(
             partition,
             InflightStream(session_id, conversation, cursor=start.cursor, trace_id=command.trace_id),

@@ -49,6 +49,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.state import ConversationState, PendingAction, State
 
 from ._ids import stable_id
+from .deadlines import ReplyDeadlines
 from .notify import Notifier
 from .outputs import Outputs
 from .tools import ImTools
@@ -130,7 +131,9 @@ class RenderStage:
         *,
         corrector: contract.ReplyCorrector | None = None,
         media: Any = None,
+        deadlines: ReplyDeadlines | None = None,
     ) -> None:
+        self.deadlines = deadlines
         self.settings = settings
         self.state = state
         self.outputs = outputs
@@ -444,6 +447,8 @@ class RenderStage:
             tools={},
             interrupted=False,
         )
+        if self.deadlines is not None and turn_id is not None and state.turn is not None:
+            await self.deadlines.turn_ended(bot, record.conversation_key, turn_id, state.turn)
         if held > 0:
             await self._flush(record, bot.platform, bot.bot_id, state.turn)
             await self.outputs.delivered()

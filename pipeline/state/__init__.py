@@ -6,6 +6,7 @@
 - `streams`: the streams in flight per partition;
 - `deliveries`: delivered outbound messages and the shared rate windows;
 - `console`: the console's chats;
+- `deadlines`: the turns whose platform closes replies to their message after a while;
 - `connections` (`ConnectionStore`, opened by `pipeline.connections` with a blocking client of its
   own): the leases of long connections and the actions queued for their holders.
 
@@ -21,6 +22,7 @@ from pipeline.state.client import RedisClient
 from pipeline.state.connections import Acquired, ActionClaim, ConnectionStore, LeaseState, LeaseValue
 from pipeline.state.console import ConsoleStore, LiveMessage, message_seq, note_message
 from pipeline.state.conversations import ConversationStore, TurnMode
+from pipeline.state.deadlines import DeadlineStore
 from pipeline.state.deliveries import Claim, DeliveryStore, RateWindow
 from pipeline.state.exceptions import StateError
 from pipeline.state.keys import Keys
@@ -51,6 +53,7 @@ class State:
     streams: StreamStore
     deliveries: DeliveryStore
     console: ConsoleStore
+    deadlines: DeadlineStore
 
     @classmethod
     def connect(
@@ -80,6 +83,7 @@ class State:
             streams=StreamStore(redis, keys),
             deliveries=DeliveryStore(redis, keys, dedup_ttl=dedup_ttl),
             console=ConsoleStore(redis, keys, **ttls),
+            deadlines=DeadlineStore(redis, keys),
         )
 
 
@@ -93,6 +97,7 @@ __all__ = [
     "ContextEntry",
     "ConversationState",
     "ConversationStore",
+    "DeadlineStore",
     "DeliveryStore",
     "InboundAdmission",
     "InflightStream",

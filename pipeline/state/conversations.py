@@ -154,6 +154,11 @@ class ConversationStore:
     async def turns_in_session(self, conversation: str) -> list[str]:
         return [text(v) or "" for v in await self.redis.execute("LRANGE", self.keys.turns(conversation), 0, -1)]
 
+    async def turn(self, turn_id: str) -> TurnRecord | None:
+        """A sent turn's record (kept for `mapping_ttl`, after its end too)."""
+        raw = text(await self.redis.execute("GET", self.keys.turn(turn_id)))
+        return TurnRecord.model_validate_json(raw) if raw else None
+
     # -- turn ends (render) --------------------------------------------------------------------
     async def bind_turn_end(self, conversation: str, event_id: str | None, *, bind: bool) -> TurnEnd:
         """Whether this idle was handled before, the conversation's state and, with `bind`, the

@@ -47,6 +47,10 @@ class Keys:
         """List: the group-context window, newest first."""
         return self.of("ctx", conversation)
 
+    def reply_deadlines(self) -> str:
+        """Sorted set: `<turn id> <conversation>` → when the turn's reply-window notice is due (ms)."""
+        return self.of("reply-deadlines", "turns")
+
     # Streams.
     def inflight(self, partition: int) -> str:
         """Hash per partition of session.input: session id → the stream a worker must hold."""
