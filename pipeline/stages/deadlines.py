@@ -133,11 +133,11 @@ class ReplyDeadlines:
                 log.warning("reply deadlines: check failed (%s); retrying", type(exc).__name__)
             await asyncio.sleep(interval)
 
-    async def check(self) -> int:
-        """Handle the entries due now; returns how many notices were produced."""
+    async def check(self, at_ms: float | None = None) -> int:
+        """Handle the entries due now (or by `at_ms`); returns how many notices were produced."""
         produced = 0
         while True:
-            now = now_ms()
+            now = now_ms() if at_ms is None else at_ms
             entries = await self.state.deadlines.claim_due(now, claim_ms=CLAIM_MS, limit=CLAIM_BATCH)
             for entry in entries:
                 turn_id, conversation = parse_member(entry)

@@ -524,6 +524,26 @@ async def test_the_passive_window(api: FakeApi, http: httpx.AsyncClient) -> None
     assert refused.status == "permanent" and refused.reason == "passive_window_expired" and "304027" in refused.detail
 
 
+def test_reply_deadline_is_the_window_egress_keeps() -> None:
+    """The deadline QQ declares for a turn (its notice is due a little before it) is the moment egress
+    stops sending passive replies: the scene's window after the message, less the margin."""
+    qq, bot = QQBotPlatform(), bot_config()
+    assert qq.profile.reply_window
+    at = 1_700_000_000_000
+    route = {"msg_id": "m1", "at_ms": str(at)}
+    assert qq.reply_deadline_ms(bot, f"group:{GROUP}", route) == at + 290_000
+    assert qq.reply_deadline_ms(bot, f"c2c:{USER}", route) == at + 3_590_000
+    assert qq.reply_deadline_ms(bot, f"channel:{CHANNEL}", route) == at + 290_000
+    assert qq.reply_deadline_ms(bot, f"dm:{DM_GUILD}", route) == at + 290_000
+    # Render puts the same moment on every passive call.
+    [call] = qq.render(bot, outbound(f"group:{GROUP}", [{"type": "text", "data": {"text": "x"}}], route=route))
+    assert call.meta["passive_until_ms"] == at + 290_000
+    # Nothing to answer, no time of the message, or not a QQ chat id: no deadline.
+    assert qq.reply_deadline_ms(bot, f"group:{GROUP}", {"at_ms": str(at)}) is None
+    assert qq.reply_deadline_ms(bot, f"group:{GROUP}", {"msg_id": "m1"}) is None
+    assert qq.reply_deadline_ms(bot, "private_1", route) is None
+
+
 async def test_channel_and_dm(api: FakeApi, http: httpx.AsyncClient) -> None:
     stand_in = QQStandIn(api)
     stand_in.received("m1")
