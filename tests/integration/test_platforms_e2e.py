@@ -26,11 +26,13 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from telegram import Chat, Message, MessageEntity, Update, User
 
 from pipeline.embedded import RedisServer
 from pipeline.kafka import ConsumeTimeoutError, consume_until
 from pipeline.platforms import WebhookRequest
+from pipeline.segments.notices import DEFAULT_NOTICES, NoticeKind
 from pipeline.stack import Stack
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from tests.conftest import enabled_brokers
@@ -54,6 +56,8 @@ OWN_TESTS = {"dingtalk": "dt1"}
 DINGTALK_STREAM_BOT = "dt2"  # the same app on transport "stream"
 WECOM_BOT = "wc1"  # its webhook is signed in the query, so it has tests of its own below
 QQ_BOT = "qb1"  # QQ bot (official API): its own envelope and Ed25519 signature, tests of its own below
+QQ_ACTIVE_BOT = "qb2"  # the same QQ app with active_messages = true
+QQ_NOTICE_LEAD = 5  # both QQ bots' reply_window_notice_seconds (30 by default), for a short test
 
 
 def _bots_toml(standins: StandIns) -> str:
@@ -129,6 +133,13 @@ def _bots_toml(standins: StandIns) -> str:
     out.append(f'platform = "qqbot"\nbot_id = "{QQ_BOT}"\nself_id = "{qq_fx.BOT_USER}"')
     out.append(f'api_base = "{standins.url("qqbot")}"\nlanguage = "en"')
     out.append(f"credentials = {creds({'app_id': qq_fx.APP_ID, 'app_secret': qq_fx.APP_SECRET})}")
+    out.append(f"reply_window_notice_seconds = {QQ_NOTICE_LEAD}")
+    out.append("")
+    out.append("[[bots]]")
+    out.append(f'platform = "qqbot"\nbot_id = "{QQ_ACTIVE_BOT}"\nself_id = "{qq_fx.BOT_USER}"')
+    out.append(f'api_base = "{standins.url("qqbot")}"\nlanguage = "en"\nactive_messages = true')
+    out.append(f"credentials = {creds({'app_id': qq_fx.APP_ID, 'app_secret': qq_fx.APP_SECRET})}")
+    out.append(f"reply_window_notice_seconds = {QQ_NOTICE_LEAD}")
     return "\n".join(out)
 
 
@@ -933,8 +944,8 @@ async def test_wecom_media_reply_is_uploaded_first(stack: Stack, standins: Stand
 # -- QQ bot (official API): signed with Ed25519 as QQ documents, fixtures read back by qq-botpy --------
 
 
-async def post_qq(stack: Stack, request: WebhookRequest) -> httpx.Response:
-    url = f"{stack.workers[0].url}/webhooks/qqbot/{QQ_BOT}"
+async def post_qq(stack: Stack, request: WebhookRequest, bot: str = QQ_BOT) -> httpx.Response:
+    url = f"{stack.workers[0].url}/webhooks/qqbot/{bot}"
     async with httpx.AsyncClient(timeout=30) as client:
         return await client.post(url, content=request.body, headers=dict(request.headers))
 
@@ -1076,6 +1087,86 @@ async def test_qqbot_media_reply_is_uploaded_then_sent_as_media(stack: Stack, st
     }
     assert image.seen.json["msg_seq"] != text.seen.json["msg_seq"]
     await standins.settle()
+
+
+def qq_late_group(n: int, text: str, *, age: float) -> tuple[dict[str, Any], str, str, float]:
+    """A group message QQ delivers `age` seconds after it was sent (its `timestamp`): its passive
+    window (5 minutes) closes that much sooner. Returns the payload, chat, message id and send time."""
+    sent = time.time() - age
+    group, message_id = f"E2ELATE{n:025d}", f"ROBOT1.0_e2e_late_{n:06d}"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(sent))
+    payload = qq_fx.group_at(text, message_id=message_id, group=group, timestamp=stamp)
+    return payload, f"group:{group}", message_id, float(int(sent))
+
+
+def notices_counted(metrics_text: str) -> dict[str, float]:
+    return {
+        sample.labels["notice"]: sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == "switchboard_notices"
+        for sample in family.samples
+        if sample.name == "switchboard_notices_total" and sample.labels.get("platform") == "qqbot"
+    }
+
+
+async def test_qqbot_a_turn_outliving_the_reply_window_gets_one_notice_while_it_is_open(
+    stack: Stack, standins: StandIns
+) -> None:
+    """Three group messages that reach the bot 276-280 s after they were sent, so their passive
+    windows close about 10-14 s later (egress stops 10 s before QQ's 5 minutes) and the notice is due
+    5 s before that: a fast turn answers in time and gets no notice; a slow one (the agent thinks
+    15 s) gets exactly one notice, a passive reply sent while the window was open, and then its
+    late answer is dead-lettered, or, for the bot with active messages, sent as an active message."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        before = notices_counted((await client.get(f"{stack.workers[0].url}/metrics")).text)
+    fast, fast_chat, fast_id, fast_sent = qq_late_group(_n(), "quick one qqbot", age=276)
+    slow, slow_chat, slow_id, slow_sent = qq_late_group(_n(), "slow one qqbot [sim:think=15]", age=280)
+    active, active_chat, active_id, active_sent = qq_late_group(_n(), "slow active qqbot [sim:think=15]", age=280)
+    for message_id, sent in ((fast_id, fast_sent), (slow_id, slow_sent), (active_id, active_sent)):
+        standins.qq.received(message_id, at=sent)
+    posted = time.time()
+    for payload, bot in ((fast, QQ_BOT), (slow, QQ_BOT), (active, QQ_ACTIVE_BOT)):
+        assert (await post_qq(stack, qq_fx.signed(payload), bot)).status_code == 200
+
+    letters: list[dict[str, Any]] = []
+
+    def late_reply_dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == slow_chat:
+            letters.append(letter)
+        return bool(letters)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, late_reply_dead, timeout=60)
+    await standins.wait_for("qqbot", active_chat, 2, within=30)
+    await standins.settle(quiet=3)
+    assert time.time() - posted > 14  # every window here has closed: no notice can still come
+
+    # The fast turn: its answer, nothing else.
+    [answer] = standins.calls_for("qqbot", fast_chat)
+    assert answer.accepted and answer.seen.json["content"].endswith("quick one qqbot")  # the echo
+    assert answer.seen.json["msg_id"] == fast_id
+
+    # The slow turn: one notice, a passive reply to the user's message inside its window.
+    [notice] = standins.calls_for("qqbot", slow_chat)
+    body = notice.seen.json
+    assert notice.accepted and body["msg_id"] == slow_id and isinstance(body["msg_seq"], int)
+    assert body["content"] == DEFAULT_NOTICES["en"][NoticeKind.REPLY_WINDOW_CLOSING]
+    [letter] = letters
+    assert letter["reason"] == "passive_window_expired", letter
+    late = json.loads(letter["record"])
+    assert late["kind"] == "reply" and late["segments"][0]["data"]["text"].endswith("slow one qqbot")
+
+    # With active messages: the notice says so, then the answer comes without a msg_id.
+    notice, reply = standins.calls_for("qqbot", active_chat)
+    assert notice.accepted and notice.seen.json["msg_id"] == active_id
+    assert notice.seen.json["content"] == DEFAULT_NOTICES["en"][NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE]
+    assert reply.accepted and "msg_id" not in reply.seen.json
+    assert reply.seen.json["content"].endswith("slow active qqbot")
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        after = notices_counted((await client.get(f"{stack.workers[0].url}/metrics")).text)
+    for kind in ("reply_window_closing", "reply_window_closing_active"):
+        assert after.get(kind, 0.0) - before.get(kind, 0.0) == 1.0, (kind, before, after)
 
 
 @pytest.mark.slow
