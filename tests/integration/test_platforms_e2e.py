@@ -207,6 +207,20 @@ def reply_text(call: Call) -> str:
     return ""
 
 
+async def egress_dead_letters(stack: Stack, chat: str, *, timeout: float = 45) -> list[dict[str, Any]]:
+    """Read `im.deadletter` until egress's dead letter of a message to `chat` is there: those found."""
+    letters: list[dict[str, Any]] = []
+
+    def dead(record: Any) -> bool:
+        letter = json.loads(record.value)
+        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
+            letters.append(letter)
+        return bool(letters)
+
+    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=timeout)
+    return letters
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
@@ -738,15 +752,7 @@ async def test_dingtalk_permanent_error_is_one_dead_letter(stack: Stack, standin
     refused = (400, {"code": "staffId.notExisted", "message": "the user does not exist"})
     standins.script("dingtalk", chat, refused, sticky=True)
     assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
-    found: list[dict[str, Any]] = []
-
-    def dead(record: Any) -> bool:
-        letter = json.loads(record.value)
-        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
-            found.append(letter)
-        return bool(found)
-
-    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    found = await egress_dead_letters(stack, chat)
     await standins.settle(quiet=3)
     [letter] = found
     assert letter["reason"] == "bad_recipient" and letter["attempts"] == 1
@@ -894,15 +900,7 @@ async def test_wecom_rate_limited_once_then_delivered_and_permanent_dead_lettere
     for request in (limited_request, dead_request):
         assert (await wecom_call(stack, request)).status_code == 200
 
-    letters: list[dict[str, Any]] = []
-
-    def dead(record: Any) -> bool:
-        letter = json.loads(record.value)
-        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == dead_user:
-            letters.append(letter)
-        return bool(letters)
-
-    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    letters = await egress_dead_letters(stack, dead_user)
     await standins.wait_for("wecom", limited_user)
     await standins.settle(quiet=3)
     limited, delivered = standins.calls_for("wecom", limited_user)
@@ -1044,15 +1042,7 @@ async def test_qqbot_permanent_error_is_dead_lettered_with_qqs_reason(stack: Sta
     refusal = (403, {"code": 11253, "message": "check app privilege not pass"})
     standins.script("qqbot", chat, refusal, sticky=True)
     assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
-    letters: list[dict[str, Any]] = []
-
-    def dead(record: Any) -> bool:
-        letter = json.loads(record.value)
-        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == chat:
-            letters.append(letter)
-        return bool(letters)
-
-    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
+    letters = await egress_dead_letters(stack, chat)
     await standins.settle(quiet=3)
     [letter] = letters
     assert letter["reason"] == "missing_permission" and letter["attempts"] == 1, letter
@@ -1128,15 +1118,7 @@ async def test_qqbot_a_turn_outliving_the_reply_window_gets_one_notice_while_it_
     for payload, bot in ((fast, QQ_BOT), (slow, QQ_BOT), (active, QQ_ACTIVE_BOT)):
         assert (await post_qq(stack, qq_fx.signed(payload), bot)).status_code == 200
 
-    letters: list[dict[str, Any]] = []
-
-    def late_reply_dead(record: Any) -> bool:
-        letter = json.loads(record.value)
-        if letter["stage"] == "egress" and json.loads(letter["record"])["chat_id"] == slow_chat:
-            letters.append(letter)
-        return bool(letters)
-
-    await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, late_reply_dead, timeout=60)
+    letters = await egress_dead_letters(stack, slow_chat, timeout=60)
     await standins.wait_for("qqbot", active_chat, 2, within=30)
     await standins.settle(quiet=3)
     assert time.time() - posted > 14  # every window here has closed: no notice can still come
