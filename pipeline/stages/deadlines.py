@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.platforms import Platform
@@ -64,13 +63,6 @@ def verdict(*, running: bool, now: float, deadline_ms: float) -> Verdict:
     if not running:
         return "ended"
     return "notice" if now < deadline_ms else "too_late"
-
-
-@dataclass(frozen=True)
-class _Due:
-    entry: str
-    turn_id: str
-    conversation: str
 
 
 class ReplyDeadlines:
@@ -140,24 +132,24 @@ class ReplyDeadlines:
             now = now_ms() if at_ms is None else at_ms
             entries = await self.state.deadlines.claim_due(now, claim_ms=CLAIM_MS, limit=CLAIM_BATCH)
             for entry in entries:
-                turn_id, conversation = parse_member(entry)
-                if await self._handle(_Due(entry, turn_id, conversation), now):
+                if await self._handle(entry, now):
                     produced += 1
             if len(entries) < CLAIM_BATCH:
                 return produced
 
-    async def _handle(self, due: _Due, now: float) -> bool:
+    async def _handle(self, entry: str, now: float) -> bool:
+        turn_id, conversation = parse_member(entry)
         conversations = self.state.conversations
-        turn = await conversations.turn(due.turn_id) if due.turn_id and due.conversation else None
+        turn = await conversations.turn(turn_id) if turn_id and conversation else None
         bot = self.settings.bot(turn.platform, turn.bot_id) if turn is not None else None
         deadline = self.deadline_ms(bot, turn.chat_id, turn.route) if turn is not None and bot is not None else None
         if turn is None or bot is None or deadline is None:
-            await self.state.deadlines.remove(due.entry)  # nothing left to answer, or no longer watched
+            await self.state.deadlines.remove(entry)  # nothing left to answer, or no longer watched
             return False
-        running = due.turn_id in await conversations.turns_in_session(due.conversation)
+        running = turn_id in await conversations.turns_in_session(conversation)
         outcome = verdict(running=running, now=now, deadline_ms=deadline)
         if outcome == "too_late":
-            log.info("reply deadline of a turn in %s passed before its notice could go", due.conversation)
+            log.info("reply deadline of a turn in %s passed before its notice could go", conversation)
         if outcome == "notice":
             kind = notice_kind(bot)
             self.outputs.begin()
@@ -168,13 +160,14 @@ class ReplyDeadlines:
                     platform=turn.platform,
                     chat_id=turn.chat_id,
                     chat_type=turn.chat_type,
-                    conversation_key=due.conversation,
-                    outbound_id=stable_id("notice-", due.conversation, due.turn_id, kind.value),
+                    conversation_key=conversation,
+                    # One per turn whichever text it has (a bot's active_messages changed meanwhile).
+                    outbound_id=stable_id("notice-", conversation, turn_id, "reply_window"),
                     route=turn.route,
                     trace_id=turn.trace_id,
                     hops=dict(turn.hops),
                 )
             )
             await self.outputs.delivered()  # in the broker before the entry goes
-        await self.state.deadlines.remove(due.entry)
+        await self.state.deadlines.remove(entry)
         return outcome == "notice"
