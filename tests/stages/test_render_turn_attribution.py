@@ -8,7 +8,7 @@ import json
 
 from prometheus_client import REGISTRY
 
-from pipeline.records import OutboundMessage, Position, SessionEventRecord
+from pipeline.records import Position, SessionEventRecord
 from pipeline.runtime import reply_policy
 from pipeline.segments.media import MediaChecker, MediaSettings
 from pipeline.settings import Settings
@@ -18,19 +18,10 @@ from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
 from pipeline.state import State, TurnRecord
 
+from .turns import Recorder
+
 CONVERSATION = "console:demo:chat-1"
 REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes]] = []
-
-    async def __call__(self, topic: str, key: str | None, value: bytes) -> None:
-        self.records.append((topic, value))
-
-    def replies(self) -> list[OutboundMessage]:
-        return [OutboundMessage.model_validate_json(v) for t, v in self.records if t.startswith("im.outbound.")]
 
 
 def round_trips() -> float:

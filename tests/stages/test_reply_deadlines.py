@@ -13,7 +13,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pipeline.platforms import get_platform
-from pipeline.records import OutboundMessage
 from pipeline.segments.notices import DEFAULT_NOTICES, NoticeKind
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.deadlines import (
@@ -29,7 +28,7 @@ from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.state import State, TurnRecord
 
-from .turns import running_turn
+from .turns import Recorder, running_turn
 
 CREDENTIALS = {"app_id": "11111111", "app_secret": "DG5g3B4j9X2KOErG"}
 GROUP = "group:C9F778FE6ADF9D1D1DBE395BF744A33A"
@@ -69,17 +68,6 @@ def test_every_language_has_both_notices() -> None:
 
 
 # -- against Redis --------------------------------------------------------------------------------
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes]] = []
-
-    async def __call__(self, topic: str, key: str | None, value: bytes) -> None:
-        self.records.append((topic, value))
-
-    def outbound(self) -> list[OutboundMessage]:
-        return [OutboundMessage.model_validate_json(v) for t, v in self.records if t == "im.outbound.qqbot"]
 
 
 def notices_counted(kind: str) -> float:
@@ -137,14 +125,14 @@ async def test_a_turn_running_when_its_notice_is_due_gets_one_notice(state: Stat
     # Before the notice is due (30 s before the deadline): nothing.
     assert await watch.check(at + WINDOW_MS - 31_000) == 0
     assert await watch.check(at + WINDOW_MS - 29_000) == 1
-    [notice] = recorder.outbound()
+    [notice] = recorder.replies()
     assert notice.kind == "notice" and notice.chat_id == GROUP and notice.conversation_key == conversation
     assert notice.route["msg_id"] == "ROBOT1.0_m1"  # a passive reply to the user's message
     assert notice.segments[0].data.text == DEFAULT_NOTICES["en"][NoticeKind.REPLY_WINDOW_CLOSING]  # type: ignore[union-attr]
     assert notices_counted("reply_window_closing") == counted + 1
     # Handled once: later checks produce nothing.
     assert await watch.check(at + WINDOW_MS - 1_000) == 0
-    assert len(recorder.outbound()) == 1
+    assert len(recorder.replies()) == 1
     assert not await state.redis.execute("ZRANGE", state.keys.reply_deadlines(), 0, -1)
 
 
@@ -157,7 +145,7 @@ async def test_a_turn_that_ended_in_time_gets_no_notice(state: State, redis_pref
     await watch.turn_ended(bot, conversation, "sevt-sb-fast", turn)  # render, at the turn's end
     assert not await state.redis.execute("ZRANGE", state.keys.reply_deadlines(), 0, -1)
     assert await watch.check(at + WINDOW_MS - 1_000) == 0
-    assert recorder.outbound() == []
+    assert recorder.replies() == []
 
 
 async def test_a_turn_no_longer_running_is_dropped_when_due(state: State, redis_prefix: str) -> None:
@@ -169,7 +157,7 @@ async def test_a_turn_no_longer_running_is_dropped_when_due(state: State, redis_
     await started(watch, state, conversation, "sevt-sb-failed", turn_record(at))
     await state.conversations.drop_turn(conversation, "sevt-sb-failed")  # dispatch, after a failed send
     assert await watch.check(at + WINDOW_MS - 1_000) == 0
-    assert recorder.outbound() == []
+    assert recorder.replies() == []
     assert not await state.redis.execute("ZRANGE", state.keys.reply_deadlines(), 0, -1)
 
 
@@ -179,7 +167,7 @@ async def test_past_the_deadline_nothing_is_sent(state: State, redis_prefix: str
     conversation = f"qqbot:qb1:{GROUP}"
     await started(watch, state, conversation, "sevt-sb-late", turn_record(at))
     assert await watch.check(at + WINDOW_MS + 1) == 0  # every worker was down until after it
-    assert recorder.outbound() == []
+    assert recorder.replies() == []
     # A turn that starts when its message's window has already closed is not even scheduled.
     await started(watch, state, conversation, "sevt-sb-older", turn_record(at - 400_000, msg_id="old"))
     assert not await state.redis.execute("ZRANGE", state.keys.reply_deadlines(), 0, -1)
@@ -203,7 +191,7 @@ async def test_a_claim_left_by_a_dead_worker_is_finished_by_another_with_the_sam
     again = ReplyDeadlines(watch.settings, state, Outputs(replay), watch.notifier, watch.platforms)
     await again.turn_started(watch.settings.bots[0], conversation, "sevt-sb-crash", GROUP, turn_record(at).route)
     assert await again.check(due + CLAIM_MS + 2) == 1
-    assert replay.outbound()[0].outbound_id == recorder.outbound()[0].outbound_id
+    assert replay.replies()[0].outbound_id == recorder.replies()[0].outbound_id
 
 
 async def test_workers_checking_together_send_one_notice(state: State, redis_prefix: str) -> None:
@@ -215,7 +203,7 @@ async def test_workers_checking_together_send_one_notice(state: State, redis_pre
     due = at + WINDOW_MS - 29_000
     counts = await asyncio.gather(*(watch.check(due) for watch, _ in watchers))
     assert sum(counts) == 30
-    ids = [m.outbound_id for _, recorder in watchers for m in recorder.outbound()]
+    ids = [m.outbound_id for _, recorder in watchers for m in recorder.replies()]
     assert len(ids) == len(set(ids)) == 30
 
 
@@ -227,7 +215,7 @@ async def test_with_active_messages_the_notice_says_the_answer_comes_separately(
     conversation = f"qqbot:qb1:{GROUP}"
     await started(watch, state, conversation, "sevt-sb-active", turn_record(at))
     assert await watch.check(at + WINDOW_MS - 1_000) == 1
-    [notice] = recorder.outbound()
+    [notice] = recorder.replies()
     text = notice.segments[0].data.text  # type: ignore[union-attr]
     assert text == DEFAULT_NOTICES["zh"][NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE]
 
@@ -241,7 +229,7 @@ async def test_the_notice_lead_and_its_text_are_per_bot(state: State, redis_pref
     await started(watch, state, conversation, "sevt-sb-lead", turn_record(at))
     assert await watch.check(at + WINDOW_MS - 121_000) == 0
     assert await watch.check(at + WINDOW_MS - 119_000) == 1
-    assert recorder.outbound()[0].segments[0].data.text == custom  # type: ignore[union-attr]
+    assert recorder.replies()[0].segments[0].data.text == custom  # type: ignore[union-attr]
 
 
 async def test_platforms_without_windows_and_a_zero_lead_schedule_nothing(state: State, redis_prefix: str) -> None:

@@ -1,8 +1,24 @@
-"""What dispatch records when it sends a user turn, for stage tests that start from a running turn."""
+"""What dispatch records when it sends a user turn, for stage tests that start from a running turn;
+and a recorder of what a stage produces, at the producer seam."""
 
 from __future__ import annotations
 
+from pipeline.records import OutboundMessage
 from pipeline.state import State, TurnRecord
+
+
+class Recorder:
+    """Stands for the producer (`Outputs`' send): keeps every record in order."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes]] = []
+
+    async def __call__(self, topic: str, key: str | None, value: bytes) -> None:
+        self.records.append((topic, value))
+
+    def replies(self) -> list[OutboundMessage]:
+        """Every outbound message produced (replies, notices, …), in order."""
+        return [OutboundMessage.model_validate_json(v) for t, v in self.records if t.startswith("im.outbound.")]
 
 
 async def running_turn(
