@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.platforms import Platform
@@ -65,20 +66,13 @@ def verdict(*, running: bool, now: float, deadline_ms: float) -> Verdict:
     return "notice" if now < deadline_ms else "too_late"
 
 
+@dataclass
 class ReplyDeadlines:
-    def __init__(
-        self,
-        settings: Settings,
-        state: State,
-        outputs: Outputs,
-        notifier: Notifier,
-        platforms: Mapping[str, Platform],
-    ) -> None:
-        self.settings = settings
-        self.state = state
-        self.outputs = outputs
-        self.notifier = notifier
-        self.platforms = platforms
+    settings: Settings
+    state: State
+    outputs: Outputs
+    notifier: Notifier
+    platforms: Mapping[str, Platform]
 
     @property
     def watching(self) -> bool:
