@@ -135,6 +135,13 @@ class KafkaWatermarks:
             await self._admin.close()
 
     async def by_topic(self, prefix_filter: tuple[str, ...] = ("im.", "session.")) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tp, high in (await self.by_partition(prefix_filter)).items():
+            out[tp.topic] = out.get(tp.topic, 0) + high
+        return out
+
+    async def by_partition(self, prefix_filter: tuple[str, ...] = ("im.", "session.")) -> dict[Any, int]:
+        """High watermark of every partition (keys are aiokafka `TopicPartition`s)."""
         from aiokafka import TopicPartition
 
         names = [t for t in await self._admin.list_topics() if t.startswith(prefix_filter)]
@@ -144,10 +151,53 @@ class KafkaWatermarks:
                 continue
             tps += [TopicPartition(meta["topic"], p["partition"]) for p in meta.get("partitions") or []]
         highs = await self._consumer.end_offsets(tps) if tps else {}
-        out: dict[str, int] = {}
-        for tp, high in highs.items():
-            out[tp.topic] = out.get(tp.topic, 0) + int(high)
+        return {tp: int(high) for tp, high in highs.items()}
+
+
+async def kafka_record_bytes(
+    bootstrap: str, start: dict[Any, int], end: dict[Any, int], *, timeout: float = 60.0
+) -> dict[str, dict[str, int]]:
+    """Records and their bytes (key + value + headers, as produced) written between two sets of
+    high watermarks, by topic: read back after the phase, so the reading costs the phase nothing."""
+    from aiokafka import AIOKafkaConsumer
+
+    ranges = {tp: (start.get(tp, 0), high) for tp, high in end.items() if high > start.get(tp, 0)}
+    out: dict[str, dict[str, int]] = {}
+    if not ranges:
         return out
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(ranges))
+        for tp, (first, _) in ranges.items():
+            consumer.seek(tp, first)
+        pending = set(ranges)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=5000)
+            for tp, records in batches.items():
+                last = ranges[tp][1]
+                row = out.setdefault(tp.topic, {"records": 0, "bytes": 0})
+                for rec in records:
+                    if rec.offset >= last:
+                        break
+                    row["records"] += 1
+                    row["bytes"] += (rec.serialized_key_size if rec.key is not None else 0) + max(
+                        rec.serialized_value_size, 0
+                    )
+                    row["bytes"] += sum(len(k) + len(v or b"") for k, v in rec.headers or ())
+            for tp in list(pending):
+                if await consumer.position(tp) >= ranges[tp][1]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def redis_net_bytes(redis: Any) -> int:
+    """Bytes Redis received and sent (`INFO stats` total_net_input_bytes + total_net_output_bytes)."""
+    info = await redis.info("stats")
+    return int(info.get("total_net_input_bytes", 0)) + int(info.get("total_net_output_bytes", 0))
 
 
 async def scrape_metrics(url: str, client: httpx.AsyncClient | None = None) -> dict[str, float]:
