@@ -26,6 +26,7 @@ import httpx
 
 from pipeline.bench.load import TrafficMix
 from pipeline.bench.measure import (
+    CpuSetMeter,
     KafkaWatermarks,
     kafka_record_bytes,
     metric_sum,
@@ -153,7 +154,13 @@ def _per(value: float | None, turns: int, scale: float = 1.0, digits: int = 2) -
 
 
 async def _measured(
-    bs: BenchStack, http: httpx.AsyncClient, mix: TrafficMix, rate: float, duration: float, label: str
+    bs: BenchStack,
+    http: httpx.AsyncClient,
+    mix: TrafficMix,
+    rate: float,
+    duration: float,
+    label: str,
+    cpu_sets: CpuSetMeter,
 ) -> dict[str, Any]:
     """One `run_phase` with the extra meters around it; figures per turn and per inbound message."""
     kafka = KafkaWatermarks(bs.bootstrap)
@@ -161,7 +168,9 @@ async def _measured(
     try:
         snap = _Snapshot(bs, http, kafka)
         before = await snap.take()
+        cpu_sets.start()
         phase = await run_phase(bs, mix, rate, duration, label=label, progress=False)
+        busy = cpu_sets.stop()
         after = await snap.take()
     finally:
         await kafka.stop()
@@ -205,6 +214,7 @@ async def _measured(
         "e2e_ms": {k: d["latency_ms"]["end_to_end"].get(k) for k in ("p50", "p99")},
         "per_worker": per_worker,
         "cpu_s": {"workers": round(worker_cpu, 2), **{k: v for k, v in infra.items()}},
+        "cpu_sets_busy": busy,
         "cpu_pct_of_core": {
             "workers": round(worker_cpu / d["wall_s"] * 100, 1),
             **{k: round(v / d["wall_s"] * 100, 1) for k, v in infra.items() if v is not None and not math.isnan(v)},
@@ -263,6 +273,9 @@ def _pin(bs: BenchStack, workers: set[int] | None, others: set[int] | None) -> d
 async def one_count(
     args: argparse.Namespace, n: int, mix: TrafficMix, workers: set[int] | None, others: set[int] | None
 ) -> dict[str, Any]:
+    cpu_sets = CpuSetMeter(
+        {"workers": workers, "others": others} if workers and others else {"all": set(range(os.cpu_count() or 1))}
+    )
     bs = await start_stack(
         broker=args.broker if args.broker != "both" else "tansu",
         workers=n,
@@ -280,7 +293,7 @@ async def one_count(
         log(f"{n} worker(s): partitions {out['partitions_owned']}, CPUs {out['cpus_allowed']}")
         await warm_up(bs, mix)
         out["idle_pct_of_core"] = await _idle(bs)
-        out["fixed"] = await _measured(bs, http, mix, args.rate, args.duration, f"{n}w fixed {args.rate:g}/s")
+        out["fixed"] = await _measured(bs, http, mix, args.rate, args.duration, f"{n}w fixed {args.rate:g}/s", cpu_sets)
         only_filtered = TrafficMix(
             conversations=mix.conversations,
             private_share=0.0,
@@ -309,7 +322,7 @@ async def one_count(
             "redis_commands_per_msg": (fd.get("redis") or {}).get("ops_per_inbound_msg"),
         }
         log(f"{n}w filtered only: {out['filtered_only']}")
-        out["max"] = await ramp(bs, mix, args, label=f"{n}w ramp")
+        out["max"] = await ramp(bs, mix, args, label=f"{n}w ramp", cpu_sets=cpu_sets)
         out["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
         out["cpus_allowed_at_end"] = {
             name: allowed_cpus(pid) for name, pid in {**bs.pids(), "bench": os.getpid()}.items()
@@ -326,14 +339,23 @@ def _peak(steps: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     best = max(steps, key=lambda s: s.get("turns_per_s") or 0.0)
     cores = best.get("cpu_pct_by_process") or {}
-    return {
+    ours_w = round(sum(v for k, v in cores.items() if k.startswith("worker")), 1)
+    ours_o = round(sum(v for k, v in cores.items() if not k.startswith("worker")), 1)
+    busy = best.get("cpu_sets_busy") or {}
+    out = {
         "turns_per_s": best.get("turns_per_s"),
         "offered_msgs_per_s": best.get("offered_msgs_per_s"),
-        "workers_pct_of_core": round(sum(v for k, v in cores.items() if k.startswith("worker")), 1),
-        "others_pct_of_core": round(sum(v for k, v in cores.items() if not k.startswith("worker")), 1),
+        "workers_pct_of_core": ours_w,
+        "others_pct_of_core": ours_o,
         "worker_cpu_ms_per_turn": best.get("worker_cpu_ms_per_turn"),
         "ok": best.get("ok"),
+        "cpu_sets_busy": busy,
     }
+    if "workers" in busy and "others" in busy:
+        # What other programs on the machine (not this bench's processes) ran on each set.
+        out["foreign_pct_on_worker_cpus"] = round(max(0.0, busy["workers"]["busy_pct"] - ours_w), 1)
+        out["foreign_pct_on_other_cpus"] = round(max(0.0, busy["others"]["busy_pct"] - ours_o), 1)
+    return out
 
 
 def _idle_share(run: dict[str, Any], workers: bool) -> float:
@@ -368,6 +390,17 @@ def model_check(runs: list[dict[str, Any]], worker_cores: float, other_cores: fl
         idle_model = _bound((worker_cores - n * idle_w) * 1000, marginal_w, (other_cores - idle_o) * 1000, marginal_o)
         peak = _peak(ramp_result.get("steps") or [])
         measured_max = ramp_result.get("max_turns_per_s")
+        # The flat model again with the cores that were left after other programs took their share.
+        available = (
+            _bound(
+                (worker_cores - peak["foreign_pct_on_worker_cpus"] / 100) * 1000,
+                c_worker,
+                (other_cores - peak["foreign_pct_on_other_cpus"] / 100) * 1000,
+                c_other,
+            )
+            if "foreign_pct_on_worker_cpus" in peak
+            else None
+        )
         rows.append(
             {
                 "workers": n,
@@ -385,6 +418,7 @@ def model_check(runs: list[dict[str, Any]], worker_cores: float, other_cores: fl
                 },
                 "predicted_flat": flat,
                 "predicted_idle_model": idle_model,
+                "predicted_flat_on_cores_left": available,
                 "measured_max_turns_per_s": measured_max,
                 "measured_max_offered_msgs_per_s": ramp_result.get("max_offered_msgs_per_s"),
                 "ceiling_found": ramp_result.get("ceiling_found"),
@@ -392,6 +426,9 @@ def model_check(runs: list[dict[str, Any]], worker_cores: float, other_cores: fl
                 "ratio_max_to_flat": _ratio(measured_max, flat["turns_per_s"]),
                 "ratio_peak_to_flat": _ratio(peak.get("turns_per_s"), flat["turns_per_s"]),
                 "ratio_peak_to_idle_model": _ratio(peak.get("turns_per_s"), idle_model["turns_per_s"]),
+                "ratio_peak_to_flat_on_cores_left": _ratio(peak.get("turns_per_s"), available["turns_per_s"])
+                if available
+                else None,
             }
         )
     return {
@@ -462,8 +499,9 @@ def table(result: dict[str, Any]) -> str:
         "| N workers | worker CPU ms/turn at fixed load: flat / idle model / measured "
         "| predicted turns/s, flat (worker-, other-bound) | predicted, idle model (worker-, other-bound) "
         "| measured max turns/s (offered msg/s) | measured peak turns/s: workers / others % of a core "
-        "| peak ÷ flat | peak ÷ idle model |",
-        "|---|---|---|---|---|---|---|---|",
+        "| peak ÷ flat | peak ÷ idle model | other programs at the peak, % of the worker / other CPUs "
+        "| flat on the cores they left (worker-, other-bound) | peak ÷ that |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in check["rows"]:
         pk, flat, idle, c = (
@@ -472,6 +510,7 @@ def table(result: dict[str, Any]) -> str:
             row["predicted_idle_model"],
             row["worker_cpu_ms_per_turn"],
         )
+        left = row["predicted_flat_on_cores_left"] or {"turns_per_s": None, "worker_bound": None, "other_bound": None}
         lines.append(
             f"| {row['workers']} | {c['flat']} / {c['idle_model']} / {c['measured']} "
             f"| {flat['turns_per_s']} ({flat['worker_bound']}, {flat['other_bound']}) "
@@ -479,7 +518,10 @@ def table(result: dict[str, Any]) -> str:
             f"| {row['measured_max_turns_per_s']} ({row['measured_max_offered_msgs_per_s']})"
             f"{'' if row['ceiling_found'] else ' no ceiling found'} "
             f"| {pk.get('turns_per_s')}: {pk.get('workers_pct_of_core')} / {pk.get('others_pct_of_core')} "
-            f"| {row['ratio_peak_to_flat']} | {row['ratio_peak_to_idle_model']} |"
+            f"| {row['ratio_peak_to_flat']} | {row['ratio_peak_to_idle_model']} "
+            f"| {pk.get('foreign_pct_on_worker_cpus')} / {pk.get('foreign_pct_on_other_cpus')} "
+            f"| {left['turns_per_s']} ({left['worker_bound']}, {left['other_bound']}) "
+            f"| {row['ratio_peak_to_flat_on_cores_left']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -291,3 +291,45 @@ async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
         return [{"frame": f, "pct": round(c * 100 / max(total, 1), 1)} for f, c in counter.most_common(k)]
 
     return {"samples": total, "file": str(out), "top_self": top(own, 25), "top_inclusive": top(inclusive, 40)}
+
+
+def cpu_jiffies() -> dict[int, tuple[int, int]]:
+    """Per CPU from /proc/stat: (busy, steal) clock ticks since boot; busy = user + nice + system +
+    irq + softirq, whoever ran (steal: the hypervisor gave the time to another guest)."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, _, rest = line.partition(" ")
+                if not name.startswith("cpu") or name == "cpu":
+                    continue
+                v = [int(x) for x in rest.split()]
+                out[int(name[3:])] = (v[0] + v[1] + v[2] + v[5] + v[6], v[7] if len(v) > 7 else 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+class CpuSetMeter:
+    """How busy each named CPU set was between start() and stop(), by anyone, in % of one core."""
+
+    def __init__(self, sets: dict[str, set[int]]) -> None:
+        self.sets = sets
+        self._t0 = 0.0
+        self._j0: dict[int, tuple[int, int]] = {}
+
+    def start(self) -> None:
+        self._t0, self._j0 = time.monotonic(), cpu_jiffies()
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        wall = max(time.monotonic() - self._t0, 1e-6)
+        now = cpu_jiffies()
+        out = {}
+        for name, cpus in self.sets.items():
+            busy = sum(now[c][0] - self._j0[c][0] for c in cpus if c in now and c in self._j0)
+            steal = sum(now[c][1] - self._j0[c][1] for c in cpus if c in now and c in self._j0)
+            out[name] = {
+                "busy_pct": round(busy / CLK_TCK / wall * 100, 1),
+                "steal_pct": round(steal / CLK_TCK / wall * 100, 1),
+            }
+        return out

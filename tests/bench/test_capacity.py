@@ -82,7 +82,13 @@ def _run(n: int, worker_s: float, other: dict[str, float], turns: int, idle: dic
         "max": {
             "steps": [
                 {"turns_per_s": peak * 0.8, "ok": True, "cpu_pct_by_process": {"worker0": 60.0, "broker": 40.0}},
-                {"turns_per_s": peak, "ok": False, "cpu_pct_by_process": {"worker0": 95.0, "broker": 55.0}},
+                {
+                    "turns_per_s": peak,
+                    "ok": False,
+                    "cpu_pct_by_process": {"worker0": 95.0, "broker": 55.0},
+                    # 5% of the worker CPU and 25% of the other CPU went to other programs.
+                    "cpu_sets_busy": {"workers": {"busy_pct": 100.0}, "others": {"busy_pct": 80.0}},
+                },
             ],
             "max_turns_per_s": peak * 0.8,
             "max_offered_msgs_per_s": 200.0,
@@ -120,6 +126,14 @@ def test_the_model_predicts_from_the_one_worker_run_and_names_the_first_limit() 
     assert r4["worker_cpu_ms_per_turn"] == {"flat": 10.0, "idle_model": 13.75, "measured": 12.5}
     assert r4["measured_peak"]["turns_per_s"] == 80.0 and r4["measured_peak"]["workers_pct_of_core"] == 95.0
     assert r4["ratio_peak_to_flat"] == 0.8
+    # On the cores other programs left: 0.95 * 1000 / 10 ms and 0.75 * 1000 / 5 ms.
+    assert r4["predicted_flat_on_cores_left"] == {
+        "turns_per_s": 95.0,
+        "worker_bound": 95.0,
+        "other_bound": 150.0,
+        "first_limit": "workers",
+    }
+    assert r4["ratio_peak_to_flat_on_cores_left"] == round(80 / 95, 2)
     text = table({"runs": [one, four], "check": check})
     assert text.count("\n| 1 |") == 2 and text.count("\n| 4 |") == 2
 
