@@ -619,7 +619,12 @@ async def ramp(
             # What else was busy: a step can fail on the broker, the simulator or the generator.
             "cpu_pct_by_process": {
                 name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)
-                for name, seconds in {**d["cpu"]["seconds"], "generator": d["cpu"]["generator_thread_seconds"]}.items()
+                for name, seconds in {
+                    **d["cpu"]["seconds"],
+                    "generator": d["cpu"]["generator_thread_seconds"],
+                    # the rest of the bench process: its meters and the delivery counter
+                    "bench_rest": d["cpu"]["bench_process_seconds"] - d["cpu"]["generator_thread_seconds"],
+                }.items()
                 if seconds is not None and not math.isnan(seconds)
             },
             "stages_p50_ms": {k: v.get("p50") for k, v in d["latency_ms"]["stages"].items()},
