@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -294,15 +294,7 @@ async def one_count(
         await warm_up(bs, mix)
         out["idle_pct_of_core"] = await _idle(bs)
         out["fixed"] = await _measured(bs, http, mix, args.rate, args.duration, f"{n}w fixed {args.rate:g}/s", cpu_sets)
-        only_filtered = TrafficMix(
-            conversations=mix.conversations,
-            private_share=0.0,
-            filtered_share=1.0,
-            burst_prob=0.0,
-            bot=mix.bot,
-            think=mix.think,
-            chat_prefix=mix.chat_prefix,
-        )
+        only_filtered = dataclasses.replace(mix, private_share=0.0, filtered_share=1.0, burst_prob=0.0)
         filtered = await run_phase(bs, only_filtered, args.filtered_rate, 10.0, label=f"{n}w filtered", progress=False)
         fd = filtered.data
         accepted = max(fd["messages"]["accepted"], 1)
@@ -536,16 +528,9 @@ async def capacity_run(args: argparse.Namespace) -> dict[str, Any]:
     all_cores = float(os.cpu_count() or 1)
     worker_cores = float(len(workers)) if workers else all_cores
     other_cores = float(len(others)) if others else all_cores
-    mix = TrafficMix(
-        conversations=args.conversations,
-        private_share=args.private_share,
-        filtered_share=args.filtered_share,
-        burst_prob=args.burst_prob,
-        burst_size=args.burst_size,
-        bot=args.bot,
-        think=args.think,
-        chat_prefix=f"cap{uuid.uuid4().hex[:6]}",
-    )
+    from pipeline.bench.main import mix_from
+
+    mix = mix_from(args)
     runs = []
     for n in counts:
         where = f" on CPUs {sorted(workers)}, the rest on {sorted(others or [])}" if workers else ""
