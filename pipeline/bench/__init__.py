@@ -6,6 +6,7 @@ and chaos.
     switchboard bench --scale --memory --streams 10000  # 1→2 workers, rebalance, memory, SSE streams
     switchboard bench --broker both                     # Tansu vs Apache Kafka
     switchboard bench --chaos                           # faults under load; lost/duplicated accounting
+    switchboard bench --scale-workers 1,2,4 --pin-workers 1 --pin-others 0   # capacity model check
     switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
 
 Writes bench/results/<name>.json and .png (see bench/README.md for every field).
@@ -73,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-seconds", type=float, default=10.0)
     p.add_argument("--max-p99-ms", type=float, default=3000.0, help="ramp stops above this end-to-end p99")
     p.add_argument("--scale", action="store_true", help="1 vs 2 workers (ramp) and rebalance under load")
+    p.add_argument(
+        "--scale-workers",
+        default="",
+        metavar="N,N,…",
+        help="capacity: per-turn costs of every process and the ramp's max with each worker count (e.g. 1,2,4), "
+        "checked against the capacity model; only this runs",
+    )
+    p.add_argument("--pin-workers", default="", metavar="CPUS", help="with --scale-workers: the workers' CPUs (e.g. 1)")
+    p.add_argument(
+        "--pin-others",
+        default="",
+        metavar="CPUS",
+        help="with --scale-workers: CPUs of the broker, Redis, simulator and the bench itself (e.g. 0)",
+    )
+    p.add_argument(
+        "--filtered-rate", type=float, default=400.0, help="with --scale-workers: msg/s of the filtered-only phase"
+    )
     p.add_argument("--memory", action="store_true", help="worker RSS per idle conversation")
     p.add_argument("--idle-conversations", type=int, default=2000)
     p.add_argument("--streams", type=int, default=0, metavar="N", help="hold N turns open (long think); RSS")

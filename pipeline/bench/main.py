@@ -303,6 +303,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("out",)},
     }
+    if args.scale_workers:
+        return await _capacity(args, result, out_dir, name)
     brokers = ["tansu", "kafka"] if args.broker == "both" else [args.broker]
     ok = True
     if args.attach:
@@ -407,4 +409,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for k, v in result["headline"].items():
         print(f"  {k:32s} {v}")
     result["_paths"] = (str(json_path), str(png_path) if png_path else None)
+    return result
+
+
+async def _capacity(args: argparse.Namespace, result: dict[str, Any], out_dir: Path, name: str) -> dict[str, Any]:
+    """`--scale-workers`: the capacity run alone (pipeline/bench/capacity.py)."""
+    from pipeline.bench.capacity import capacity_run, write_markdown
+
+    result["capacity"] = await capacity_run(args)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result["machine"]["loadavg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    json_path = write_json(result, out_dir, name)
+    md_path = await asyncio.to_thread(write_markdown, result, out_dir, name)
+    log(f"result: {json_path}, {md_path}")
     return result

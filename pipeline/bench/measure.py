@@ -135,6 +135,13 @@ class KafkaWatermarks:
             await self._admin.close()
 
     async def by_topic(self, prefix_filter: tuple[str, ...] = ("im.", "session.")) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tp, high in (await self.by_partition(prefix_filter)).items():
+            out[tp.topic] = out.get(tp.topic, 0) + high
+        return out
+
+    async def by_partition(self, prefix_filter: tuple[str, ...] = ("im.", "session.")) -> dict[Any, int]:
+        """High watermark of every partition (keys are aiokafka `TopicPartition`s)."""
         from aiokafka import TopicPartition
 
         names = [t for t in await self._admin.list_topics() if t.startswith(prefix_filter)]
@@ -144,10 +151,53 @@ class KafkaWatermarks:
                 continue
             tps += [TopicPartition(meta["topic"], p["partition"]) for p in meta.get("partitions") or []]
         highs = await self._consumer.end_offsets(tps) if tps else {}
-        out: dict[str, int] = {}
-        for tp, high in highs.items():
-            out[tp.topic] = out.get(tp.topic, 0) + int(high)
+        return {tp: int(high) for tp, high in highs.items()}
+
+
+async def kafka_record_bytes(
+    bootstrap: str, start: dict[Any, int], end: dict[Any, int], *, timeout: float = 60.0
+) -> dict[str, dict[str, int]]:
+    """Records and their bytes (key + value + headers, as produced) written between two sets of
+    high watermarks, by topic: read back after the phase, so the reading costs the phase nothing."""
+    from aiokafka import AIOKafkaConsumer
+
+    ranges = {tp: (start.get(tp, 0), high) for tp, high in end.items() if high > start.get(tp, 0)}
+    out: dict[str, dict[str, int]] = {}
+    if not ranges:
         return out
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(ranges))
+        for tp, (first, _) in ranges.items():
+            consumer.seek(tp, first)
+        pending = set(ranges)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=5000)
+            for tp, records in batches.items():
+                last = ranges[tp][1]
+                row = out.setdefault(tp.topic, {"records": 0, "bytes": 0})
+                for rec in records:
+                    if rec.offset >= last:
+                        break
+                    row["records"] += 1
+                    row["bytes"] += (rec.serialized_key_size if rec.key is not None else 0) + max(
+                        rec.serialized_value_size, 0
+                    )
+                    row["bytes"] += sum(len(k) + len(v or b"") for k, v in rec.headers or ())
+            for tp in list(pending):
+                if await consumer.position(tp) >= ranges[tp][1]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def redis_net_bytes(redis: Any) -> int:
+    """Bytes Redis received and sent (`INFO stats` total_net_input_bytes + total_net_output_bytes)."""
+    info = await redis.info("stats")
+    return int(info.get("total_net_input_bytes", 0)) + int(info.get("total_net_output_bytes", 0))
 
 
 async def scrape_metrics(url: str, client: httpx.AsyncClient | None = None) -> dict[str, float]:
@@ -241,3 +291,45 @@ async def profile_worker(pid: int, seconds: float, out: Path) -> dict[str, Any]:
         return [{"frame": f, "pct": round(c * 100 / max(total, 1), 1)} for f, c in counter.most_common(k)]
 
     return {"samples": total, "file": str(out), "top_self": top(own, 25), "top_inclusive": top(inclusive, 40)}
+
+
+def cpu_jiffies() -> dict[int, tuple[int, int]]:
+    """Per CPU from /proc/stat: (busy, steal) clock ticks since boot; busy = user + nice + system +
+    irq + softirq, whoever ran (steal: the hypervisor gave the time to another guest)."""
+    out: dict[int, tuple[int, int]] = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, _, rest = line.partition(" ")
+                if not name.startswith("cpu") or name == "cpu":
+                    continue
+                v = [int(x) for x in rest.split()]
+                out[int(name[3:])] = (v[0] + v[1] + v[2] + v[5] + v[6], v[7] if len(v) > 7 else 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+class CpuSetMeter:
+    """How busy each named CPU set was between start() and stop(), by anyone, in % of one core."""
+
+    def __init__(self, sets: dict[str, set[int]]) -> None:
+        self.sets = sets
+        self._t0 = 0.0
+        self._j0: dict[int, tuple[int, int]] = {}
+
+    def start(self) -> None:
+        self._t0, self._j0 = time.monotonic(), cpu_jiffies()
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        wall = max(time.monotonic() - self._t0, 1e-6)
+        now = cpu_jiffies()
+        out = {}
+        for name, cpus in self.sets.items():
+            busy = sum(now[c][0] - self._j0[c][0] for c in cpus if c in now and c in self._j0)
+            steal = sum(now[c][1] - self._j0[c][1] for c in cpus if c in now and c in self._j0)
+            out[name] = {
+                "busy_pct": round(busy / CLK_TCK / wall * 100, 1),
+                "steal_pct": round(steal / CLK_TCK / wall * 100, 1),
+            }
+        return out

@@ -32,6 +32,7 @@ from pipeline.bench.load import (
     series,
 )
 from pipeline.bench.measure import (
+    CpuSetMeter,
     KafkaWatermarks,
     metric_sum,
     proc_cpu_seconds,
@@ -574,12 +575,21 @@ def _redis_figures(
     }
 
 
-async def ramp(bs: LoadTarget, mix: TrafficMix, args: argparse.Namespace, label: str = "ramp") -> dict[str, Any]:
-    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up."""
+async def ramp(
+    bs: LoadTarget,
+    mix: TrafficMix,
+    args: argparse.Namespace,
+    label: str = "ramp",
+    cpu_sets: CpuSetMeter | None = None,
+) -> dict[str, Any]:
+    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up.
+    With `cpu_sets`, each step also records how busy those CPU sets were, whoever used them."""
     steps: list[dict[str, Any]] = []
     rate = args.ramp_start
     best: dict[str, Any] | None = None
     for i in range(args.ramp_steps):
+        if cpu_sets is not None:
+            cpu_sets.start()
         phase = await run_phase(
             bs,
             mix,
@@ -609,10 +619,16 @@ async def ramp(bs: LoadTarget, mix: TrafficMix, args: argparse.Namespace, label:
             # What else was busy: a step can fail on the broker, the simulator or the generator.
             "cpu_pct_by_process": {
                 name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)
-                for name, seconds in {**d["cpu"]["seconds"], "generator": d["cpu"]["generator_thread_seconds"]}.items()
+                for name, seconds in {
+                    **d["cpu"]["seconds"],
+                    "generator": d["cpu"]["generator_thread_seconds"],
+                    # the rest of the bench process: its meters and the delivery counter
+                    "bench_rest": d["cpu"]["bench_process_seconds"] - d["cpu"]["generator_thread_seconds"],
+                }.items()
                 if seconds is not None and not math.isnan(seconds)
             },
             "stages_p50_ms": {k: v.get("p50") for k, v in d["latency_ms"]["stages"].items()},
+            "cpu_sets_busy": cpu_sets.stop() if cpu_sets is not None else None,
             "ok": backlog_ok and errors_ok and latency_ok,
             "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
         }
