@@ -16,11 +16,10 @@ import logging
 from collections import deque
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from pipeline import metrics
-from pipeline.state import ConsoleStore, LiveMessage
+from pipeline.state import ConsoleStore, LiveMessage, RedisPy
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def sse_frame(seq: int, message: str) -> bytes:
 
 
 class ConsoleHub:
-    def __init__(self, store: ConsoleStore, subscriber: Redis, max_viewers: int) -> None:
+    def __init__(self, store: ConsoleStore, subscriber: RedisPy, max_viewers: int) -> None:
         self.store = store
         self.subscriber = subscriber  # its own connection, without retries: a break is seen here
         self.max_viewers = max_viewers
