@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from pipeline.embedded._process import run_sync
 from pipeline.embedded.exceptions import BinaryNotFoundError, ServiceStartError
 from pipeline.embedded.redis import RedisServer, redis_server_binary
 
@@ -263,6 +264,12 @@ class RedisCluster:
         await asyncio.gather(*(node.stop() for node in self.nodes), return_exceptions=True)
         for node in self.nodes:
             node.cleanup()
+
+    def __enter__(self) -> RedisCluster:
+        return run_sync(self.start())
+
+    def __exit__(self, *exc: object) -> None:
+        run_sync(self.stop())
 
     async def __aenter__(self) -> RedisCluster:
         return await self.start()

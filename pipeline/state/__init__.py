@@ -36,7 +36,7 @@ from pipeline.state.models import (
     TurnRecord,
     TurnStart,
 )
-from pipeline.state.redis_url import RedisPy, close_redis_py, parse_redis_url, redis_py_client, redis_py_pool
+from pipeline.state.redis_url import RedisPy, close_redis_py, parse_redis_url, pubsub, redis_py_client, redis_py_pool
 from pipeline.state.streams import StreamStore
 
 
@@ -116,6 +116,7 @@ __all__ = [
     "message_seq",
     "note_message",
     "parse_redis_url",
+    "pubsub",
     "redis_py_client",
     "redis_py_pool",
 ]

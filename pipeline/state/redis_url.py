@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedSSLConnection
 
@@ -49,7 +50,8 @@ class Endpoint:
         """`redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS."""
         target = parse_redis_url(url)
         if not isinstance(target, Endpoint):
-            raise ValueError(f"a {url.partition(':')[0]}:// URL names several servers, not one")
+            what = "sentinels" if isinstance(target, SentinelTarget) else "a cluster"
+            raise ValueError(f"a {url.partition(':')[0]}:// URL names {what}, not one server")
         return target
 
     @property
@@ -216,6 +218,16 @@ def redis_py_client(url: str, **options: Any) -> RedisPy:
     )
 
 
+async def pubsub(client: RedisPy) -> PubSub:
+    """A pub/sub of `client`; of a cluster client after it (re)reads the slot map, as a subscription
+    that broke may have lost its node to a failover. Plain pub/sub: a cluster delivers a message
+    published on any node to subscribers on every node."""
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+        await client.nodes_manager.initialize()
+    return client.pubsub(ignore_subscribe_messages=True)
+
+
 async def close_redis_py(client: RedisPy) -> None:
     """Close a redis-py client and every connection it opened."""
     await client.aclose()
@@ -232,6 +244,7 @@ __all__ = [
     "SentinelTarget",
     "close_redis_py",
     "parse_redis_url",
+    "pubsub",
     "redis_py_client",
     "redis_py_pool",
 ]
