@@ -80,7 +80,7 @@ def test_every_key_a_conversations_scripts_touch_shares_its_slot(conversation: s
     assert {slot_of(key) for key in touched} == {slot_of(keys.conversation(conversation))}
     assert keys.turn_prefix(conversation) + "turn-1" == keys.turn("turn-1", conversation)
     bot = [keys.lease("onebot", "qq1", "api"), keys.lease_token("onebot", "qq1"), keys.offset("onebot", "qq1")]
-    bot += [keys.action_done("onebot", "qq1", "req-1"), keys.actions("onebot", "qq1")]
+    bot += [keys.action_done("onebot", "qq1", "req-1"), keys.actions("onebot", "qq1"), keys.resume("onebot", "qq1")]
     assert len({slot_of(key) for key in bot}) == 1
 
 
