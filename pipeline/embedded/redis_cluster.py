@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import socket
 import tempfile
 import time
@@ -30,8 +31,6 @@ def redis_cli_binary() -> str:
     sibling = Path(redis_server_binary()).with_name("redis-cli")
     if sibling.is_file() and os.access(sibling, os.X_OK):
         return str(sibling)
-    import shutil
-
     found = shutil.which("redis-cli")
     if found:
         return found
@@ -143,6 +142,10 @@ class RedisCluster:
             raise ValueError("a Redis Cluster needs at least 3 primaries")
         self.password = password
         self._run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="sb-rcluster-"))
+        if keep_run_dir is None:
+            keep_run_dir = os.environ.get("SWITCHBOARD_KEEP_RUN_DIRS", "") not in ("", "0")
+        # Removed by `stop` when we made it (the nodes' dirs are inside, so theirs is ours).
+        self._remove_run_dir = run_dir is None and not keep_run_dir
         self.nodes = [
             RedisClusterNode(
                 node_timeout_ms=node_timeout_ms,
@@ -262,8 +265,8 @@ class RedisCluster:
 
     async def stop(self) -> None:
         await asyncio.gather(*(node.stop() for node in self.nodes), return_exceptions=True)
-        for node in self.nodes:
-            node.cleanup()
+        if self._remove_run_dir and not any(node.is_running for node in self.nodes):
+            shutil.rmtree(self._run_dir, ignore_errors=True)
 
     def __enter__(self) -> RedisCluster:
         return run_sync(self.start())
