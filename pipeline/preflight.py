@@ -63,13 +63,14 @@ def kafka_problem(bootstrap: str, variable: str, timeout: float = DEFAULT_TIMEOU
 
 
 def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> str | None:
-    """None when Redis at `url` answers PING within `timeout` (with the URL's credentials)."""
+    """None when Redis at `url` answers PING within `timeout` (with the URL's credentials; a
+    cluster: any of the URL's nodes)."""
     import redis
     from redis.exceptions import AuthenticationError, ResponseError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from pipeline.state.redis_url import Endpoint, parse_redis_url
+    from pipeline.state.redis_url import ClusterTarget, Endpoint, parse_redis_url
 
     where = redis_address(url)
     deadline = time.monotonic() + timeout
@@ -77,10 +78,22 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
     try:
         target = None if url.lower().startswith("unix:") else parse_redis_url(url)
         if target is None or isinstance(target, Endpoint):
-            client = redis.Redis.from_url(url, **socket_options)
+            clients = [redis.Redis.from_url(url, **socket_options)]
     except ValueError as exc:  # not a Redis URL
         return f"{variable} is not a Redis URL ({exc})"
-    if target is not None and not isinstance(
+    if isinstance(target, ClusterTarget):
+        clients = [
+            redis.Redis(
+                host=host,
+                port=port,
+                username=target.username,
+                password=target.password,
+                ssl=target.tls,
+                **socket_options,  # type: ignore[arg-type]
+            )
+            for host, port in target.nodes
+        ]
+    elif target is not None and not isinstance(
         target, Endpoint
     ):  # the primary the sentinels name (redis-py's MasterNotFoundError is a ConnectionError)
         from redis.sentinel import Sentinel
@@ -88,33 +101,38 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
         tls = {"ssl": True} if target.tls else {}
         sentinel_auth = {"password": target.sentinel_password} if target.sentinel_password else {}
         sentinel = Sentinel(list(target.sentinels), sentinel_kwargs={**socket_options, **tls, **sentinel_auth})
-        client = sentinel.master_for(
-            target.master,
-            db=target.db,
-            username=target.username,
-            password=target.password,
-            **socket_options,
-            **tls,
-        )
+        clients = [
+            sentinel.master_for(
+                target.master,
+                db=target.db,
+                username=target.username,
+                password=target.password,
+                **socket_options,
+                **tls,
+            )
+        ]
     try:
         while True:
-            try:
-                client.ping()
-                return None
-            except (AuthenticationError, ResponseError) as exc:
-                return f"Redis at {where} ({variable}) refused the connection: {exc}"
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                if time.monotonic() >= deadline:
-                    return f"cannot reach Redis at {where} ({variable}): {_short(exc)}"
+            for client in clients:
+                try:
+                    client.ping()
+                    return None
+                except (AuthenticationError, ResponseError) as exc:
+                    return f"Redis at {where} ({variable}) refused the connection: {exc}"
+                except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                    problem = exc
+            if time.monotonic() >= deadline:
+                return f"cannot reach Redis at {where} ({variable}): {_short(problem)}"
             time.sleep(_RETRY_PAUSE)
     finally:
-        client.close()
+        for client in clients:
+            client.close()
 
 
 def redis_address(url: str) -> str:
-    """`host:port/db` of a Redis URL (`master via sentinel:port,…/db` for a sentinel URL), without
-    its user name or password."""
-    from pipeline.state.redis_url import Endpoint, parse_redis_url
+    """`host:port/db` of a Redis URL (`master via sentinel:port,…/db` for a sentinel URL, `cluster
+    via host:port,…` for a cluster URL), without its user name or password."""
+    from pipeline.state.redis_url import ClusterTarget, Endpoint, parse_redis_url
 
     parts = urlsplit(url)
     if parts.scheme == "unix":
@@ -123,6 +141,8 @@ def redis_address(url: str) -> str:
         target = parse_redis_url(url)
     except ValueError:
         return f"{parts.scheme}://…"
+    if isinstance(target, ClusterTarget):
+        return target.address
     return f"{target.address}/{target.db}" if isinstance(target, Endpoint) or target.db else target.address
 
 

@@ -15,7 +15,6 @@ from urllib.parse import unquote, unquote_plus
 
 import httpx
 from pydantic import BaseModel, SecretStr
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -63,7 +62,7 @@ from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
-from pipeline.state import ContextEntry, State, redis_py_pool
+from pipeline.state import ContextEntry, State, redis_py_client
 from pipeline.web import WebServer, check_worker_settings, exposure_warnings
 from pipeline.web.connections import add_connection_routes
 from pipeline.web.server import INSTANCE_ID
@@ -177,7 +176,7 @@ class Runtime:
         # A plain pool, not the blocking one: its per-call lock and timeout cost a fifth of the CPU of
         # a round trip (bench/redis_client_bench.py). The keyed executors bound concurrency well
         # below the cap; a call beyond it fails like an outage and the stage retries it.
-        pool = redis_py_pool(
+        self.redis = redis_py_client(
             s.redis_url,
             max_connections=s.redis_max_connections,
             decode_responses=True,
@@ -188,7 +187,6 @@ class Runtime:
             socket_connect_timeout=5,
             client_name="switchboard",
         )
-        self.redis = Redis(connection_pool=pool)
         # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
         # serves the console's pub/sub and what is not on a turn's path.
         self.state = State.connect(
@@ -280,14 +278,12 @@ class Runtime:
         )
         # Long connections: waits for actions and their answers block a Redis connection, so they
         # get a client of their own whose socket timeout is above every wait.
-        self.blocking_redis = Redis(
-            connection_pool=redis_py_pool(
-                s.redis_url,
-                max_connections=s.redis_max_connections,
-                decode_responses=True,
-                socket_timeout=s.connection_action_timeout_seconds + 10,
-                socket_connect_timeout=5,
-            )
+        self.blocking_redis = redis_py_client(
+            s.redis_url,
+            max_connections=s.redis_max_connections,
+            decode_responses=True,
+            socket_timeout=s.connection_action_timeout_seconds + 10,
+            socket_connect_timeout=5,
         )
         self.connections: Connections = open_connections(
             s, self.state.redis, self.blocking_redis, self._send, self.outputs, holder=INSTANCE_ID

@@ -28,7 +28,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
+from pipeline.embedded import ApacheKafka, RedisCluster, RedisServer, TansuBroker
 from pipeline.kafka.testing import TopicFactory
 from pipeline.kafka.testing import unique_name as _unique_name
 
@@ -117,6 +117,14 @@ def redis_server() -> Iterator[RedisServer]:
     """A real redis-server for the session (no persistence)."""
     with RedisServer(databases=REDIS_DATABASES) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A real Redis Cluster for the session: 3 primaries, 3 replicas (tests share it through
+    their unique key prefixes). Fault tests that kill a node start their own."""
+    with RedisCluster() as cluster:
+        yield cluster
 
 
 _redis_db_counter = itertools.count(1)  # DB 0 is left for code that ignores the URL's DB

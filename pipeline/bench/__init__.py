@@ -7,6 +7,7 @@ and chaos.
     switchboard bench --broker both                     # Tansu vs Apache Kafka
     switchboard bench --chaos                           # faults under load; lost/duplicated accounting
     switchboard bench --scale-workers 1,2,4 --pin-workers 1 --pin-others 0   # capacity model check
+    switchboard bench --chaos --redis cluster           # the same on a Redis Cluster (a primary killed)
     switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
 
 Writes bench/results/<name>.json and .png (see bench/README.md for every field).
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chaos", action="store_true", help="faults under load, then account for every message")
     p.add_argument("--chaos-duration", type=float, default=90.0)
     p.add_argument("--kill-every", type=float, default=10.0)
+    p.add_argument(
+        "--redis",
+        choices=["single", "cluster"],
+        default="single",
+        help="with --chaos: one Redis (restarted) or a Redis Cluster of 3 primaries + 3 replicas (a primary"
+        " SIGKILLed, its replica promoted)",
+    )
     p.add_argument("--chaos-rate", type=float, default=20.0)
     p.add_argument(
         "--profile",

@@ -28,6 +28,7 @@ from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
 from pipeline.bench.chaos_onebot import OneBotLane
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
 from pipeline.bench.runner import BenchStack, log, start_stack
+from pipeline.records import conversation_key
 from pipeline.stack import SIM_API_KEY
 
 
@@ -44,6 +45,7 @@ class ChaosConfig:
     api_faults: bool = True  # 429 / 500 window
     accept_delay: bool = True  # accept-then-delay window (longer than the client timeout)
     broker: str = "tansu"
+    redis: str = "single"  # or "cluster": a Redis Cluster, whose "restart" is a primary SIGKILLed
     partitions: int = 4
     settle_timeout: float = 120.0
     quiet: float = 8.0
@@ -147,6 +149,14 @@ async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> N
             elif what == "accept_delay_off":
                 await _sim_post(bs, "/_sim/faults", {"accept_delay": 0.0})
                 faults.add("accept_then_delay_off")
+            elif what == "redis_restart" and bs.redis_cluster is not None:
+                # A cluster loses a primary instead: SIGKILLed, its replica promoted by the cluster.
+                t = time.monotonic()
+                victim = (await bs.redis_cluster.primaries())[0]
+                await bs.redis_cluster.kill(victim)
+                faults.add("redis_primary_sigkill", port=victim.port)
+                promoted = await bs.redis_cluster.wait_promoted(victim)
+                faults.add("redis_replica_promoted", port=promoted.port, seconds=round(time.monotonic() - t, 2))
             elif what == "redis_restart":
                 assert bs.redis_server is not None
                 t = time.monotonic()
@@ -163,7 +173,7 @@ async def session_user_messages(bs: BenchStack, chat_ids: list[str], bot: str) -
     out: dict[str, Any] = {}
     async with httpx.AsyncClient(timeout=20, headers={"x-api-key": SIM_API_KEY}) as http:
         for chat in chat_ids:
-            sid = await bs.redis.get(f"{bs.redis_prefix}c2s:console:{bot}:{chat}")
+            sid = await bs.redis.get(bs.keys.session_of(conversation_key("console", bot, chat)))
             if not sid:
                 out[chat] = {"session_id": None, "tokens": []}
                 continue
@@ -343,14 +353,14 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
             }
         )
     chats: dict[str, Any] = {}
-    p = bs.redis_prefix
+    p, keys = bs.redis_prefix, bs.keys
     for chat in list(acc.get("lost_by_chat", {}))[:10]:
-        conv = f"console:queue:{chat}"
+        conv = conversation_key("console", "queue", chat)
         with contextlib.suppress(Exception):
             chats[chat] = {
-                "conv": await bs.redis.hgetall(f"{p}conv:{conv}"),
-                "held": await bs.redis.lrange(f"{p}held:{conv}", 0, -1),
-                "session": await bs.redis.get(f"{p}c2s:{conv}"),
+                "conv": await bs.redis.hgetall(keys.conversation(conv)),
+                "held": await bs.redis.lrange(keys.held(conv), 0, -1),
+                "session": await bs.redis.get(keys.session_of(conv)),
             }
             for key in ("held",):
                 chats[chat][key] = [h[:300] for h in chats[chat][key]][:5] + (
@@ -390,7 +400,8 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
 async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str, Any]:
     own = bs is None
     if bs is None:
-        log(f"chaos: starting a stack on {cfg.broker} with an AOF Redis and {cfg.workers} workers")
+        redis = "an AOF Redis Cluster (3 primaries + 3 replicas)" if cfg.redis == "cluster" else "an AOF Redis"
+        log(f"chaos: starting a stack on {cfg.broker} with {redis} and {cfg.workers} workers")
         bs = await start_stack(
             broker=cfg.broker,
             workers=cfg.workers,
@@ -401,6 +412,7 @@ async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str,
             log_level="INFO",
             extra_env={"SWITCHBOARD_SESSION_TIMEOUT_SECONDS": str(cfg.session_timeout)},
             extra_bots=ONEBOT_BOT_TOML if cfg.onebot_rate > 0 else "",
+            redis=cfg.redis,
         )
     try:
         return await _run(bs, cfg)
@@ -474,7 +486,7 @@ async def _under_faults(
     deadline = time.monotonic() + cfg.settle_timeout
     last_n, stable_since = -1, time.monotonic()
     while time.monotonic() < deadline:
-        deliveries = await read_deliveries(bs.redis, bs.redis_prefix, "queue", chats)
+        deliveries = await read_deliveries(bs.redis, bs.keys, "queue", chats)
         acc = account(plan, deliveries, None, late_after=cfg.late_after)
         n = len(deliveries)
         if n != last_n:
@@ -490,7 +502,7 @@ async def _under_faults(
             break
         await asyncio.sleep(1.0)
     await asyncio.sleep(cfg.quiet / 2)  # a duplicate would come now
-    deliveries = await read_deliveries(bs.redis, bs.redis_prefix, "queue", chats)
+    deliveries = await read_deliveries(bs.redis, bs.keys, "queue", chats)
     sessions = await session_user_messages(bs, chats, "queue")
     acc = account(plan, deliveries, sessions, late_after=cfg.late_after)
     sim_stats = {}

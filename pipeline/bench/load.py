@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.bench.measure import ThreadCpu, summary
+from pipeline.state import Keys
 
 STAGES = ("ingress", "ingest", "dispatch_in", "dispatch", "stream", "render", "delivered")
 TOKEN_RE = re.compile(r"\bmsg:([A-Za-z0-9_-]+)")
@@ -224,14 +225,14 @@ class Delivery:
         return TOKEN_RE.findall(self.text)
 
 
-async def read_deliveries(redis: Any, prefix: str, bot: str, chat_ids: Sequence[str]) -> list[Delivery]:
+async def read_deliveries(redis: Any, keys: Keys, bot: str, chat_ids: Sequence[str]) -> list[Delivery]:
     out: list[Delivery] = []
     chat_ids = list(chat_ids)
     for start in range(0, len(chat_ids), 500):
         chunk = chat_ids[start : start + 500]
         async with redis.pipeline(transaction=False) as pipe:
             for chat in chunk:
-                pipe.lrange(f"{prefix}console:{bot}:{chat}", 0, -1)
+                pipe.lrange(keys.scoped("console", f"{bot}:{chat}"), 0, -1)
             results = await pipe.execute()
         for chat, raw_list in zip(chunk, results, strict=True):
             for raw in raw_list:

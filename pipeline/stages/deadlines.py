@@ -134,7 +134,7 @@ class ReplyDeadlines:
     async def _handle(self, entry: str, now: float) -> bool:
         turn_id, conversation = parse_member(entry)
         conversations = self.state.conversations
-        turn = await conversations.turn(turn_id) if turn_id and conversation else None
+        turn = await conversations.turn(turn_id, conversation) if turn_id and conversation else None
         bot = self.settings.bot(turn.platform, turn.bot_id) if turn is not None else None
         deadline = self.deadline_ms(bot, turn.chat_id, turn.route) if turn is not None and bot is not None else None
         if turn is None or bot is None or deadline is None:

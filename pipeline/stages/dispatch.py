@@ -140,7 +140,7 @@ class DispatchStage:
             if not raw:
                 return
             # A replayed command may have been held although its turn was sent already: drop it.
-            sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw])
+            sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw], conversation)
             held = [SessionCommand.model_validate_json(c) for (_, c), m in zip(raw, sent, strict=True) if m != "1"]
             if held:
                 break
@@ -194,7 +194,7 @@ class DispatchStage:
             except NotFoundError:
                 # The session is gone (deleted, expired): start a new one and send there, once.
                 log.info("session of %s is gone; creating a new one", conversation)
-                await self.streams.untrack(partition, session_id)
+                await self.streams.untrack(partition, session_id, conversation)
                 await self.state.conversations.unmap_session(conversation, session_id)
                 await self._create_session(bot, command)
                 start = await self._begin(bot, command, partition, turn_id, "resume")
@@ -303,24 +303,33 @@ class DispatchStage:
             pending=remaining,
         )
         await self.streams.track(partition, stream, registered=True)
-        await self._send_once(state.session_id, key, command.events, call=command.kind)
+        await self._send_once(conversation, state.session_id, key, command.events, call=command.kind)
 
     # -- sending -------------------------------------------------------------------------------
-    async def _send_once(self, session_id: str, marker_id: str, events: list[dict[str, Any]], *, call: str) -> None:
+    async def _send_once(
+        self, conversation: str, session_id: str, marker_id: str, events: list[dict[str, Any]], *, call: str
+    ) -> None:
         """Send unless a previous attempt (before a crash) is known or found to have delivered it."""
-        previous = await self.state.markers.claim_send(marker_id)
+        previous = await self.state.markers.claim_send(marker_id, conversation)
         if previous == "1":
             return
-        await self._send_claimed(session_id, marker_id, previous, events, call=call)
+        await self._send_claimed(conversation, session_id, marker_id, previous, events, call=call)
 
     async def _send_claimed(
-        self, session_id: str, marker_id: str, previous: str | None, events: list[dict[str, Any]], *, call: str
+        self,
+        conversation: str,
+        session_id: str,
+        marker_id: str,
+        previous: str | None,
+        events: list[dict[str, Any]],
+        *,
+        call: str,
     ) -> None:
         if previous == "sending" and await self._in_history(session_id, events):
-            await self.state.markers.set_marker("sent", marker_id)
+            await self.state.markers.set_marker("sent", marker_id, conversation)
             return
         await self._send(session_id, events, call=call)
-        await self.state.markers.set_marker("sent", marker_id)
+        await self.state.markers.set_marker("sent", marker_id, conversation)
 
     async def _in_history(self, session_id: str, events: list[dict[str, Any]]) -> bool:
         wanted = next((e.get("id") for e in events if e.get("type") == "user.message" and e.get("id")), None)

@@ -99,7 +99,7 @@ class EgressStage:
             # One round trip tells what a replay already delivered (the message, or some of its
             # calls) and takes the first call's rate slots.
             call_ids = [f"{message.outbound_id}:{i}" for i in range(len(calls))]
-            claim = await self.deliveries.claim([message.outbound_id, *call_ids], windows if calls else ())
+            claim = await self.deliveries.claim(_scope(bot), [message.outbound_id, *call_ids], windows if calls else ())
             if claim.delivered[0] is not None:
                 metrics.EGRESS.labels(platform_name, "duplicate").inc()
                 return
@@ -118,10 +118,10 @@ class EgressStage:
                     return
                 last = index == len(calls) - 1
                 await self.deliveries.mark_delivered(
-                    [call_ids[index], message.outbound_id] if last else [call_ids[index]]
+                    _scope(bot), [call_ids[index], message.outbound_id] if last else [call_ids[index]]
                 )
             if not calls:
-                await self.deliveries.mark_delivered([message.outbound_id])
+                await self.deliveries.mark_delivered(_scope(bot), [message.outbound_id])
         metrics.EGRESS.labels(platform_name, "sent").inc()
         self._observe(message)
         if turns_log.isEnabledFor(logging.INFO):
@@ -142,7 +142,7 @@ class EgressStage:
         attempt = 0
         while True:
             if not slot_taken:
-                await self._wait_for_rate(windows)
+                await self._wait_for_rate(bot, windows)
             slot_taken = False
             outcome = await platform.send(bot, call, self.http, self.load_media)  # type: ignore[arg-type]
             attempt += 1
@@ -173,12 +173,12 @@ class EgressStage:
             windows.append(RateWindow(join_ids(bot.platform, bot.bot_id), bot_limit.count, bot_limit.per_seconds))
         return windows
 
-    async def _wait_for_rate(self, windows: list[RateWindow]) -> None:
+    async def _wait_for_rate(self, bot: BotConfig, windows: list[RateWindow]) -> None:
         """Take a slot in every window (shared by all workers), waiting as long as they say."""
         if not windows:
             return
         while True:
-            wait = (await self.deliveries.claim((), windows)).wait
+            wait = (await self.deliveries.claim(_scope(bot), (), windows)).wait
             if wait <= 0:
                 return
             await self.sleep(min(wait, 5.0))
@@ -216,3 +216,8 @@ class EgressStage:
             agent = max(0.0, (streamed - dispatched) / 1000.0)
             metrics.PIPELINE_OVERHEAD.labels(message.platform).observe(max(0.0, total - agent))
         metrics.observe_hop("egress", hops, "render", now)
+
+
+def _scope(bot: BotConfig) -> str:
+    """What a bot's delivered markers and rate windows belong to (one slot on a Redis Cluster)."""
+    return join_ids(bot.platform, bot.bot_id)

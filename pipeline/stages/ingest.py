@@ -247,7 +247,7 @@ class IngestStage:
         if plan.command is not None:
             await self._command(plan.bot, message, plan.command)
             await self.outputs.delivered()
-            await self.state.markers.set_marker("in", plan.dedup_id)
+            await self.state.markers.set_marker("in", plan.dedup_id, plan.message.conversation_key)
             return
         assert plan.reason is not None
         metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()

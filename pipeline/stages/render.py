@@ -224,7 +224,7 @@ class RenderStage:
                 metrics.UNATTRIBUTED_TURN_ENDS.inc()
                 log.info("render: idle for %s matches no turn in flight; ignored", conversation)
                 if record.event.id:
-                    await self.state.markers.set_marker("turnend", record.event.id)
+                    await self.state.markers.set_marker("turnend", record.event.id, conversation)
                 return
         await self._turn_end(record, state, partition, end.turn_id)
 
@@ -266,7 +266,7 @@ class RenderStage:
         await self.state.conversations.unmap_session(conversation, record.session_id)
         await self.outputs.delivered()
         if record.event.id:
-            await self.state.markers.set_marker("turnend", record.event.id)
+            await self.state.markers.set_marker("turnend", record.event.id, conversation)
 
     # -- steps ---------------------------------------------------------------------------------
     async def _tool_call(self, record: SessionEventRecord, event: ToolCall) -> None:

@@ -136,11 +136,11 @@ class StreamRegistry:
             return
         self._start(partition, stream)
 
-    async def untrack(self, partition: int, session_id: str) -> None:
+    async def untrack(self, partition: int, session_id: str, conversation: str) -> None:
         held = self._held.pop(session_id, None)
         if held is not None and held.task is not None:
             held.task.cancel()
-        await self.state.remove_inflight(partition, session_id)
+        await self.state.remove_inflight(partition, session_id, conversation)
 
     async def on_partitions_assigned(self, partitions: set[int]) -> None:
         """The full new assignment (eager rebalance): drop streams we lost, resume the ones we got."""
@@ -207,7 +207,7 @@ class StreamRegistry:
                 await self._produce(stream, forwarded)
                 if terminal:
                     await self.outputs.delivered()
-                    await self.state.remove_inflight(held.partition, session_id)
+                    await self.state.remove_inflight(held.partition, session_id, held.stream.conversation_key)
                     held.lingering = True  # released
                     break  # nothing more will come
                 if event.type != "session.status_idle":
@@ -243,7 +243,7 @@ class StreamRegistry:
                 del self._held[session_id]
                 metrics.STREAMS_OPEN.set(len(self._held))
                 if not held.lingering:
-                    await self.state.remove_inflight(held.partition, session_id)
+                    await self.state.remove_inflight(held.partition, session_id, held.stream.conversation_key)
 
     async def _produce(self, stream: InflightStream, event: ForwardedEvent) -> None:
         await self.outputs.session_event(

@@ -38,7 +38,7 @@ from pipeline.state.models import (
     TurnRecord,
     TurnStart,
 )
-from pipeline.state.redis_url import parse_redis_url, redis_py_pool
+from pipeline.state.redis_url import RedisPy, close_redis_py, parse_redis_url, pubsub, redis_py_client, redis_py_pool
 from pipeline.state.streams import StreamStore
 
 
@@ -73,14 +73,14 @@ class State:
     def open(
         cls, redis: RedisClient, prefix: str = "sb:", *, mapping_ttl: int = 7 * 86400, dedup_ttl: int = 86400
     ) -> State:
-        keys = Keys(prefix)
+        keys = Keys(prefix, cluster=redis.cluster)
         ttls = {"mapping_ttl": mapping_ttl, "dedup_ttl": dedup_ttl}
         return cls(
             keys=keys,
             redis=redis,
             conversations=ConversationStore(redis, keys, **ttls),
             markers=MarkerStore(redis, keys, **ttls),
-            streams=StreamStore(redis, keys),
+            streams=StreamStore(redis, keys, mapping_ttl=mapping_ttl),
             deliveries=DeliveryStore(redis, keys, dedup_ttl=dedup_ttl),
             console=ConsoleStore(redis, keys, **ttls),
             deadlines=DeadlineStore(redis, keys),
@@ -109,6 +109,7 @@ __all__ = [
     "PendingAction",
     "RateWindow",
     "RedisClient",
+    "RedisPy",
     "State",
     "StateError",
     "StreamStore",
@@ -116,8 +117,11 @@ __all__ = [
     "TurnMode",
     "TurnRecord",
     "TurnStart",
+    "close_redis_py",
     "message_seq",
     "note_message",
     "parse_redis_url",
+    "pubsub",
+    "redis_py_client",
     "redis_py_pool",
 ]

@@ -18,6 +18,9 @@ With a `redis+sentinel://` URL (`pipeline/state/redis_url.py`) every connection 
 the sentinels for the primary (`SENTINEL get-master-addr-by-name`, each sentinel in turn) and
 checks with `ROLE` that the server is one; so after a failover the next connection goes to the
 promoted replica, without a restart.
+
+With a `redis+cluster://` URL the calls go through a router (`pipeline/state/_cluster.py`) to one
+such client per primary, each call to the primary of its keys' slot.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
-from pipeline.state.redis_url import Endpoint, SentinelTarget, parse_redis_url
+from pipeline.state._cluster import ClusterRouter, slot_of
+from pipeline.state.redis_url import ClusterTarget, Endpoint, RedisTarget, SentinelTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +165,7 @@ class _Connection(asyncio.Protocol):
 class RedisClient:
     def __init__(
         self,
-        url: str,
+        url: str | RedisTarget,
         *,
         socket_timeout: float = 10.0,
         connect_timeout: float = 5.0,
@@ -169,10 +173,10 @@ class RedisClient:
         name: str = "switchboard",
         replica_wait_ms: int = 0,
     ) -> None:
-        self.target = parse_redis_url(url)
+        target = parse_redis_url(url) if isinstance(url, str) else url
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
-        self._ssl = ssl_context or (ssl.create_default_context() if self.target.tls else None)
+        self._ssl = ssl_context or (ssl.create_default_context() if target.tls else None)
         self._name = name
         self.replica_wait_ms = replica_wait_ms
         self._connection: _Connection | None = None
@@ -181,11 +185,38 @@ class RedisClient:
         self._failed_connects = 0
         self._next_connect = 0.0
         # Sentinels in the order they are asked (the last that answered first).
-        self._sentinels = list(self.target.sentinels) if isinstance(self.target, SentinelTarget) else []
+        self._sentinels = list(target.sentinels) if isinstance(target, SentinelTarget) else []
+        self._cluster: ClusterRouter | None = None
+        if isinstance(target, ClusterTarget):
+            self._cluster = ClusterRouter(target, self._node_client)
+            self.target: Endpoint | SentinelTarget = target.node(*target.nodes[0])  # never dialled itself
+        else:
+            self.target = target
+
+    @property
+    def cluster(self) -> bool:
+        """Whether this is a Redis Cluster's client (the stores then use hash-tagged keys)."""
+        return self._cluster is not None
+
+    def slot_of(self, key: str) -> int:
+        """The key's hash slot on a cluster (0 on one server): what a batch is split by."""
+        return slot_of(key) if self._cluster is not None else 0
+
+    def _node_client(self, endpoint: Endpoint) -> RedisClient:
+        return RedisClient(
+            endpoint,
+            socket_timeout=self.socket_timeout,
+            connect_timeout=self.connect_timeout,
+            ssl_context=self._ssl,
+            name=self._name,
+            replica_wait_ms=self.replica_wait_ms,
+        )
 
     # -- calls -----------------------------------------------------------------------------------
     async def execute(self, *args: Arg) -> Any:
         """One command; its reply."""
+        if self._cluster is not None:
+            return await self._cluster.execute(args)
         metrics.REDIS_ROUND_TRIPS.inc()
         connection = await self._connected()
         (future,) = connection.send(_pack(args), 1)
@@ -195,13 +226,18 @@ class RedisClient:
         """Several commands in one request; their replies (the first error reply is raised)."""
         if not commands:
             return []
+        if self._cluster is not None:
+            return await self._cluster.pipeline(commands)
         metrics.REDIS_ROUND_TRIPS.inc()
         connection = await self._connected()
         futures = connection.send(b"".join(_pack(c) for c in commands), len(commands))
         return await _all(futures)
 
     async def transaction(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """MULTI, the commands, EXEC in one request: EXEC's replies (atomic, in order)."""
+        """MULTI, the commands, EXEC in one request: EXEC's replies (atomic, in order; on a cluster
+        atomic per hash slot)."""
+        if self._cluster is not None:
+            return await self._cluster.transaction(commands)
         metrics.REDIS_ROUND_TRIPS.inc()
         connection = await self._connected()
         packed = [_pack(("MULTI",))]
@@ -219,6 +255,8 @@ class RedisClient:
 
     async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         """EVALSHA; a script Redis lost (a restart without AOF, SCRIPT FLUSH) is loaded again."""
+        if self._cluster is not None:
+            return await self._cluster.run_script(script, keys, args)
         try:
             return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -231,10 +269,14 @@ class RedisClient:
         time (the write stands; it is only less safe)."""
         if self.replica_wait_ms <= 0:
             return
+        if self._cluster is not None:
+            return await self._cluster.replicated()
         if await self.execute("WAIT", 1, self.replica_wait_ms) < 1:
             metrics.REDIS_UNREPLICATED.inc()
 
     async def aclose(self) -> None:
+        if self._cluster is not None:
+            await self._cluster.aclose()
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None

@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from redis.asyncio import Redis
-
 from . import scripts
 from ._codec import text
 from .client import RedisClient
 from .exceptions import StateError
 from .keys import Keys
+from .redis_url import RedisPy
 
 LeaseState = Literal["dialing", "up"]
 
@@ -75,7 +74,7 @@ class ConnectionStore:
     of its own (the stores' client takes no blocking commands), whose socket timeout is above every
     wait, for the pops that wait for an action or an answer."""
 
-    def __init__(self, redis: RedisClient, blocking: Redis, keys: Keys, *, done_ttl: int) -> None:
+    def __init__(self, redis: RedisClient, blocking: RedisPy, keys: Keys, *, done_ttl: int) -> None:
         self.redis = redis
         self.blocking = blocking
         self.keys = keys
@@ -145,7 +144,7 @@ class ConnectionStore:
         """What to do with a request (`scripts/claim_action.lua`); `run` marks it as being sent."""
         raw = await self.redis.run_script(
             _CLAIM_ACTION,
-            [self.keys.lease(platform, bot_id, channel), self.keys.action_done(request_id)],
+            [self.keys.lease(platform, bot_id, channel), self.keys.action_done(platform, bot_id, request_id)],
             [owner, self.done_ttl],
         )
         kind = text(raw[0])
@@ -155,12 +154,22 @@ class ConnectionStore:
             return ActionClaim(kind)  # type: ignore[arg-type]  # one of the literals, checked
         raise StateError(f"claim_action answered {kind!r}")
 
-    async def answer(self, reply_id: str, answer: str, ttl_ms: int, *, request_id: str, final: bool | None) -> None:
+    async def answer(
+        self,
+        reply_id: str,
+        answer: str,
+        ttl_ms: int,
+        *,
+        platform: str,
+        bot_id: str,
+        request_id: str,
+        final: bool | None,
+    ) -> None:
         """Push the answer for its sender. `final`: keep it as the action's outcome (a repeat gets
         it); False: forget the action ran (a repeat runs it again); None: leave the record alone."""
         key = self.keys.action_reply(reply_id)
         commands: list[tuple[str | int, ...]] = [("LPUSH", key, answer), ("PEXPIRE", key, ttl_ms)]
-        marker = self.keys.action_done(request_id)
+        marker = self.keys.action_done(platform, bot_id, request_id)
         if final:
             commands.insert(0, ("SET", marker, f"done:{answer}", "EX", self.done_ttl))
         elif final is False:

@@ -85,8 +85,8 @@ class ConsoleStore:
     def channel(self) -> str:
         return f"{self.keys.prefix}console-live"
 
-    def _chat_key(self, kind: str, bot_id: str, chat_id: str) -> str:
-        return self.keys.of(kind, f"{bot_id}:{chat_id}")
+    def _chat_key(self, kind: str, bot_id: str, chat_id: str, ident: str | None = None) -> str:
+        return self.keys.scoped(kind, f"{bot_id}:{chat_id}", ident)
 
     async def append(self, bot_id: str, chat_id: str, message: dict[str, Any], *, message_id: str | None = None) -> int:
         """Append a message (a JSON object) to a console chat and publish it. With `message_id`, at
@@ -95,16 +95,19 @@ class ConsoleStore:
         payload = json.dumps({k: v for k, v in message.items() if k != "seq"}, ensure_ascii=False)
         if payload == "{}":
             raise ValueError("a console message is a non-empty JSON object")
-        posted = self.keys.of("console-posted", message_id) if message_id else ""
+        posted = (
+            self._chat_key("console-posted", bot_id, chat_id, message_id)
+            if message_id
+            else self.keys.absent(f"{bot_id}:{chat_id}")
+        )
         seq = await self.redis.run_script(
             _APPEND,
             [
                 self._chat_key("console", bot_id, chat_id),
                 self._chat_key("console-seq", bot_id, chat_id),
-                self.channel,
                 posted,
             ],
-            [payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id])],
+            [payload, CHAT_CAP, self.mapping_ttl, self.dedup_ttl, json.dumps([bot_id, chat_id]), self.channel],
         )
         return int(seq)
 

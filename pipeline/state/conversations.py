@@ -8,15 +8,18 @@ turn's output is in the broker).
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Sequence
+from typing import Any, Literal, TypeVar
 
 from . import scripts
 from ._codec import conversation_state, hash_fields, text, window
 from .client import RedisClient
 from .keys import Keys
 from .models import ContextEntry, ConversationState, InflightStream, TurnEnd, TurnRecord, TurnStart
+
+T = TypeVar("T")
 
 TurnMode = Literal["merge", "queue", "interrupt", "flush", "resume"]
 
@@ -74,8 +77,20 @@ class ConversationStore:
         """A turn continues (a confirmation or tool result was sent): write `fields` and hold the
         session's stream again, in one round trip."""
         writes = self._writes(conversation, fields)
-        writes.append(("HSET", self.keys.inflight(partition), stream.session_id, inflight_entry(stream)))
-        await self.redis.transaction(writes)
+        writes.append(("HSET", self.keys.inflight(partition, conversation), stream.session_id, inflight_entry(stream)))
+        await self._indexed(self.redis.transaction(writes), partition, conversation)
+
+    async def _indexed(self, write: Awaitable[T], partition: int, conversation: str) -> T:
+        """`write` (which may put a stream in flight); on a cluster, along with it, the conversation
+        listed in the partition's in-flight index (its own slot) so that a partition's new owner
+        finds the stream. The record is acknowledged only when both are done, and a replay writes
+        both again."""
+        if not self.keys.cluster:
+            return await write
+        index = self.keys.inflight_index(partition)
+        listed = self.redis.pipeline([("SADD", index, conversation), ("EXPIRE", index, self.mapping_ttl)])
+        result, _ = await asyncio.gather(write, listed)
+        return result
 
     def _writes(self, conversation: str, fields: dict[str, Any]) -> list[tuple[Any, ...]]:
         """The commands that write `fields` to the conversation's hash (None deletes a field)."""
@@ -114,17 +129,17 @@ class ConversationStore:
         k = self.keys
         turn_json = turn.model_dump_json()
         stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
-        raw = await self.redis.run_script(
+        script = self.redis.run_script(
             _BEGIN_TURN,
             [
                 k.conversation(conversation),
                 k.held(conversation),
                 k.turns(conversation),
-                k.turn(turn_id),
-                k.inflight(partition),
-                k.marker("sent", turn_id),
+                k.turn(turn_id, conversation),
+                k.inflight(partition, conversation),
+                k.marker("sent", turn_id, conversation),
                 k.session_of(conversation),
-                *(k.marker("in", m) for m in inbound_markers),
+                *(k.marker("in", m, conversation) for m in inbound_markers),
             ],
             [
                 turn_id,
@@ -137,6 +152,7 @@ class ConversationStore:
                 *(note or ("", "")),
             ],
         )
+        raw = await self._indexed(script, partition, conversation)
         decision, session_id, cursor, interrupt = (text(v) or "" for v in raw)
         return TurnStart(
             decision=decision,  # type: ignore[arg-type]
@@ -154,9 +170,9 @@ class ConversationStore:
     async def turns_in_session(self, conversation: str) -> list[str]:
         return [text(v) or "" for v in await self.redis.execute("LRANGE", self.keys.turns(conversation), 0, -1)]
 
-    async def turn(self, turn_id: str) -> TurnRecord | None:
+    async def turn(self, turn_id: str, conversation: str) -> TurnRecord | None:
         """A sent turn's record (kept for `mapping_ttl`, after its end too)."""
-        raw = text(await self.redis.execute("GET", self.keys.turn(turn_id)))
+        raw = text(await self.redis.execute("GET", self.keys.turn(turn_id, conversation)))
         return TurnRecord.model_validate_json(raw) if raw else None
 
     # -- turn ends (render) --------------------------------------------------------------------
@@ -170,10 +186,10 @@ class ConversationStore:
             [
                 k.conversation(conversation),
                 k.turns(conversation),
-                k.marker("turnbind", event_id) if event_id else "",
-                k.marker("turnend", event_id) if event_id else "",
+                k.marker("turnbind", event_id, conversation) if event_id else k.absent(conversation),
+                k.marker("turnend", event_id, conversation) if event_id else k.absent(conversation),
             ],
-            [k.turn_prefix(), self.dedup_ttl, "1" if bind else "0"],
+            [k.turn_prefix(conversation), self.dedup_ttl, "1" if bind else "0"],
         )
         return TurnEnd(
             handled=text(handled),
@@ -207,9 +223,9 @@ class ConversationStore:
                 k.conversation(conversation),
                 k.turns(conversation),
                 k.held(conversation),
-                k.marker("turnend", event_id) if event_id else "",
-                k.marker("sent", turn_id) if turn_id else "",
-                k.inflight(partition),
+                k.marker("turnend", event_id, conversation) if event_id else k.absent(conversation),
+                k.marker("sent", turn_id, conversation) if turn_id else k.absent(conversation),
+                k.inflight(partition, conversation),
             ],
             [
                 self.mapping_ttl,

@@ -42,21 +42,24 @@ class DeliveryStore:
         self.keys = keys
         self.dedup_ttl = dedup_ttl
 
-    async def claim(self, marker_ids: Sequence[str], windows: Sequence[RateWindow]) -> Claim:
+    async def claim(self, bot: str, marker_ids: Sequence[str], windows: Sequence[RateWindow]) -> Claim:
         """The delivered markers of `marker_ids`, and a slot in every window unless the first
-        marker (the message's) says it was delivered before."""
+        marker (the message's) says it was delivered before. `bot` (`platform:bot`) scopes them all
+        (one slot on a cluster)."""
         args: list[str | int | float] = [len(marker_ids), int(time.time() * 1000), f"{random.getrandbits(64):016x}"]
         for window in windows:
             args += [window.limit, int(window.seconds * 1000)]
         keys = [
-            *(self.keys.marker("out", m) for m in marker_ids),
-            *(self.keys.rate_window(w.identifier) for w in windows),
+            *(self.keys.marker("out", m, bot) for m in marker_ids),
+            *(self.keys.rate_window(w.identifier, bot) for w in windows),
         ]
         raw = await self.redis.run_script(_CLAIM_DELIVERY, keys, args)
         return Claim(delivered=[text(v) for v in raw[:-1]], wait=max(0.0, float(raw[-1]) / 1000.0))
 
-    async def mark_delivered(self, marker_ids: Sequence[str]) -> None:
+    async def mark_delivered(self, bot: str, marker_ids: Sequence[str]) -> None:
         """Marked delivered; on a replica too when the client waits for one (a marker lost in a
         failover would let a replay post again)."""
-        await self.redis.pipeline([("SET", self.keys.marker("out", m), "1", "EX", self.dedup_ttl) for m in marker_ids])
+        await self.redis.pipeline(
+            [("SET", self.keys.marker("out", m, bot), "1", "EX", self.dedup_ttl) for m in marker_ids]
+        )
         await self.redis.replicated()

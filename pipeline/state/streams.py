@@ -4,30 +4,40 @@ for, so that a partition's new owner (after a rebalance or a crash) resumes them
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from ._codec import cursor_for, text
-from .client import RedisClient
+from .client import Arg, RedisClient
 from .conversations import inflight_entry
 from .keys import Keys
 from .models import InflightStream
 
 
 class StreamStore:
-    def __init__(self, redis: RedisClient, keys: Keys) -> None:
+    def __init__(self, redis: RedisClient, keys: Keys, *, mapping_ttl: int) -> None:
         self.redis = redis
         self.keys = keys
+        self.mapping_ttl = mapping_ttl
 
     async def add_inflight(self, partition: int, stream: InflightStream) -> None:
-        await self.redis.execute("HSET", self.keys.inflight(partition), stream.session_id, inflight_entry(stream))
+        key = self.keys.inflight(partition, stream.conversation_key)
+        write: list[Sequence[Arg]] = [("HSET", key, stream.session_id, inflight_entry(stream))]
+        if self.keys.cluster:  # listed in the partition's index (see `Keys.inflight_index`)
+            index = self.keys.inflight_index(partition)
+            write += [("SADD", index, stream.conversation_key), ("EXPIRE", index, self.mapping_ttl)]
+        await self.redis.pipeline(write)
 
-    async def remove_inflight(self, partition: int, session_id: str) -> None:
-        await self.redis.execute("HDEL", self.keys.inflight(partition), session_id)
+    async def remove_inflight(self, partition: int, session_id: str, conversation: str) -> None:
+        await self.redis.execute("HDEL", self.keys.inflight(partition, conversation), session_id)
 
     async def inflight(self, partition: int) -> list[InflightStream]:
         """The partition's streams in flight, each with the cursor its conversation last saved."""
-        raw = await self.redis.execute("HGETALL", self.keys.inflight(partition))
-        pairs = zip(raw[0::2], raw[1::2], strict=True)
-        entries = [(text(session_id) or "", json.loads(text(value) or "{}")) for session_id, value in pairs]
+        entries = [
+            (text(session_id) or "", json.loads(text(value) or "{}"))
+            for raw in await self._inflight_hashes(partition)
+            for session_id, value in zip(raw[0::2], raw[1::2], strict=True)
+        ]
         if not entries:
             return []
         cursors = await self.redis.pipeline(
@@ -42,3 +52,18 @@ class StreamStore:
             )
             for (session_id, data), cursor in zip(entries, cursors, strict=True)
         ]
+
+    async def _inflight_hashes(self, partition: int) -> list[list[Any]]:
+        """The partition's in-flight hashes as flat lists: its one hash, or on a cluster those of
+        the conversations its index lists (an index entry whose hash is gone is dropped)."""
+        if not self.keys.cluster:
+            return [await self.redis.execute("HGETALL", self.keys.partition_inflight(partition))]
+        index = self.keys.inflight_index(partition)
+        listed = [text(c) or "" for c in await self.redis.execute("SMEMBERS", index)]
+        if not listed:
+            return []
+        hashes = await self.redis.pipeline([("HGETALL", self.keys.inflight(partition, c)) for c in listed])
+        gone = [c for c, raw in zip(listed, hashes, strict=True) if not raw]
+        if gone:
+            await self.redis.execute("SREM", index, *gone)
+        return [raw for raw in hashes if raw]

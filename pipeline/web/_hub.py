@@ -16,11 +16,10 @@ import logging
 from collections import deque
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from pipeline import metrics
-from pipeline.state import ConsoleStore, LiveMessage
+from pipeline.state import ConsoleStore, LiveMessage, RedisPy, pubsub
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def sse_frame(seq: int, message: str) -> bytes:
 
 
 class ConsoleHub:
-    def __init__(self, store: ConsoleStore, subscriber: Redis, max_viewers: int) -> None:
+    def __init__(self, store: ConsoleStore, subscriber: RedisPy, max_viewers: int) -> None:
         self.store = store
         self.subscriber = subscriber  # its own connection, without retries: a break is seen here
         self.max_viewers = max_viewers
@@ -207,13 +206,14 @@ class ConsoleHub:
     async def _listen(self) -> None:
         backoff = 0.2
         while not self._closed:
-            pubsub: PubSub = self.subscriber.pubsub(ignore_subscribe_messages=True)
+            subscription: PubSub | None = None
             try:
-                await pubsub.subscribe(self.store.channel)
+                subscription = await pubsub(self.subscriber)
+                await subscription.subscribe(self.store.channel)
                 self.subscribed.set()
                 backoff = 0.2
                 while not self._closed:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_SECONDS)
+                    message = await subscription.get_message(ignore_subscribe_messages=True, timeout=POLL_SECONDS)
                     if message is not None and message.get("type") == "message":
                         self._deliver(message["data"])
             except asyncio.CancelledError:
@@ -228,5 +228,6 @@ class ConsoleHub:
                 backoff = min(backoff * 2, 5.0)
             finally:
                 self.subscribed.clear()
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                if subscription is not None:
+                    with contextlib.suppress(Exception):
+                        await subscription.aclose()

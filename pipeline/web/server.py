@@ -19,7 +19,6 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import Redis
 
 from pipeline import metrics
 from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
@@ -27,7 +26,7 @@ from pipeline.platforms.console import bearer_ok
 from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import ConsoleStore, Keys, RedisClient, redis_py_pool
+from pipeline.state import ConsoleStore, Keys, RedisClient, close_redis_py, redis_py_client
 from pipeline.topics import IM_INBOUND
 
 from ._console import add_console_routes
@@ -92,13 +91,14 @@ class WebServer:
             # connection, every read of a loop turn in one write) and subscribes on a connection of
             # its own, without redis-py's retries, so the hub sees every break and has its viewers
             # catch up.
+            client = RedisClient(s.redis_url, name=CONSOLE_CLIENT_NAME)
             store = ConsoleStore(
-                RedisClient(s.redis_url, name=CONSOLE_CLIENT_NAME),
-                Keys(s.redis_prefix),
+                client,
+                Keys(s.redis_prefix, cluster=client.cluster),
                 mapping_ttl=s.mapping_ttl_seconds,
                 dedup_ttl=s.dedup_ttl_seconds,
             )
-            subscription = redis_py_pool(
+            subscription = redis_py_client(
                 s.redis_url,
                 max_connections=1,
                 decode_responses=True,
@@ -106,7 +106,7 @@ class WebServer:
                 health_check_interval=15,
                 client_name=CONSOLE_CLIENT_NAME,
             )
-            hub = ConsoleHub(store, Redis(connection_pool=subscription), s.console_max_viewers)
+            hub = ConsoleHub(store, subscription, s.console_max_viewers)
             await hub.start()
             self.deps.console = ConsoleDeps(store=store, hub=hub)
         app = build_web_app(self.deps)
@@ -143,8 +143,7 @@ class WebServer:
             self._runner = None
         if console is not None:
             await console.store.redis.aclose()
-            await console.hub.subscriber.aclose()
-            await console.hub.subscriber.connection_pool.disconnect()
+            await close_redis_py(console.hub.subscriber)
             self.deps.console = None
 
 

@@ -9,14 +9,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
-from pipeline.state import ConnectionStore, Keys, RedisClient
+from pipeline.state import ConnectionStore, Keys, RedisClient, RedisPy, redis_py_client
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """The store's Redis: one server (a fresh DB), or the session's Redis Cluster."""
+    if request.param == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    return str(request.getfixturevalue("redis_url"))
 
 
 @pytest.fixture
-async def blocking_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
+async def blocking_client(store_url: str) -> AsyncIterator[RedisPy]:
+    client = redis_py_client(store_url, decode_responses=True, socket_timeout=30)
     try:
         yield client
     finally:
@@ -24,9 +31,9 @@ async def blocking_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-async def quick_client(redis_url: str) -> AsyncIterator[RedisClient]:
+async def quick_client(store_url: str) -> AsyncIterator[RedisClient]:
     """The stores' own client (no blocking commands)."""
-    client = RedisClient(redis_url)
+    client = RedisClient(store_url)
     try:
         yield client
     finally:
@@ -34,8 +41,10 @@ async def quick_client(redis_url: str) -> AsyncIterator[RedisClient]:
 
 
 @pytest.fixture
-def store(quick_client: RedisClient, blocking_client: aioredis.Redis, redis_prefix: str) -> ConnectionStore:
-    return ConnectionStore(quick_client, blocking_client, Keys(redis_prefix), done_ttl=600)
+def store(quick_client: RedisClient, blocking_client: RedisPy, redis_prefix: str) -> ConnectionStore:
+    return ConnectionStore(
+        quick_client, blocking_client, Keys(redis_prefix, cluster=quick_client.cluster), done_ttl=600
+    )
 
 
 @dataclass

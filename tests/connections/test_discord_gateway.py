@@ -70,14 +70,14 @@ def mention(n: int) -> dict[str, Any]:
 
 async def test_identify_then_a_message_is_produced_and_its_sequence_committed_once_on_the_broker(
     discord_gateway: DiscordGatewayStandIn,
-    redis_url: str,
+    store_url: str,
     redis_prefix: str,
     produced: Produced,
     store: ConnectionStore,
 ) -> None:
     config = bot(discord_gateway)
     produced.hold = True
-    async with running(redis_url, redis_prefix, produced, config):
+    async with running(store_url, redis_prefix, produced, config):
         await until(lambda: len(discord_gateway.identifies) == 1, "identified")
         assert discord_gateway.gateway_requests == [f"Bot {TOKEN}"]
         await until(lambda: bool(discord_gateway.sessions), "ready")
@@ -102,12 +102,12 @@ async def test_identify_then_a_message_is_produced_and_its_sequence_committed_on
 
 async def test_a_drop_is_resumed_and_what_was_not_durable_comes_again(
     discord_gateway: DiscordGatewayStandIn,
-    redis_url: str,
+    store_url: str,
     redis_prefix: str,
     produced: Produced,
     store: ConnectionStore,
 ) -> None:
-    async with running(redis_url, redis_prefix, produced, bot(discord_gateway)):
+    async with running(store_url, redis_prefix, produced, bot(discord_gateway)):
         await until(lambda: bool(discord_gateway.sessions), "ready")
         [session] = discord_gateway.sessions
         durable = await discord_gateway.send_message(mention(1))
@@ -128,12 +128,12 @@ async def test_a_drop_is_resumed_and_what_was_not_durable_comes_again(
 
 async def test_reconnect_and_invalid_session(
     discord_gateway: DiscordGatewayStandIn,
-    redis_url: str,
+    store_url: str,
     redis_prefix: str,
     produced: Produced,
     store: ConnectionStore,
 ) -> None:
-    async with running(redis_url, redis_prefix, produced, bot(discord_gateway)):
+    async with running(store_url, redis_prefix, produced, bot(discord_gateway)):
         await until(lambda: bool(discord_gateway.sessions), "ready")
         [first] = discord_gateway.sessions
         await discord_gateway.send_op(7)  # RECONNECT: the client closes and resumes
@@ -166,7 +166,7 @@ async def test_a_missing_heartbeat_ack_ends_the_connection_and_it_resumes(
 
 async def test_disallowed_intents_and_a_wrong_token_are_fatal_with_a_clear_error(
     discord_gateway: DiscordGatewayStandIn,
-    redis_url: str,
+    store_url: str,
     redis_prefix: str,
     produced: Produced,
     caplog: pytest.LogCaptureFixture,
@@ -174,14 +174,14 @@ async def test_disallowed_intents_and_a_wrong_token_are_fatal_with_a_clear_error
 ) -> None:
     discord_gateway.close_after_identify = 4014
     with caplog.at_level(logging.ERROR, logger="pipeline.connections.discord"):
-        async with running(redis_url, redis_prefix, produced, bot(discord_gateway)):
+        async with running(store_url, redis_prefix, produced, bot(discord_gateway)):
             await until(lambda: len(discord_gateway.identifies) == 1, "identified")
             await asyncio.sleep(1.5)
             assert len(discord_gateway.identifies) == 1  # no loop of IDENTIFYs
         assert "4014" in caplog.text and "MESSAGE CONTENT intent" in caplog.text
         caplog.clear()
         monkeypatch.setattr(gateway.TRANSPORTS[("discord", "gateway")], "_fatal", {})
-        async with running(redis_url, redis_prefix, produced, bot(discord_gateway, token="wrong")):
+        async with running(store_url, redis_prefix, produced, bot(discord_gateway, token="wrong")):
             await until(lambda: len(discord_gateway.gateway_requests) >= 1, "asked for the Gateway URL")
             await asyncio.sleep(0.5)
         assert "the bot token is wrong" in caplog.text
@@ -206,14 +206,14 @@ async def test_a_new_holder_resumes_the_last_holders_session(
 
 async def test_an_unreachable_resume_url_falls_back_to_a_new_session(
     discord_gateway: DiscordGatewayStandIn,
-    redis_url: str,
+    store_url: str,
     redis_prefix: str,
     produced: Produced,
     store: ConnectionStore,
 ) -> None:
     stale = {"session_id": "gone", "resume_gateway_url": "ws://127.0.0.1:9/nothing", "seq": 41}
     await store.redis.execute("SET", store.keys.resume("discord", "dc1"), json.dumps(stale))
-    async with running(redis_url, redis_prefix, produced, bot(discord_gateway)):
+    async with running(store_url, redis_prefix, produced, bot(discord_gateway)):
         await until(lambda: len(discord_gateway.identifies) == 1, "identified instead")
         await until(lambda: bool(discord_gateway.sessions), "ready")
         [session] = discord_gateway.sessions

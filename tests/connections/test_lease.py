@@ -144,5 +144,5 @@ async def test_holders_of_many_leases_in_one_read(store: ConnectionStore, quick_
     values = await store.holders([("onebot", "a", "api"), ("onebot", "a", "event"), ("onebot", "b", "event")])
     assert [v.owner if v else None for v in values] == ["w1|1", None, "w2|1"]
     assert values[2] is not None and values[2].state == "dialing"
-    keys = Keys(store.keys.prefix)
+    keys = store.keys
     assert await quick_client.execute("GET", keys.lease_token("onebot", "a")) == "1"

@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from aiohttp import web
 
 from pipeline import metrics
@@ -28,7 +27,7 @@ from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.records import InboundMessage
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.outputs import Outputs
-from pipeline.state import RedisClient
+from pipeline.state import RedisClient, redis_py_client
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from pipeline.web.connections import add_connection_routes
 from tests.platforms.conftest import Seen, load_media
@@ -78,7 +77,7 @@ async def running(
         connection_action_timeout_seconds=5.0,
     )
     quick = RedisClient(redis_url)
-    blocking = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
+    blocking = redis_py_client(redis_url, decode_responses=True, socket_timeout=30)
     connections = open_connections(settings, quick, blocking, produced.send, Outputs(produced.send), holder=holder)
     await connections.start()
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.state.redis_url import SentinelTarget, parse_redis_url
 from tests.deploy.support import (
     COMPOSE_FILE,
     DEPLOY,
@@ -94,9 +95,40 @@ def test_expected_services(compose: dict[str, Any]) -> None:
     assert {"kafka", "redis", "topics-init", "proxy", "sim", "prometheus", "grafana"} <= names
     assert len(workers(compose)) >= 2, "two or more workers behind the proxy"
     assert services(compose)["sim"].get("profiles") == ["sim"], "the simulator is an optional profile"
+    sentinel = {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
     for name, svc in services(compose).items():
-        if name != "sim":
+        if name in sentinel:
+            assert svc.get("profiles") == ["sentinel"], f"{name} is part of the optional sentinel profile"
+        elif name != "sim":
             assert not svc.get("profiles"), f"{name} should start without a profile"
+
+
+def test_the_sentinel_profile_replicates_redis_and_is_internal(compose: dict[str, Any]) -> None:
+    """`--profile sentinel`: a replica of `redis`, three sentinels (quorum 2) watching it, none
+    published; the URL the file documents for .env names exactly them."""
+    svcs = services(compose)
+    replica = svcs["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == ["redis", "6379"]
+    assert "--appendonly" in replica
+    sentinels = [name for name in svcs if name.startswith("sentinel-")]
+    assert len(sentinels) == 3
+    for name in sentinels:
+        svc = svcs[name]
+        script = svc["command"][-1]
+        assert "sentinel monitor switchboard redis 6379 2" in script
+        assert script.rstrip().endswith("--sentinel")
+        assert svc["hostname"] == name and not svc.get("ports"), f"{name} must stay internal"
+        assert any(v.endswith(":/data") for v in svc["volumes"]), f"{name} keeps what it learned"
+    documented = next(
+        line.split("SWITCHBOARD_REDIS_URL=", 1)[1].strip()
+        for line in COMPOSE_FILE.read_text().splitlines()
+        if "SWITCHBOARD_REDIS_URL=redis+sentinel://" in line
+    )
+    target = parse_redis_url(documented)
+    assert isinstance(target, SentinelTarget) and target.master == "switchboard"
+    assert {host for host, port in target.sentinels} == set(sentinels)
+    worker = next(iter(workers(compose).values()))
+    assert env_of(worker)["SWITCHBOARD_REDIS_URL"] == "${SWITCHBOARD_REDIS_URL:-redis://redis:6379/0}"
 
 
 def test_kafka_is_kraft_with_a_persistent_volume(compose: dict[str, Any]) -> None:

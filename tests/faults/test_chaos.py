@@ -1,4 +1,5 @@
-"""Faults under load (SIGKILLed workers, Redis restart, SSE drops, 429/500, accept-then-delay):
+"""Faults under load (SIGKILLed workers, Redis restart or, on a Redis Cluster, a primary SIGKILLed
+and its replica promoted, SSE drops, 429/500, accept-then-delay):
 every accepted message that triggers the agent gets exactly one answer, and its user message is
 posted to the session once; so does every message of a OneBot bot on reverse WebSocket that reached
 a socket. All on loopback; about two minutes.
@@ -88,7 +89,10 @@ def test_accounting_catches_the_same_reply_delivered_twice() -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(230)
-async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
+@pytest.mark.parametrize("redis", ["single", "cluster"])
+async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: str) -> None:
+    """`cluster`: the stack on a Redis Cluster (3 primaries + 3 replicas); its Redis fault is a
+    primary SIGKILLed under load and its replica promoted, instead of a restart."""
     broker = os.environ.get("SWITCHBOARD_TEST_BROKERS", "tansu").split(",")[0].strip() or "tansu"
     saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_") and k != "SWITCHBOARD_TEST_BROKERS"}
     cfg = ChaosConfig(
@@ -101,6 +105,7 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
         redis_restarts=1,
         drop_streams=2,
         broker=broker,
+        redis=redis,
         settle_timeout=60,
         quiet=6,
         run_dir=tmp_path / "stack",
@@ -122,6 +127,11 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
         default=str,
     )[:20000]
     assert result["kills"] >= 3, detail
+    faults = [f["fault"] for f in result["faults"]]
+    if redis == "cluster":
+        assert "redis_primary_sigkill" in faults and "redis_replica_promoted" in faults, detail
+    else:
+        assert "redis_restart" in faults, detail
     assert acc["triggering_accepted"] >= 0.95 * acc["messages_sent"], detail
     assert acc["lost"] == 0, detail
     assert acc["duplicated"] == 0, detail

@@ -89,6 +89,14 @@ class ConsoleClient:
                 raise AssertionError(f"{chat_id}: {len(got)} of {count} messages after {timeout}s: {got}")
             await asyncio.sleep(0.1)
 
+    async def all_answered(self, chats: list[str], count: int, *, since: float) -> tuple[dict[str, list[str]], float]:
+        """Wait until every chat has `count` messages: their texts once settled (to prove 'exactly
+        one'), and the seconds from `since` (a `time.monotonic()`) until they were all there."""
+        for chat in chats:
+            await self.wait_for(chat, count, timeout=90)
+        seconds = time.monotonic() - since
+        return {chat: texts(await self.settle(chat, quiet=3)) for chat in chats}, seconds
+
     async def settle(self, chat_id: str, *, quiet: float = 2.0, bot_id: str | None = None) -> list[dict[str, Any]]:
         """The chat's messages once nothing new arrived for `quiet` seconds (to prove 'exactly one')."""
         last = await self.messages(chat_id, bot_id=bot_id)

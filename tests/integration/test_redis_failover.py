@@ -17,7 +17,7 @@ from pipeline.embedded import run_sync
 from pipeline.stack import Stack
 from tests.state.sentinels import SentinelTopology, start_topology
 
-from .console import ConsoleClient, texts
+from .console import ConsoleClient
 from .stacks import running_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,10 +62,7 @@ async def test_primary_killed_mid_traffic_every_message_answered_once(
     # The console's own reads go through Redis too: read once the sentinels have promoted.
     await topology.wait_until_promoted(topology.replica)
     expected = {chat: ["echo: hello", "echo: during" if chat in chats[:3] else "echo: after"] for chat in chats}
-    for chat in chats:
-        await console.wait_for(chat, 2, timeout=90)
-    answered = time.monotonic() - killed
-    got = {chat: texts(await console.settle(chat, quiet=3)) for chat in chats}
+    got, answered = await console.all_answered(chats, 2, since=killed)
     print(f"\nprimary SIGKILLed: every message answered {answered:.1f} s after the kill")
     assert got == expected
     assert await topology.primary_address() == (topology.replica.host, topology.replica.port)

@@ -153,7 +153,7 @@ async def mark_as_dispatch_does(ingest: IngestStage, turns: list[SessionCommand]
     for turn in turns:
         for message_id in turn.inbound_ids:
             await ingest.state.markers.set_marker(
-                "in", inbound_dedup_id(turn.platform, turn.bot_id, turn.chat_id, message_id)
+                "in", inbound_dedup_id(turn.platform, turn.bot_id, turn.chat_id, message_id), turn.conversation_key
             )
 
 

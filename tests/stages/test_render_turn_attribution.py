@@ -103,7 +103,7 @@ async def test_a_replayed_idle_binds_the_same_turn(redis_url: str, redis_prefix:
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-1"))
     # A crash after the reply but before the handled marker: the idle comes again.
-    await stage.state.markers.redis.execute("DEL", stage.state.keys.marker("turnend", "sevt-idle-1"))
+    await stage.state.markers.redis.execute("DEL", stage.state.keys.marker("turnend", "sevt-idle-1", CONVERSATION))
     await stage.handle(idle("sevt-idle-1"))
     replies = recorder.replies()
     assert replies[0].reply_to_message_id == "in-msg-A"
@@ -120,7 +120,7 @@ async def test_an_idle_of_no_turn_in_flight_is_ignored(redis_url: str, redis_pre
     await agent_says(stage.state)
     await stage.handle(idle("sevt-idle-late"))  # the session ran it after all
     assert recorder.replies() == []
-    assert await stage.state.markers.marker("turnend", "sevt-idle-late") == "1"
+    assert await stage.state.markers.marker("turnend", "sevt-idle-late", CONVERSATION) == "1"
 
 
 async def test_held_messages_wait_for_the_last_turn_sent(redis_url: str, redis_prefix: str) -> None:

@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 
-import redis.asyncio as aioredis
-
-from pipeline.state import ConsoleStore, Keys, LiveMessage, RedisClient, message_seq
+from pipeline.state import ConsoleStore, Keys, LiveMessage, RedisClient, message_seq, redis_py_client
+from pipeline.state import pubsub as redis_pubsub
 from pipeline.state.console import CHAT_CAP
 
 
-def store(redis_url: str, prefix: str) -> ConsoleStore:
-    return ConsoleStore(RedisClient(redis_url), Keys(prefix), mapping_ttl=3600, dedup_ttl=600)
+def store(url: str, prefix: str) -> ConsoleStore:
+    """The console's store on one server or the cluster (`state_url`: tests/state/conftest.py)."""
+    client = RedisClient(url)
+    return ConsoleStore(client, Keys(prefix, cluster=client.cluster), mapping_ttl=3600, dedup_ttl=600)
 
 
-async def test_append_is_once_per_message_id_and_numbered_per_chat(redis_url: str, redis_prefix: str) -> None:
-    console = store(redis_url, redis_prefix)
+async def test_append_is_once_per_message_id_and_numbered_per_chat(state_url: str, redis_prefix: str) -> None:
+    console = store(state_url, redis_prefix)
     assert await console.append("demo", "c1", {"id": "out-1"}, message_id="out-1") == 1
     assert await console.append("demo", "c1", {"id": "out-1"}, message_id="out-1") == 0  # a replay
     assert await console.append("demo", "c1", {"id": "out-2", "text": "héllo\nworld"}, message_id="out-2") == 2
@@ -30,15 +31,15 @@ async def test_append_is_once_per_message_id_and_numbered_per_chat(redis_url: st
         {"seq": 3, "n": 3},
     ]
     assert [message_seq(m) for m in stored] == [1, 2, 3]
-    ttl = await console.redis.execute("TTL", f"{redis_prefix}console-posted:out-1")
+    ttl = await console.redis.execute("TTL", console.keys.scoped("console-posted", "demo:c1", "out-1"))
     assert 0 < ttl <= 600
-    assert 0 < await console.redis.execute("TTL", f"{redis_prefix}console:demo:c1") <= 3600
+    assert 0 < await console.redis.execute("TTL", console.keys.scoped("console", "demo:c1")) <= 3600
 
 
-async def test_each_append_is_published_once_with_its_chat_and_seq(redis_url: str, redis_prefix: str) -> None:
-    console = store(redis_url, redis_prefix)
-    subscriber = aioredis.from_url(redis_url, decode_responses=True)
-    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+async def test_each_append_is_published_once_with_its_chat_and_seq(state_url: str, redis_prefix: str) -> None:
+    console = store(state_url, redis_prefix)
+    subscriber = redis_py_client(state_url, decode_responses=True)
+    pubsub = await redis_pubsub(subscriber)
     await pubsub.subscribe(console.channel)
     try:
         chat = 'odd "chat"\nid'
@@ -61,8 +62,8 @@ async def test_each_append_is_published_once_with_its_chat_and_seq(redis_url: st
         await subscriber.aclose()
 
 
-async def test_the_chat_keeps_its_newest_messages(redis_url: str, redis_prefix: str) -> None:
-    console = store(redis_url, redis_prefix)
+async def test_the_chat_keeps_its_newest_messages(state_url: str, redis_prefix: str) -> None:
+    console = store(state_url, redis_prefix)
     for i in range(CHAT_CAP + 5):
         await console.append("demo", "c", {"i": i})
     stored = await console.messages("demo", "c")

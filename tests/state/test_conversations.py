@@ -5,9 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-import redis.asyncio as aioredis
-
-from pipeline.state import ContextEntry, InboundAdmission, LiveMessage, PendingAction, State, TurnRecord, note_message
+from pipeline.state import (
+    ContextEntry,
+    InboundAdmission,
+    LiveMessage,
+    PendingAction,
+    State,
+    TurnRecord,
+    note_message,
+    redis_py_client,
+)
+from pipeline.state import pubsub as redis_pubsub
 
 TURN = TurnRecord(trace_id="t", platform="console", bot_id="b", chat_id="c", chat_type="group", starter_id="u1")
 
@@ -33,7 +41,8 @@ async def test_mapping_is_two_way_and_expires(state: State) -> None:
     assert await conversations.conversation_for("sess-1") == "console:b:c"
     ttl = await conversations.redis.execute("TTL", state.keys.session_of("console:b:c"))
     assert 0 < ttl <= 600
-    assert all(k.startswith(state.keys.prefix) for k in await conversations.redis.execute("KEYS", "*"))
+    if not state.keys.cluster:  # the test's own database (the cluster is shared, apart by prefix)
+        assert all(k.startswith(state.keys.prefix) for k in await conversations.redis.execute("KEYS", "*"))
 
 
 async def test_unmap_keeps_a_newer_session(state: State) -> None:
@@ -65,7 +74,7 @@ async def test_conversation_state_round_trip(state: State) -> None:
 async def test_begin_turn_needs_a_session_then_starts_and_records_everything(state: State) -> None:
     conversations = state.conversations
     assert await begin(state, "t1", markers=["in-1"]) == "no_session"
-    assert await state.markers.marker("in", "in-1") is None  # nothing written yet
+    assert await state.markers.marker("in", "in-1", "k") is None  # nothing written yet
     await conversations.map_session("k", "s1")
     start = await conversations.begin_turn(
         "k", 2, turn_id="t1", mode="merge", turn=TURN, command_json="{}", trace_id="t1", inbound_markers=["in-1"]
@@ -74,8 +83,8 @@ async def test_begin_turn_needs_a_session_then_starts_and_records_everything(sta
     got = await conversations.conversation("k")
     assert got.status == "running" and got.turn == TURN and got.session_id == "s1"
     assert await conversations.turns_in_session("k") == ["t1"]
-    assert await state.markers.marker("sent", "t1") == "sending"
-    assert await state.markers.marker("in", "in-1") == "1"
+    assert await state.markers.marker("sent", "t1", "k") == "sending"
+    assert await state.markers.marker("in", "in-1", "k") == "1"
     (stream,) = await state.streams.inflight(2)
     assert (stream.session_id, stream.conversation_key, stream.trace_id) == ("s1", "k", "t1")
 
@@ -86,7 +95,7 @@ async def test_a_replayed_turn_is_resumed_or_skipped_never_started_twice(state: 
     assert await begin(state, "t1") == "resume"  # the send may have been cut short: look it up
     assert await begin(state, "t1", "resume") == "start"  # not posted: record and send it again
     assert await state.conversations.turns_in_session("k") == ["t1"]  # listed once
-    await state.markers.set_marker("sent", "t1")
+    await state.markers.set_marker("sent", "t1", "k")
     assert await begin(state, "t1") == "done"
 
 
@@ -96,7 +105,7 @@ async def test_busy_session_holds_the_turn_once_and_its_end_flushes_it(state: St
     assert await begin(state, "t1") == "start"
     assert await begin(state, "t2", markers=["in-2"]) == "held"
     assert await begin(state, "t2") == "held"  # a replay is not held twice
-    assert await state.markers.marker("in", "in-2") == "1"
+    assert await state.markers.marker("in", "in-2", "k") == "1"
     assert [t for t, _ in await conversations.peek_held("k")] == ["t2"]
     assert (await conversations.conversation("k")).held == 1
     assert await begin(state, "t3", "flush") == "busy"
@@ -105,8 +114,8 @@ async def test_busy_session_holds_the_turn_once_and_its_end_flushes_it(state: St
     held = await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-1", turn_id="t1")
     assert held == 1  # the end sees it: flush
     assert (await conversations.conversation("k")).status == "idle"
-    assert await state.markers.marker("turnend", "idle-1") == "flush"
-    assert await state.markers.marker("sent", "t1") == "1"
+    assert await state.markers.marker("turnend", "idle-1", "k") == "flush"
+    assert await state.markers.marker("sent", "t1", "k") == "1"
     assert await state.streams.inflight(2) == []
     assert await begin(state, "t4") == "start"  # after the end: a new turn starts
 
@@ -206,7 +215,7 @@ async def test_a_busy_session_asks_for_the_command_before_holding_it(state: Stat
         "k", 2, turn_id="t2", mode="queue", turn=TURN, command_json=None, trace_id="t2", inbound_markers=["in-2"]
     )
     assert asked.decision == "hold"
-    assert await conversations.peek_held("k") == [] and await state.markers.marker("in", "in-2") is None
+    assert await conversations.peek_held("k") == [] and await state.markers.marker("in", "in-2", "k") is None
     held = await conversations.begin_turn(
         "k", 2, turn_id="t2", mode="queue", turn=TURN, command_json='{"n": 2}', trace_id="t2", inbound_markers=["in-2"]
     )
@@ -217,12 +226,12 @@ async def test_a_busy_session_asks_for_the_command_before_holding_it(state: Stat
     assert idle.decision == "no_session"
 
 
-async def test_begin_turn_publishes_its_note_when_held_and_when_a_flush_starts_it(state: State, redis_url: str) -> None:
+async def test_begin_turn_publishes_its_note_when_held_and_when_a_flush_starts_it(state: State, state_url: str) -> None:
     """The console's status notes ride on begin_turn: published in the same step, only when the turn
     is newly held or started by a flush, and never without a note (every other platform)."""
     conversations = state.conversations
-    subscriber = aioredis.from_url(redis_url, decode_responses=True)
-    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+    subscriber = redis_py_client(state_url, decode_responses=True)
+    pubsub = await redis_pubsub(subscriber)
     channel = state.console.channel
     await pubsub.subscribe(channel)
 

@@ -12,15 +12,15 @@ def _entry(i: int) -> ContextEntry:
 
 
 async def test_first_time_is_atomic_under_concurrency(state: State) -> None:
-    results = await asyncio.gather(*(state.markers.first_time("in", "msg-1") for _ in range(50)))
+    results = await asyncio.gather(*(state.markers.first_time("in", "msg-1", "k") for _ in range(50)))
     assert results.count(True) == 1
 
 
 async def test_claim_send_tells_a_replay_from_a_first_attempt(state: State) -> None:
-    assert await state.markers.claim_send("answer-1") is None
-    assert await state.markers.claim_send("answer-1") == "sending"
-    await state.markers.set_marker("sent", "answer-1")
-    assert await state.markers.claim_send("answer-1") == "1"
+    assert await state.markers.claim_send("answer-1", "k") is None
+    assert await state.markers.claim_send("answer-1", "k") == "sending"
+    await state.markers.set_marker("sent", "answer-1", "k")
+    assert await state.markers.claim_send("answer-1", "k") == "1"
 
 
 async def test_admit_inbound_keeps_the_window_in_batch_order(state: State) -> None:
@@ -40,9 +40,9 @@ async def test_admit_inbound_keeps_the_window_in_batch_order(state: State) -> No
     )
     assert [r.duplicate for r in again] == [True, False]
     assert [e.message_id for e in again[1].window] == ["m2", "m3", "m4"]
-    ttl = await markers.redis.execute("TTL", state.keys.marker("in", "d0"))
+    ttl = await markers.redis.execute("TTL", state.keys.marker("in", "d0", "g"))
     assert 0 < ttl <= markers.dedup_ttl
-    assert await markers.redis.execute("EXISTS", state.keys.marker("in", "d4")) == 0
+    assert await markers.redis.execute("EXISTS", state.keys.marker("in", "d4", "g")) == 0
 
 
 async def test_admit_inbound_without_a_window(state: State) -> None:

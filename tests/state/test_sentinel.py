@@ -96,17 +96,17 @@ async def test_stores_and_redis_py_work_through_the_sentinel_url(topology: Senti
     redis_py = Redis(connection_pool=redis_py_pool(topology.url(db=3), decode_responses=True))
     assert isinstance(redis_py.connection_pool, SentinelConnectionPool)
     try:
-        assert await state.markers.first_time("in", "m1") is True
-        assert await state.markers.first_time("in", "m1") is False
+        assert await state.markers.first_time("in", "m1", "k") is True
+        assert await state.markers.first_time("in", "m1", "k") is False
         await state.conversations.map_session("console:demo:c1", "session-1")
         assert await state.conversations.session_for("console:demo:c1") == "session-1"
         # Lua scripts: ingest's admission and egress's delivery claim.
         (admitted,) = await state.markers.admit_inbound([InboundAdmission("d1", "g", mark=True)], context_size=0)
         assert admitted.duplicate is False
-        claim = await state.deliveries.claim(["out-1"], [RateWindow("chat", 5, 1.0)])
+        claim = await state.deliveries.claim("b", ["out-1"], [RateWindow("chat", 5, 1.0)])
         assert claim.delivered == [None]
-        await state.deliveries.mark_delivered(["out-1"])
-        assert (await state.deliveries.claim(["out-1"], [])).delivered == ["1"]
+        await state.deliveries.mark_delivered("b", ["out-1"])
+        assert (await state.deliveries.claim("b", ["out-1"], [])).delivered == ["1"]
         # Both clients on the primary, in the URL's database.
         assert await redis_py.get("sb:t:c2s:console:demo:c1") == "session-1"
         assert (await redis_py.execute_command("ROLE"))[0] == "master"
@@ -242,24 +242,24 @@ async def test_replica_wait_confirms_markers_and_counts_what_no_replica_took(top
     replica = Redis(host=topology.replica.host, port=topology.replica.port, password=PASSWORD, decode_responses=True)
     try:
         before = _unreplicated()
-        await state.deliveries.mark_delivered(["out-1"])
-        assert await state.markers.claim_send("send-1") is None
+        await state.deliveries.mark_delivered("b", ["out-1"])
+        assert await state.markers.claim_send("send-1", "k") is None
         # Confirmed: on the replica the moment the call returns.
-        assert await replica.get(state.keys.marker("out", "out-1")) == "1"
-        assert await replica.get(state.keys.marker("sent", "send-1")) == "sending"
+        assert await replica.get(state.keys.marker("out", "out-1", "b")) == "1"
+        assert await replica.get(state.keys.marker("sent", "send-1", "k")) == "sending"
         assert _unreplicated() == before
         # The replica stopped (SIGSTOP): the write stands, the wait gives up and is counted.
         assert topology.replica.pid is not None
         os.kill(topology.replica.pid, signal.SIGSTOP)
         try:
-            await state.deliveries.mark_delivered(["out-2"])
-            assert await state.markers.claim_send("send-2") is None
+            await state.deliveries.mark_delivered("b", ["out-2"])
+            assert await state.markers.claim_send("send-2", "k") is None
         finally:
             os.kill(topology.replica.pid, signal.SIGCONT)
         assert _unreplicated() == before + 2
-        assert (await state.deliveries.claim(["out-2"], [])).delivered == ["1"]
+        assert (await state.deliveries.claim("b", ["out-2"], [])).delivered == ["1"]
         # A replayed send claim is not a new write: no wait.
-        assert await state.markers.claim_send("send-1") == "sending"
+        assert await state.markers.claim_send("send-1", "k") == "sending"
         assert _unreplicated() == before + 2
     finally:
         await state.redis.aclose()

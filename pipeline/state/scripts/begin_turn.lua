@@ -1,6 +1,6 @@
 -- Dispatch, one user turn: decide and record it in one step.
 -- KEYS: 1 conversation hash, 2 held list, 3 the session's turns, 4 this turn's record, 5 the
--- partition's in-flight hash, 6 this turn's sent marker, 7 conversation → session, 8… the markers
+-- in-flight hash (the partition's; on a cluster the conversation's), 6 this turn's sent marker, 7 conversation → session, 8… the markers
 -- of the inbound messages the turn carries.
 -- ARGV: 1 turn id, 2 held entry, 3 mode (merge | queue | interrupt | flush | resume), 4 turn record,
 -- 5 in-flight entry, 6 state TTL, 7 marker TTL, 8 a channel ('' for none) and 9 a status note to
