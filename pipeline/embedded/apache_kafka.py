@@ -156,6 +156,7 @@ class ApacheKafka(ManagedProcess):
         "heartbeat_interval_ms": 300,
     }
     supports_alter_configs = True
+    supports_idempotence = True
     supports_create_partitions = True
     persistent = True
 
