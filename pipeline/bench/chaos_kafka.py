@@ -10,8 +10,9 @@
   upgrade does.
 
 Meanwhile the consumer group's lag over the pipeline's topics is read every second. "Normal" lag
-is the 95th percentile of the samples before the first fault (the same load, no fault); a fault
-has recovered from the moment after which no sample is above that (or unreadable) any more.
+is the 95th percentile of the samples in the second half of the time before the first fault (the
+same load, no fault, past the start-up of the sessions); a fault has recovered from the moment
+after which no sample is above that (or unreadable) any more.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def lag_recovery(samples: list[tuple[float, int | None]], windows: list[dict[str
     """Add to each window the time from its start until lag was back to normal for good; return
     the normal bound and how it was found."""
     first = min((w["start_s"] for w in windows), default=None)
-    before = sorted(lag for t, lag in samples if lag is not None and (first is None or t < first))
+    before = sorted(lag for t, lag in samples if lag is not None and (first is None or first / 2 <= t < first))
     p95 = before[min(len(before) - 1, int(len(before) * 0.95))] if before else 0
     bound = max(p95, _LAG_FLOOR)
     for index, window in enumerate(windows):
