@@ -9,14 +9,15 @@ duplicate, or the end-to-end test below would prove nothing).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from pipeline.bench.chaos import ChaosConfig, account, run_chaos
+from pipeline.bench.chaos import ChaosConfig, account
 from pipeline.bench.load import Delivery, TrafficMix, build_plan
+
+from .chaos_run import assert_answered_exactly_once, run_chaos_for_test
 
 
 def _plan():  # type: ignore[no-untyped-def]
@@ -90,7 +91,6 @@ def test_accounting_catches_the_same_reply_delivered_twice() -> None:
 @pytest.mark.timeout(230)
 async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
     broker = os.environ.get("SWITCHBOARD_TEST_BROKERS", "tansu").split(",")[0].strip() or "tansu"
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_") and k != "SWITCHBOARD_TEST_BROKERS"}
     cfg = ChaosConfig(
         duration=60,
         rate=15,
@@ -105,29 +105,9 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path) -> None:
         quiet=6,
         run_dir=tmp_path / "stack",
     )
-    try:
-        result = await run_chaos(cfg)
-    finally:
-        os.environ.update(saved)
-    (tmp_path / "chaos.json").write_text(json.dumps(result, indent=2, default=str))
-    acc = result["accounting"]
-    detail = json.dumps(
-        {
-            "accounting": acc,
-            "evidence": result.get("evidence"),
-            "faults": result["faults"],
-            "run_dir": result["run_dir"],
-        },
-        indent=1,
-        default=str,
-    )[:20000]
+    result, detail = await run_chaos_for_test(cfg, tmp_path)
     assert result["kills"] >= 3, detail
-    assert acc["triggering_accepted"] >= 0.95 * acc["messages_sent"], detail
-    assert acc["lost"] == 0, detail
-    assert acc["duplicated"] == 0, detail
-    assert acc["posted_twice"] == 0, detail
-    assert acc["redelivered_same_outbound_id"] == 0, detail  # the same reply shown twice
-    assert acc["misthreaded"] == 0, detail
+    assert_answered_exactly_once(result, detail)
     # The long-connection lane: a OneBot bot on reverse WebSocket, its holder among the killed.
     onebot = result["onebot_ws"]
     assert onebot["written_to_a_socket"] >= 0.8 * onebot["messages_sent"] and onebot["sockets"] >= 2, onebot
