@@ -593,13 +593,13 @@ class _BrokerFaults:
                     f"chaos kafka: SIGKILL of node {w['node']} (leader of {w['partitions_led']} of "
                     f"{w['partitions']} partitions): leaders moved in {w['leaders_moved_s']} s; down "
                     f"{w['down_s']} s, restart {w['restart_s']} s, in sync {w['in_sync_after_restart_s']} s "
-                    f"later; lag max {w['max_lag']}, back to normal (<= {normal['normal_lag_bound']}) "
-                    f"{w['lag_recovered_s']} s after the kill"
+                    f"later; lag max {w['max_lag']}, normal (<= {normal['normal_lag_bound']}) again "
+                    f"{w['lag_normal_again_s']} s after the kill, for good after {w['lag_recovered_s']} s"
                 )
             else:
                 log(
                     f"chaos kafka: rolling restart {w['nodes']}: {w['end_s'] - w['start_s']:.1f} s; lag max "
-                    f"{w['max_lag']}, back to normal (<= {normal['normal_lag_bound']}) {w['lag_recovered_s']} s "
+                    f"{w['max_lag']}, normal (<= {normal['normal_lag_bound']}) for good {w['lag_recovered_s']} s "
                     "after it began"
                 )
         return {

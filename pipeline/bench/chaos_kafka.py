@@ -9,10 +9,12 @@
 * `rolling`: restart the nodes one at a time (graceful stop, start, wait until in sync), as an
   upgrade does.
 
-Meanwhile the consumer group's lag over the pipeline's topics is read every second. "Normal" lag
-is the 95th percentile of the samples in the second half of the time before the first fault (the
-same load, no fault, past the start-up of the sessions); a fault has recovered from the moment
-after which no sample is above that (or unreadable) any more.
+Meanwhile the consumer group's lag over the pipeline's topics is read every second. "Normal" is at
+most twice the 95th percentile of the samples in the second half of the time before the first fault
+(the same load, no fault, past the start-up of the sessions; a healthy pipeline's lag swings with
+every commit). Per fault: `lag_normal_again_s`, from its start until the first of
+`_NORMAL_RUN` samples in a row within normal, and `lag_recovered_s`, until the lag was within
+normal for good (until the next fault, or the end); an unreadable sample counts as above.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pipeline.kafka import LagReader
 BROKER_FAULTS = ("leader", "rolling")
 #: "normal" lag is at least this (an idle pipeline's lag is 0, and a single record is not a backlog)
 _LAG_FLOOR = 5
+#: samples (seconds) in a row within normal that make the lag normal again
+_NORMAL_RUN = 5
 
 
 def parse_broker_faults(raw: str) -> tuple[str, ...]:
@@ -147,14 +151,17 @@ def lag_recovery(samples: list[tuple[float, int | None]], windows: list[dict[str
     first = min((w["start_s"] for w in windows), default=None)
     before = sorted(lag for t, lag in samples if lag is not None and (first is None or first / 2 <= t < first))
     p95 = before[min(len(before) - 1, int(len(before) * 0.95))] if before else 0
-    bound = max(p95, _LAG_FLOOR)
+    bound = max(2 * p95, _LAG_FLOOR)
     for index, window in enumerate(windows):
         until = windows[index + 1]["start_s"] if index + 1 < len(windows) else float("inf")
         during = [(t, lag) for t, lag in samples if window["start_s"] <= t < until]
         lags = [lag for _, lag in during if lag is not None]
         window["max_lag"] = max(lags) if lags else None
         window["unreadable_lag_samples"] = sum(1 for _, lag in during if lag is None)
-        bad = [i for i, (_, lag) in enumerate(during) if lag is None or lag > bound]
+        ok = [lag is not None and lag <= bound for _, lag in during]
+        again = next((i for i in range(len(ok) - _NORMAL_RUN + 1) if all(ok[i : i + _NORMAL_RUN])), None)
+        window["lag_normal_again_s"] = round(during[again][0] - window["start_s"], 2) if again is not None else None
+        bad = [i for i, fine in enumerate(ok) if not fine]
         if not bad:
             window["lag_recovered_s"] = 0.0
         elif bad[-1] + 1 < len(during):

@@ -265,6 +265,7 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
         if cluster is not None:
             h["chaos_kafka_normal_lag"] = cluster["normal_lag_bound"]
             for w in cluster["faults"]:
+                h[f"chaos_kafka_{w['fault']}_lag_normal_again_s"] = w["lag_normal_again_s"]
                 h[f"chaos_kafka_{w['fault']}_lag_recovered_s"] = w["lag_recovered_s"]
                 h[f"chaos_kafka_{w['fault']}_max_lag"] = w["max_lag"]
                 if w["fault"] == "leader":

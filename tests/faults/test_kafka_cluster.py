@@ -35,16 +35,19 @@ needs_kafka = pytest.mark.skipif(
 )
 
 
-def test_lag_recovery_is_measured_from_the_fault_to_the_last_abnormal_sample() -> None:
-    samples: list[tuple[float, int | None]] = [(t, 10) for t in range(10)]  # before: normal is 10
-    samples += [(10, None), (11, 500), (12, 8), (13, 400), (14, 9), (15, 7)]  # two blips
-    samples += [(20, 3), (21, 60), (22, 2)]  # the second fault's own blip
-    windows = [{"start_s": 10.0}, {"start_s": 20.0}]
+def test_lag_recovery_is_measured_from_the_fault_to_normal_lag() -> None:
+    samples: list[tuple[float, int | None]] = [(t, 10) for t in range(10)]  # before: p95 10, normal <= 20
+    samples += [(10, None), (11, 500), (12, 8), (13, 400)]  # a blip, a dip, another blip
+    samples += [(t, 15) for t in range(14, 19)]  # 5 s within normal
+    samples += [(19, 90), (20, 9)]  # a late blip, then normal until the next fault
+    samples += [(30, 3), (31, 60), (32, 2)]  # the second fault's own blip
+    windows = [{"start_s": 10.0}, {"start_s": 30.0}]
     normal = lag_recovery(samples, windows)
-    assert normal["normal_lag_bound"] == 10
-    assert windows[0]["lag_recovered_s"] == 4  # 14 s: after the blip at 13 s, not the dip at 12 s
+    assert normal["normal_lag_bound"] == 20
+    assert windows[0]["lag_normal_again_s"] == 4  # 14 s: the first 5 samples in a row, not the dip at 12 s
+    assert windows[0]["lag_recovered_s"] == 10  # 20 s: after the late blip at 19 s
     assert windows[0]["max_lag"] == 500 and windows[0]["unreadable_lag_samples"] == 1
-    assert windows[1]["lag_recovered_s"] == 2
+    assert windows[1]["lag_recovered_s"] == 2 and windows[1]["lag_normal_again_s"] is None  # too few samples
     still_high = [{"start_s": 10.0}]
     lag_recovery([*samples[:10], (10, 99), (11, 99)], still_high)
     assert still_high[0]["lag_recovered_s"] is None  # never back: no figure, not a made-up one
