@@ -121,10 +121,15 @@ class Settings(BaseSettings):
     # Tansu answers a group join only after about half the session timeout: keep it short so a
     # worker joins (and a dead one is noticed) in seconds. Apache Kafka is fine with it too.
     kafka_session_timeout_seconds: float = Field(default=10.0, ge=3.0, le=300.0)
+    # Idempotent producer (with acks=all): a write retried after a broker failure is stored once.
+    # Needs a broker with InitProducerId; the embedded Tansu fails it, so the local stack turns it off.
+    kafka_idempotence: bool = True
     # Producer batching: a few milliseconds per hop buys far fewer, larger produce requests.
     kafka_linger_ms: int = Field(default=5, ge=0, le=1000)
     partitions: int = Field(default=8, ge=1, le=1024)
-    replication_factor: int = Field(default=1, ge=1)
+    # Replicas of each topic `topics apply` creates (capped to the brokers there are, so one dev
+    # broker still works); with topics.toml's min.insync.replicas=2, a broker can fail losing nothing.
+    replication_factor: int = Field(default=3, ge=1)
     app_id: str = "switchboard"
     redis_url: str | None = None
     redis_prefix: str = "sb:"

@@ -141,6 +141,7 @@ class Stack:
             await self.broker.start()
             env["SWITCHBOARD_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
             env.setdefault("SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS", str(self.broker.recommended_fetch_max_wait_ms))
+            env.setdefault("SWITCHBOARD_KAFKA_IDEMPOTENCE", str(self.broker.supports_idempotence).lower())
         if not env.get("SWITCHBOARD_REDIS_URL"):
             self.redis = RedisServer(run_dir=self._dir("redis"), aof=self.redis_aof, appendfsync="everysec")
             await self.redis.start()

@@ -8,6 +8,7 @@ and chaos.
     switchboard bench --chaos                           # faults under load; lost/duplicated accounting
     switchboard bench --scale-workers 1,2,4 --pin-workers 1 --pin-others 0   # capacity model check
     switchboard bench --chaos --redis cluster           # the same on a Redis Cluster (a primary killed)
+    switchboard bench --chaos --kafka-cluster 3 --chaos-kill leader,rolling   # broker faults, lag recovery
     switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
 
 Writes bench/results/<name>.json and .png (see bench/README.md for every field).
@@ -108,6 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--chaos-rate", type=float, default=20.0)
     p.add_argument(
+        "--kafka-cluster",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --chaos: run on a replicated Apache Kafka cluster of N KRaft nodes (3 replicas, 2 in sync)",
+    )
+    p.add_argument(
+        "--chaos-kill",
+        default="",
+        metavar="leader,rolling",
+        help="with --kafka-cluster: broker faults in order instead of the worker/Redis/API faults: `leader` "
+        "SIGKILLs the node leading most partitions and brings it back, `rolling` restarts every node in turn",
+    )
+    p.add_argument("--broker-down-for", type=float, default=15.0, help="seconds the killed leader stays down")
+    p.add_argument(
         "--profile",
         type=float,
         default=0.0,
@@ -122,7 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.chaos_kill:
+        from pipeline.bench.chaos_kafka import parse_broker_faults
+
+        try:
+            args.chaos_kill = parse_broker_faults(args.chaos_kill)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.kafka_cluster < 2:
+            parser.error("--chaos-kill needs --kafka-cluster N, N >= 2 (one broker has no replica to fail over to)")
     if args.quick:
         args.rate, args.duration, args.conversations = min(args.rate, 20.0), min(args.duration, 4.0), 10
         args.limit_messages = min(args.limit_messages, 2000)

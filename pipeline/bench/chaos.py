@@ -23,13 +23,16 @@ from typing import Any
 
 import httpx
 
+from pipeline.bench.chaos_kafka import LagWatch, lag_recovery, run_broker_faults
 from pipeline.bench.chaos_onebot import BOT_ID as ONEBOT_BOT_ID
 from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
 from pipeline.bench.chaos_onebot import OneBotLane
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
 from pipeline.bench.runner import BenchStack, log, start_stack
+from pipeline.embedded import KafkaCluster
 from pipeline.records import conversation_key
 from pipeline.stack import SIM_API_KEY
+from pipeline.topics import DEADLETTER, cluster_specs
 
 
 @dataclass
@@ -57,6 +60,12 @@ class ChaosConfig:
     burst_prob: float = 0.05
     # The long-connection lane: OneBot messages/s over reverse WebSocket (0: none; chaos_onebot.py).
     onebot_rate: float = 2.0
+    # A replicated Apache Kafka cluster of this many nodes instead of `broker` (0: none), and the
+    # broker faults to run on it in order ("leader", "rolling"; chaos_kafka.py).
+    kafka_nodes: int = 0
+    broker_faults: tuple[str, ...] = ()
+    broker_faults_at: float = 0.25  # the first broker fault, as a fraction of `duration`
+    broker_down_for: float = 15.0  # seconds the killed leader stays down
 
 
 @dataclass
@@ -413,6 +422,7 @@ async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str,
             extra_env={"SWITCHBOARD_SESSION_TIMEOUT_SECONDS": str(cfg.session_timeout)},
             extra_bots=ONEBOT_BOT_TOML if cfg.onebot_rate > 0 else "",
             redis=cfg.redis,
+            kafka_nodes=cfg.kafka_nodes,
         )
     try:
         return await _run(bs, cfg)
@@ -460,6 +470,7 @@ async def _under_faults(
     tasks = [asyncio.create_task(_other_faults(bs, cfg, faults))]
     if cfg.kill_every > 0:
         tasks.append(asyncio.create_task(_kill_loop(bs, cfg, faults, stop)))
+    broker = _BrokerFaults.start(bs, cfg, faults) if cfg.broker_faults else None
     last_print = 0.0
     while not gen.stats.done:
         await asyncio.sleep(0.5)
@@ -475,6 +486,8 @@ async def _under_faults(
     tasks[0].cancel()  # scheduled faults not reached yet are skipped; a replacement being started is awaited
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.gather(*faults.background, return_exceptions=True)
+    if broker is not None:
+        await broker.finish_faults()  # every node back and in sync before the settle
     with contextlib.suppress(Exception):
         await _sim_post(bs, "/_sim/faults", {"rate_429": 0.0, "rate_500": 0.0, "accept_delay": 0.0})
     assert bs.stack is not None
@@ -518,6 +531,8 @@ async def _under_faults(
         "webhook": {"errors": gen.stats.errors, "failed": gen.stats.failed},
         "sim_stats": {k: v for k, v in sim_stats.items() if k != "faults"},
     }
+    if broker is not None:
+        result["kafka_cluster"] = await broker.report()
     if acc["lost"] or acc["duplicated"] or acc["posted_twice"]:
         result["evidence"] = await _evidence(bs, plan, acc, faults)
     log(
@@ -532,3 +547,77 @@ async def _under_faults(
             f"(in a dead socket {ob['lost_in_dead_socket']}) duplicated {ob['duplicated']}; {ob['sockets']} sockets"
         )
     return result
+
+
+@dataclass
+class _BrokerFaults:
+    """The broker faults of a run on a `KafkaCluster`, and the lag watch that times their recovery."""
+
+    cluster: KafkaCluster
+    watch: LagWatch
+    faults_task: asyncio.Task[list[dict[str, Any]]]
+    watch_task: asyncio.Task[None]
+    stop_watch: asyncio.Event
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def start(cls, bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> _BrokerFaults:
+        if bs.cluster is None:
+            raise ValueError("broker faults need the stack on a Kafka cluster (ChaosConfig.kafka_nodes)")
+        assert bs.stack is not None
+        # The topics the workers consume (the dead letters are written only on bad input).
+        topics = [s.name for s in cluster_specs(bs.stack.settings()) if s.name != DEADLETTER]
+        watch = LagWatch(bs.bootstrap, bs.app_id, topics, faults.t0)
+        stop_watch = asyncio.Event()
+        return cls(
+            cluster=bs.cluster,
+            watch=watch,
+            faults_task=asyncio.create_task(
+                run_broker_faults(
+                    bs.cluster,
+                    cfg.broker_faults,
+                    topics,
+                    faults.add,
+                    t0=faults.t0,
+                    start_at=cfg.duration * cfg.broker_faults_at,
+                    down_for=cfg.broker_down_for,
+                )
+            ),
+            watch_task=asyncio.create_task(watch.run(stop_watch)),
+            stop_watch=stop_watch,
+        )
+
+    async def finish_faults(self) -> None:
+        try:
+            self.windows = await self.faults_task
+        except Exception as exc:  # the report says it; the accounting still runs
+            self.error = repr(exc)[:500]
+            log(f"chaos: broker faults failed: {self.error}")
+
+    async def report(self) -> dict[str, Any]:
+        self.stop_watch.set()
+        await self.watch_task
+        normal = lag_recovery(self.watch.samples, self.windows)
+        for w in self.windows:
+            if w["fault"] == "leader":
+                log(
+                    f"chaos kafka: SIGKILL of node {w['node']} (leader of {w['partitions_led']} of "
+                    f"{w['partitions']} partitions): leaders moved in {w['leaders_moved_s']} s; down "
+                    f"{w['down_s']} s, restart {w['restart_s']} s, in sync {w['in_sync_after_restart_s']} s "
+                    f"later; lag max {w['max_lag']}, normal (<= {normal['normal_lag_bound']}) again "
+                    f"{w['lag_normal_again_s']} s after the kill, for good after {w['lag_recovered_s']} s"
+                )
+            else:
+                log(
+                    f"chaos kafka: rolling restart {w['nodes']}: {w['end_s'] - w['start_s']:.1f} s; lag max "
+                    f"{w['max_lag']}, normal (<= {normal['normal_lag_bound']}) for good {w['lag_recovered_s']} s "
+                    "after it began"
+                )
+        return {
+            "nodes": len(self.cluster.nodes),
+            "faults": self.windows,
+            "error": self.error,
+            **normal,
+            "lag_samples": self.watch.samples,
+        }

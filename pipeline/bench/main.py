@@ -259,6 +259,19 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
             h["chaos_onebot_ws_lost"] = onebot["lost"]
             h["chaos_onebot_ws_lost_in_dead_socket"] = onebot["lost_in_dead_socket"]
             h["chaos_onebot_ws_duplicated"] = onebot["duplicated"]
+        h["chaos_late"] = acc["late"]
+        h["chaos_answer_latency_ms"] = acc.get("answer_latency_ms")
+        cluster = result["chaos"].get("kafka_cluster")
+        if cluster is not None:
+            h["chaos_kafka_normal_lag"] = cluster["normal_lag_bound"]
+            for w in cluster["faults"]:
+                h[f"chaos_kafka_{w['fault']}_lag_normal_again_s"] = w["lag_normal_again_s"]
+                h[f"chaos_kafka_{w['fault']}_lag_recovered_s"] = w["lag_recovered_s"]
+                h[f"chaos_kafka_{w['fault']}_max_lag"] = w["max_lag"]
+                if w["fault"] == "leader":
+                    h["chaos_kafka_leader_leaders_moved_s"] = w["leaders_moved_s"]
+            if cluster["error"]:
+                h["chaos_kafka_error"] = cluster["error"]
     return h
 
 
@@ -386,15 +399,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             duration=args.chaos_duration,
             kill_every=args.kill_every,
             rate=args.chaos_rate,
-            broker="kafka" if args.broker == "kafka" else "tansu",
+            broker="kafka" if args.broker == "kafka" or args.kafka_cluster else "tansu",
             redis=args.redis,
             run_dir=(args.run_dir / "chaos") if args.run_dir else None,
+            kafka_nodes=args.kafka_cluster,
         )
+        if args.chaos_kill:  # the broker's faults alone, so what they cost is theirs
+            cfg.broker_faults = tuple(args.chaos_kill)
+            cfg.broker_down_for = args.broker_down_for
+            cfg.kill_every, cfg.redis_restarts, cfg.drop_streams = 0, 0, 0
+            cfg.api_faults = cfg.accept_delay = cfg.kill_in_accept_delay = False
         result["chaos"] = await run_chaos(cfg)
         acc = result["chaos"]["accounting"]
         ok = acc["lost"] == 0 and acc["duplicated"] == 0 and acc["posted_twice"] == 0
         onebot = result["chaos"].get("onebot_ws")
         ok = ok and (onebot is None or (onebot["lost"] == 0 and onebot["duplicated"] == 0))
+        cluster = result["chaos"].get("kafka_cluster")
+        ok = ok and (cluster is None or not cluster["error"])
     series = result.pop("_series", [])
     result["headline"] = headline(result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

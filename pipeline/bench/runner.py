@@ -41,7 +41,7 @@ from pipeline.bench.measure import (
     scrape_metrics,
     self_cpu_seconds,
 )
-from pipeline.embedded import ApacheKafka, RedisCluster, RedisServer, TansuBroker
+from pipeline.embedded import ApacheKafka, KafkaCluster, RedisCluster, RedisServer, TansuBroker
 from pipeline.stack import Stack
 from pipeline.state import Keys, LiveMessage, pubsub, redis_py_client
 from pipeline.state.redis_url import ClusterTarget, parse_redis_url
@@ -116,6 +116,8 @@ class BenchStack:
     app_id: str
     stack: Stack | None = None
     broker: TansuBroker | ApacheKafka | None = None
+    #: the replicated cluster, when the stack runs on one (`broker` is then None)
+    cluster: KafkaCluster | None = None
     redis_server: RedisServer | None = None
     redis_cluster: RedisCluster | None = None
     attach_urls: list[str] = field(default_factory=list)
@@ -151,6 +153,8 @@ class BenchStack:
     def pids(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {f"worker{i}": pid for i, pid in enumerate(self.worker_pids())}
         out["broker"] = self.broker.pid if self.broker else None
+        if self.cluster is not None:
+            out.update(self.cluster.pids())
         out["redis"] = self.redis_server.pid if self.redis_server else None
         out["sim"] = self.stack.sim.pid if self.stack and self.stack.sim else None
         return out
@@ -173,10 +177,12 @@ class BenchStack:
         if self.stack is not None:
             with contextlib.suppress(Exception):
                 await self.stack.stop()
-        for part in (self.redis_server, self.redis_cluster, self.broker):
+        for part in (self.redis_server, self.redis_cluster, self.broker, self.cluster):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()
+        if self.cluster is not None:
+            self.cluster.cleanup()
 
 
 async def start_stack(
@@ -191,18 +197,32 @@ async def start_stack(
     log_level: str = "WARNING",
     extra_bots: str = "",
     redis: str = "single",
+    kafka_nodes: int = 0,
 ) -> BenchStack:
     """A stack the bench owns: the broker, Redis (`single`: one server; `cluster`: a Redis Cluster of
-    3 primaries + 3 replicas), the simulator and `workers` workers."""
+    3 primaries + 3 replicas), the simulator and `workers` workers. `kafka_nodes` > 0: on a
+    replicated Apache Kafka cluster of that many nodes (`broker` unused), with topics of
+    min(3, nodes) replicas."""
     raise_fd_limit()
     run_dir = run_dir or Path(tempfile.mkdtemp(prefix="sb-bench-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     config = run_dir / "switchboard.toml"
     config.write_text(BOTS_TOML + extra_bots)
-    kafka: TansuBroker | ApacheKafka = (
-        TansuBroker(run_dir=run_dir / "broker") if broker == "tansu" else ApacheKafka(run_dir=run_dir / "broker")
-    )
-    await kafka.start()
+    kafka: TansuBroker | ApacheKafka | None = None
+    cluster: KafkaCluster | None = None
+    node: TansuBroker | ApacheKafka  # the settings the workers need come from a node
+    if kafka_nodes > 0:
+        broker = f"kafka-cluster-{kafka_nodes}"
+        cluster = KafkaCluster(kafka_nodes, run_dir=run_dir / "kafka")
+        await cluster.start()
+        bootstrap = cluster.bootstrap
+        node = cluster.node(1)
+    else:
+        kafka = node = (
+            TansuBroker(run_dir=run_dir / "broker") if broker == "tansu" else ApacheKafka(run_dir=run_dir / "broker")
+        )
+        await kafka.start()
+        bootstrap = kafka.bootstrap
     redis_server: RedisServer | None = None
     redis_cluster: RedisCluster | None = None
     if redis == "cluster":
@@ -215,8 +235,10 @@ async def start_stack(
     app_id = f"switchboard-bench-{uuid.uuid4().hex[:6]}"
     env = {
         "SWITCHBOARD_CONFIG": str(config),
-        "SWITCHBOARD_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(kafka.recommended_fetch_max_wait_ms),
+        "SWITCHBOARD_KAFKA_BOOTSTRAP": bootstrap,
+        "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(node.recommended_fetch_max_wait_ms),
+        "SWITCHBOARD_KAFKA_IDEMPOTENCE": str(node.supports_idempotence).lower(),
+        "SWITCHBOARD_REPLICATION_FACTOR": str(min(3, kafka_nodes) if kafka_nodes else 1),
         "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
         "SWITCHBOARD_REDIS_URL": redis_url,
         "SWITCHBOARD_REDIS_PREFIX": prefix,
@@ -232,10 +254,11 @@ async def start_stack(
     bs = BenchStack(
         redis_url=redis_url,
         redis_prefix=prefix,
-        bootstrap=kafka.bootstrap,
+        bootstrap=bootstrap,
         app_id=app_id,
         stack=stack,
         broker=kafka,
+        cluster=cluster,
         redis_server=redis_server,
         redis_cluster=redis_cluster,
         broker_kind=broker,

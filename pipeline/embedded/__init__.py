@@ -5,6 +5,7 @@
 * :class:`RedisSentinel` - a Redis Sentinel (the same binary, ``--sentinel``) monitoring one primary.
 * :class:`RedisCluster` - a Redis Cluster (3 primaries + 3 replicas by default) of such servers.
 * :class:`ApacheKafka` - real Apache Kafka (KRaft, single node), jars fetched with Maven.
+* :class:`KafkaCluster` - N Apache Kafka nodes (3 by default) in one KRaft quorum, replicated topics.
 
 Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc:`` or ``with svc:``.
 """
@@ -18,6 +19,7 @@ from pipeline.embedded.exceptions import (
     ServiceStartError,
     ServiceStopError,
 )
+from pipeline.embedded.kafka_cluster import KafkaCluster, PartitionReplicas
 from pipeline.embedded.redis import RedisSentinel, RedisServer, redis_server_binary
 from pipeline.embedded.redis_cluster import RedisCluster, RedisClusterNode, redis_cli_binary
 from pipeline.embedded.tansu import TansuBroker, tansu_binary
@@ -27,7 +29,9 @@ __all__ = [
     "ApacheKafka",
     "BinaryNotFoundError",
     "EmbeddedServiceError",
+    "KafkaCluster",
     "ManagedProcess",
+    "PartitionReplicas",
     "PortInUseError",
     "RedisCluster",
     "RedisClusterNode",

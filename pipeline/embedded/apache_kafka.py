@@ -156,6 +156,7 @@ class ApacheKafka(ManagedProcess):
         "heartbeat_interval_ms": 300,
     }
     supports_alter_configs = True
+    supports_idempotence = True
     supports_create_partitions = True
     persistent = True
 
@@ -171,8 +172,18 @@ class ApacheKafka(ManagedProcess):
         extra_properties: dict[str, str] | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         keep_run_dir: bool | None = None,
+        node_id: int = 1,
+        cluster_id: str | None = None,
+        quorum_voters: str | None = None,
+        replicas: int = 1,
     ) -> None:
+        """``node_id``, ``cluster_id``, ``quorum_voters`` (``id@host:port,...``) and ``replicas``
+        (the internal topics' replication factor) make this one node of a :class:`KafkaCluster`;
+        the defaults are a single node that is its own quorum."""
         super().__init__(run_dir=run_dir, keep_run_dir=keep_run_dir)
+        self.node_id = node_id
+        self.quorum_voters = quorum_voters
+        self.replicas = replicas
         self.version = version
         self.host = host
         self._port_is_ours = port is None and controller_port is None
@@ -181,7 +192,7 @@ class ApacheKafka(ManagedProcess):
         self.heap = heap
         self.auto_create_topics = auto_create_topics
         self.extra_properties = dict(extra_properties or {})
-        self.cluster_id = random_cluster_id()
+        self.cluster_id = cluster_id or random_cluster_id()
         self.java = java_binary()
         #: seconds the last ``ensure_kafka_jars`` call took (Maven fetch or cache hit)
         self.jar_fetch_seconds: float | None = None
@@ -204,10 +215,14 @@ class ApacheKafka(ManagedProcess):
         return [(self.host, self.port), (self.host, self.controller_port)]
 
     def _properties(self) -> dict[str, str]:
+        voters = self.quorum_voters or f"{self.node_id}@{self.host}:{self.controller_port}"
+        replicas = str(self.replicas)
+        # With replicas, a write to an internal topic needs all but one of them (a single node: itself).
+        min_isr = str(max(1, self.replicas - 1))
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": voters,
             "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -216,14 +231,16 @@ class ApacheKafka(ManagedProcess):
             "log.dirs": str(self.data_dir),
             "num.partitions": "1",
             "auto.create.topics.enable": "true" if self.auto_create_topics else "false",
-            # Single node: every internal topic with one replica, few partitions (faster boot).
-            "offsets.topic.replication.factor": "1",
+            # Internal topics with one replica per node (up to `replicas`), few partitions (faster boot).
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_isr,
             # Tests join groups constantly: no 3 s wait for more members.
             "group.initial.rebalance.delay.ms": "0",
             # Let tests use short sessions (default minimum 6 s) so both brokers share client settings.

@@ -65,6 +65,8 @@ class TansuBroker(ManagedProcess):
     stop_grace = 5.0
     #: fetch wait that keeps per-hop latency small on Tansu (it never answers a fetch early)
     recommended_fetch_max_wait_ms = 20
+    #: InitProducerId answers UnknownError: an idempotent producer cannot start on Tansu
+    supports_idempotence = False
     #: aiokafka consumer kwargs that keep Tansu fast (short fetch wait, short join wait)
     recommended_consumer_config: dict[str, int] = {
         "fetch_max_wait_ms": 20,

@@ -28,6 +28,7 @@ _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 #: configs whose value is a comma-separated set (order does not matter)
 _LIST_CONFIGS = {"cleanup.policy"}
 _TOPIC_ALREADY_EXISTS = 36
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,16 @@ def _same_config(key: str, expected: str, actual: str | None) -> bool:
     return expected == actual
 
 
+def _within_replicas(config: Mapping[str, str], replicas: int) -> dict[str, str]:
+    """The config with ``min.insync.replicas`` at most ``replicas``: more than a topic has replicas
+    would fail every acks=all write (a spec for a 3-broker cluster applied to one dev broker)."""
+    out = dict(config)
+    wanted = out.get(MIN_INSYNC_REPLICAS)
+    if wanted is not None and wanted.isdigit() and int(wanted) > replicas >= 1:
+        out[MIN_INSYNC_REPLICAS] = str(replicas)
+    return out
+
+
 def _drifts(spec: TopicSpec, state: TopicState | None, brokers: int) -> list[Drift]:
     if state is None:
         return [Drift(spec.name, "missing", expected=spec.partitions, actual=None)]
@@ -140,7 +151,7 @@ def _drifts(spec: TopicSpec, state: TopicState | None, brokers: int) -> list[Dri
     want_rf = min(spec.replication_factor, brokers) if brokers else spec.replication_factor
     if state.replication_factor < want_rf:
         out.append(Drift(spec.name, "replication_factor", want_rf, state.replication_factor))
-    for key, value in sorted(spec.config.items()):
+    for key, value in sorted(_within_replicas(spec.config, min(want_rf, state.replication_factor)).items()):
         actual = state.configs.get(key)
         if not _same_config(key, value, actual):
             out.append(Drift(spec.name, "config", value, actual, key=key))
@@ -219,7 +230,13 @@ async def _create(
                 f"{spec.name}: replication_factor {rf} > {brokers} broker(s); created with {brokers}"
             )
             rf = brokers
-        new_topics.append(NewTopic(spec.name, spec.partitions, rf, topic_configs=dict(spec.config)))
+        config = _within_replicas(spec.config, rf)
+        if config != spec.config:
+            report.warnings.append(
+                f"{spec.name}: {MIN_INSYNC_REPLICAS} {spec.config[MIN_INSYNC_REPLICAS]} > {rf} replica(s); "
+                f"created with {config[MIN_INSYNC_REPLICAS]}"
+            )
+        new_topics.append(NewTopic(spec.name, spec.partitions, rf, topic_configs=config))
     response = await admin.create_topics(new_topics)
     for item in response.topic_errors:
         name, code = item[0], item[1]
@@ -259,11 +276,13 @@ async def _update(
             f"{spec.name}: replication factor {state.replication_factor} < {want_rf}; "
             "changing it needs a partition reassignment (not done by apply)"
         )
-    wanted = {k: v for k, v in spec.config.items() if not _same_config(k, v, state.configs.get(k))}
+    # Never more in-sync replicas than the topic has: that would stop every acks=all write to it.
+    spec_config = _within_replicas(spec.config, min(want_rf, state.replication_factor))
+    wanted = {k: v for k, v in spec_config.items() if not _same_config(k, v, state.configs.get(k))}
     if wanted:
         # AlterConfigs (the non-incremental API, all aiokafka has) replaces the topic's whole
         # override set, so send the current overrides merged with the spec, or others get reset.
-        full = {**state.overrides, **spec.config}
+        full = {**state.overrides, **spec_config}
         try:
             responses = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, spec.name, full)])
         except (IncompatibleBrokerVersion, UnsupportedVersionError):

@@ -47,9 +47,13 @@ class SwitchboardApp(faust.App):
     # Set by `create_app`: the service that owns the runtime and serves the worker's HTTP surface.
     serving: type[mode.Service] | None = None
 
-    def __init__(self, id: str, *, consumer_tuning: ConsumerTuning, **options: Any) -> None:
+    def __init__(
+        self, id: str, *, consumer_tuning: ConsumerTuning, idempotent_producer: bool = True, **options: Any
+    ) -> None:
         super().__init__(id, **options)
         self.consumer_tuning = consumer_tuning
+        #: read by the driver's Producer (SWITCHBOARD_KAFKA_IDEMPOTENCE)
+        self.idempotent_producer = idempotent_producer
         self._sinks: dict[str, BatchSink] = {}
         self._serving: mode.ServiceT | None = None
 
@@ -106,6 +110,7 @@ def create_app(
         consumer_tuning=ConsumerTuning(
             fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms, max_poll_records=settings.batch_max
         ),
+        idempotent_producer=settings.kafka_idempotence,
         broker=broker_url(settings.kafka_bootstrap),
         key_serializer="raw",
         value_serializer="raw",

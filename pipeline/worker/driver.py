@@ -1,6 +1,6 @@
 """Switchboard's Faust transport driver: Faust's own extension point for the Kafka client.
 
-It differs from Faust's aiokafka driver in two ways, both measured:
+It differs from Faust's aiokafka driver in three ways, the first two measured:
 
 * The worker consumer is built with Switchboard's consumer settings (`ConsumerTuning`). Faust's
   driver hard-codes `fetch_max_wait_ms=1500`, and Tansu holds every fetch for that long, so every
@@ -9,6 +9,9 @@ It differs from Faust's aiokafka driver in two ways, both measured:
   time through Faust's conductor, channels and streams. On this machine that per-record path costs
   about 150 µs of CPU per record, against about 4 µs for aiokafka's own fetch
   (`bench/faust_delivery_bench.py`).
+* The producer is idempotent and waits for every in-sync replica (`acks=all`): a write it retries
+  after a broker failure is stored once, and a write it reports done survives the loss of its
+  partition's leader (docs/operations.md, "Recommended production settings for Kafka").
 
 Offsets stay Faust's: a stage acknowledges each record with `Consumer.ack`, in offset order per
 partition, and Faust commits what is acknowledged (periodically, and when partitions are revoked).
@@ -153,10 +156,20 @@ class BatchConsumer(faust_aiokafka.Consumer):
             await sink.deliver(messages)
 
 
+class Producer(faust_aiokafka.Producer):
+    """Faust's producer with `acks=all`, idempotent unless the app's `idempotent_producer` is False
+    (Faust itself turns idempotence on only inside transactions)."""
+
+    def _settings_extra(self) -> Mapping[str, object]:
+        idempotent = bool(getattr(self.app, "idempotent_producer", True))
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": idempotent}
+
+
 class Transport(faust_aiokafka.Transport):
     """The driver registered as `switchboard://`."""
 
     Consumer: ClassVar[type[BatchConsumer]] = BatchConsumer
+    Producer: ClassVar[type[Producer]] = Producer
     driver_version = f"switchboard+aiokafka={aiokafka.__version__}"
 
 
@@ -185,4 +198,13 @@ class KeyPartitioner:
         return all_partitions[hashed % len(all_partitions)]
 
 
-__all__ = ["SCHEME", "BatchApp", "BatchSink", "ConsumerTuning", "KeyPartitioner", "Transport", "broker_url"]
+__all__ = [
+    "SCHEME",
+    "BatchApp",
+    "BatchSink",
+    "ConsumerTuning",
+    "KeyPartitioner",
+    "Producer",
+    "Transport",
+    "broker_url",
+]

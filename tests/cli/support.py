@@ -31,5 +31,6 @@ def worker_env(kafka: str, redis: str, web_port: int, **more: str) -> dict[str, 
         "SWITCHBOARD_SESSION_API_KEY": "test-key",
         "SWITCHBOARD_WEB_PORT": str(web_port),
         "SWITCHBOARD_CONSOLE_ENABLED": "true",  # a bot to serve: the console's `demo` (on loopback)
+        "SWITCHBOARD_KAFKA_IDEMPOTENCE": "false",  # the tests' broker is Tansu (no InitProducerId)
         **more,
     }

@@ -10,14 +10,15 @@ duplicate, or the end-to-end test below would prove nothing).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from pipeline.bench.chaos import ChaosConfig, account, run_chaos
+from pipeline.bench.chaos import ChaosConfig, account
 from pipeline.bench.load import Delivery, TrafficMix, build_plan
+
+from .chaos_run import assert_answered_exactly_once, run_chaos_for_test
 
 
 def _plan():  # type: ignore[no-untyped-def]
@@ -94,7 +95,6 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: s
     """`cluster`: the stack on a Redis Cluster (3 primaries + 3 replicas); its Redis fault is a
     primary SIGKILLed under load and its replica promoted, instead of a restart."""
     broker = os.environ.get("SWITCHBOARD_TEST_BROKERS", "tansu").split(",")[0].strip() or "tansu"
-    saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_") and k != "SWITCHBOARD_TEST_BROKERS"}
     cfg = ChaosConfig(
         duration=60,
         rate=15,
@@ -110,34 +110,14 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: s
         quiet=6,
         run_dir=tmp_path / "stack",
     )
-    try:
-        result = await run_chaos(cfg)
-    finally:
-        os.environ.update(saved)
-    (tmp_path / "chaos.json").write_text(json.dumps(result, indent=2, default=str))
-    acc = result["accounting"]
-    detail = json.dumps(
-        {
-            "accounting": acc,
-            "evidence": result.get("evidence"),
-            "faults": result["faults"],
-            "run_dir": result["run_dir"],
-        },
-        indent=1,
-        default=str,
-    )[:20000]
+    result, detail = await run_chaos_for_test(cfg, tmp_path)
     assert result["kills"] >= 3, detail
     faults = [f["fault"] for f in result["faults"]]
     if redis == "cluster":
         assert "redis_primary_sigkill" in faults and "redis_replica_promoted" in faults, detail
     else:
         assert "redis_restart" in faults, detail
-    assert acc["triggering_accepted"] >= 0.95 * acc["messages_sent"], detail
-    assert acc["lost"] == 0, detail
-    assert acc["duplicated"] == 0, detail
-    assert acc["posted_twice"] == 0, detail
-    assert acc["redelivered_same_outbound_id"] == 0, detail  # the same reply shown twice
-    assert acc["misthreaded"] == 0, detail
+    assert_answered_exactly_once(result, detail)
     # The long-connection lane: a OneBot bot on reverse WebSocket, its holder among the killed.
     onebot = result["onebot_ws"]
     assert onebot["written_to_a_socket"] >= 0.8 * onebot["messages_sent"] and onebot["sockets"] >= 2, onebot

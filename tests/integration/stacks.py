@@ -32,6 +32,7 @@ def running_stack(
     env = {
         "SWITCHBOARD_KAFKA_BOOTSTRAP": broker.bootstrap,
         "SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS": str(broker.recommended_fetch_max_wait_ms),
+        "SWITCHBOARD_KAFKA_IDEMPOTENCE": str(broker.supports_idempotence).lower(),
         "SWITCHBOARD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
         "SWITCHBOARD_REDIS_PREFIX": f"{name}{uuid.uuid4().hex[:8]}:",
         "SWITCHBOARD_PARTITIONS": str(partitions),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.kafka import Drift, TopicSpec, admin_client, apply_topics, check_topics
+from pipeline.kafka import Drift, TopicSpec, admin_client, apply_topics, check_topics, produce
 
 
 async def test_apply_creates_then_no_drift(kafka_bootstrap, unique_name):
@@ -83,6 +83,18 @@ async def test_replication_factor_capped_to_brokers(kafka_bootstrap, unique_name
     assert report.ok, report.summary()
     assert any("replication_factor 3" in w for w in report.warnings)
     assert await check_topics(kafka_bootstrap, [spec]) == []
+
+
+async def test_min_insync_replicas_capped_to_the_replicas_a_topic_gets(kafka_bootstrap, unique_name):
+    """The production spec (3 replicas, 2 in sync) on one broker: created with 1 of each, so an
+    acks=all write still succeeds (2 in-sync replicas of 1 would refuse every write)."""
+    spec = TopicSpec(unique_name("isr"), partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
+    report = await apply_topics(kafka_bootstrap, [spec])
+    assert report.ok, report.summary()
+    assert any("min.insync.replicas 2 > 1 replica(s)" in w for w in report.warnings), report.summary()
+    assert await check_topics(kafka_bootstrap, [spec]) == []
+    written = await produce(kafka_bootstrap, spec.name, "k", b"v")
+    assert written.offset == 0
 
 
 async def test_invalid_config_rejected_by_kafka(kafka_broker, kafka_bootstrap, unique_name):

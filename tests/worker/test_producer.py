@@ -1,0 +1,24 @@
+"""The worker's producer: acks=all always, idempotent unless SWITCHBOARD_KAFKA_IDEMPOTENCE=false."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.settings import Settings
+from pipeline.worker.app import create_app
+from pipeline.worker.driver import Producer
+
+
+@pytest.mark.parametrize(("idempotence", "expected"), [(None, True), (False, False)])
+def test_worker_producer_waits_for_all_replicas_and_is_idempotent_by_default(
+    idempotence: bool | None, expected: bool
+) -> None:
+    options = {} if idempotence is None else {"kafka_idempotence": idempotence}
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **options)
+    app = create_app(settings, stages=["ingest"], platforms=[])
+    producer = app.producer
+    assert isinstance(producer, Producer)
+    # What aiokafka's producer is built with: Faust's defaults, then these on top.
+    built = {**producer._settings_default(), **producer._settings_extra()}
+    assert built["acks"] == "all"
+    assert built["enable_idempotence"] is expected
