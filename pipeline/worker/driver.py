@@ -1,6 +1,6 @@
 """Switchboard's Faust transport driver: Faust's own extension point for the Kafka client.
 
-It differs from Faust's aiokafka driver in two ways, both measured:
+It differs from Faust's aiokafka driver in three ways, all measured:
 
 * The worker consumer is built with Switchboard's consumer settings (`ConsumerTuning`). Faust's
   driver hard-codes `fetch_max_wait_ms=1500`, and Tansu holds every fetch for that long, so every
@@ -9,6 +9,7 @@ It differs from Faust's aiokafka driver in two ways, both measured:
   time through Faust's conductor, channels and streams. On this machine that per-record path costs
   about 150 µs of CPU per record, against about 4 µs for aiokafka's own fetch
   (`bench/faust_delivery_bench.py`).
+* The consumer runs on the app's event loop, not in a thread of its own (`ConsumerThread`).
 
 Offsets stay Faust's: a stage acknowledges each record with `Consumer.ack`, in offset order per
 partition, and Faust commits what is acknowledged (periodically, and when partitions are revoked).
