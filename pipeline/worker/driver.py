@@ -105,6 +105,19 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         if inspect.isawaitable(result):
             self.add_future(result)
 
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """Faust seeks every assigned partition to its committed offset after a rebalance, but
+        aiokafka seeks only partitions whose committed offset is above 0: one never committed stays
+        wherever the fetcher's position was, while Faust takes its next record to be the first.
+        Records read before the rebalance and not finished would then be skipped and, once later
+        ones are acknowledged, committed past. Such a partition is read from its beginning."""
+        consumer = self._ensure_consumer()
+        committed: Mapping[TP, int] = await consumer.seek_to_committed()
+        fresh = [tp for tp, offset in committed.items() if not offset or offset <= 0]
+        if fresh:
+            await consumer.seek_to_beginning(*fresh)
+        return committed
+
     async def _gather_remaining_tasks(self) -> None:
         # The thread version cancels every task of its own loop; here that loop is the app's.
         return None
