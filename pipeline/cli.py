@@ -231,8 +231,8 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _use_uvloop() -> None:
-    """uvloop for the worker's loops (Faust's consumer thread makes its own through the policy):
-    the pipeline is event-loop bound, and uvloop's callbacks and socket writes cost far less."""
+    """uvloop for the worker's loop (the Kafka consumer runs on it too): the pipeline is event-loop
+    bound, and uvloop's callbacks and socket writes cost far less."""
     try:
         import uvloop
     except ImportError:

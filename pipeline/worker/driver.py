@@ -1,6 +1,6 @@
 """Switchboard's Faust transport driver: Faust's own extension point for the Kafka client.
 
-It differs from Faust's aiokafka driver in three ways, the first two measured:
+It differs from Faust's aiokafka driver in four ways:
 
 * The worker consumer is built with Switchboard's consumer settings (`ConsumerTuning`). Faust's
   driver hard-codes `fetch_max_wait_ms=1500`, and Tansu holds every fetch for that long, so every
@@ -12,6 +12,7 @@ It differs from Faust's aiokafka driver in three ways, the first two measured:
 * The producer is idempotent and waits for every in-sync replica (`acks=all`): a write it retries
   after a broker failure is stored once, and a write it reports done survives the loss of its
   partition's leader (docs/operations.md, "Recommended production settings for Kafka").
+* The consumer runs on the app's event loop, not in a thread of its own (`ConsumerThread`).
 
 Offsets stay Faust's: a stage acknowledges each record with `Consumer.ack`, in offset order per
 partition, and Faust commits what is acknowledged (periodically, and when partitions are revoked).
@@ -21,10 +22,12 @@ entry point (pyproject.toml); `SwitchboardApp` uses it.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import aiokafka
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -66,7 +69,61 @@ class BatchApp(Protocol):
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread with the worker consumer built from Switchboard's settings."""
+    """Faust's consumer "thread", run on the app's own event loop, with the worker consumer built
+    from Switchboard's settings.
+
+    Faust runs aiokafka's consumer in a thread with an event loop of its own and passes every call
+    (each fetch, commit, seek) through a method queue. In a worker that is busy on its own loop
+    that costs CPU: cross-thread wake-ups (a self-pipe write per call and per result), the queue's
+    futures and tasks, and the two loops contending for the GIL (py-spy: the consumer thread and
+    its method queue were 15% of the worker's samples). aiokafka is asyncio-native, so here the
+    service's `_serve` runs as a task of the app's loop and calls are awaited directly. The price:
+    the consumer's heartbeats share the app's loop, so a loop held longer than the session timeout
+    would cost the group membership; the loop watch (`switchboard_event_loop_stalls_total`) shows
+    how long the loop is ever held.
+    """
+
+    def __init__(self, consumer: faust_aiokafka.Consumer, **kwargs: Any) -> None:
+        loop = kwargs.pop("loop", None) or asyncio.get_event_loop_policy().get_event_loop()
+        super().__init__(consumer, loop=loop, thread_loop=loop, **kwargs)
+
+    async def start(self) -> None:
+        # No thread: the service's body (`_serve`) as a task of this loop.
+        assert not self._thread_started.is_set()
+        self._thread_started.set()
+        self._thread_running = asyncio.Future(loop=self.parent_loop)
+        self.add_future(self._serve())
+        try:
+            if not self.should_stop:
+                await self._thread_running
+        finally:
+            self._thread_running = None
+
+    async def call_thread(self, fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result = fun(*args, **kwargs)  # some of the delegated calls are plain functions
+        return await result if inspect.isawaitable(result) else result
+
+    async def cast_thread(self, fun: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        result = fun(*args, **kwargs)
+        if inspect.isawaitable(result):
+            self.add_future(result)
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """Faust seeks every assigned partition to its committed offset after a rebalance, but
+        aiokafka seeks only partitions whose committed offset is above 0: one never committed stays
+        wherever the fetcher's position was, while Faust takes its next record to be the first.
+        Records read before the rebalance and not finished would then be skipped and, once later
+        ones are acknowledged, committed past. Such a partition is read from its beginning."""
+        consumer = self._ensure_consumer()
+        committed: Mapping[TP, int] = await consumer.seek_to_committed()
+        fresh = [tp for tp, offset in committed.items() if not offset or offset <= 0]
+        if fresh:
+            await consumer.seek_to_beginning(*fresh)
+        return committed
+
+    async def _gather_remaining_tasks(self) -> None:
+        # The thread version cancels every task of its own loop; here that loop is the app's.
+        return None
 
     def _create_worker_consumer(self, transport: faust_aiokafka.Transport) -> aiokafka.AIOKafkaConsumer:
         conf = self.app.conf
