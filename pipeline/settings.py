@@ -102,6 +102,18 @@ class BotConfig(BaseModel):
     # window): a turn still running this long before then gets the notice `reply_window_closing`
     # (`reply_window_closing_active` with `active_messages`), once. 0: no notice.
     reply_window_notice_seconds: float = Field(default=30.0, ge=0, le=600)
+    # Discord's Gateway: the shard `[index, count]` this bot entry's connection IDENTIFYs as. A bot in
+    # more than 2,500 guilds must shard: one bot entry per shard (same token, a bot_id each), each
+    # held under its own lease by whichever worker wins it.
+    shard: tuple[int, int] = (0, 1)
+
+    @field_validator("shard")
+    @classmethod
+    def _shard_in_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        index, count = value
+        if not (count >= 1 and 0 <= index < count):
+            raise ValueError(f"shard [{index}, {count}]: needs 0 <= index < count")
+        return value
 
     def secret(self, name: str) -> str | None:
         value = self.credentials.get(name)

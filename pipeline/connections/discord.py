@@ -4,7 +4,7 @@
 HELLO with `heartbeat_interval`; the first heartbeat goes after a random fraction of it (jitter),
 then one per interval carrying the last sequence number seen; a heartbeat whose ACK (op 11) has not
 come by the next one means a dead connection (closed, resumed). Then IDENTIFY (token, intents
-GUILD_MESSAGES | DIRECT_MESSAGES | MESSAGE_CONTENT, shard [0, 1]), or RESUME (session id and last
+GUILD_MESSAGES | DIRECT_MESSAGES | MESSAGE_CONTENT, the bot entry's `shard`), or RESUME (session id and last
 sequence) when Redis holds a session a previous connection, of this worker or another, left.
 
 Dispatches: READY gives the session id and `resume_gateway_url`; `MESSAGE_CREATE` goes through
@@ -23,9 +23,11 @@ reconnect cures (4004 authentication failed, 4010/4011 sharding, 4012 API versio
 intents) end the connection with an error naming the fix; dials of that bot then fail at once on
 this worker for `_FATAL_SECONDS`, so the lease moves on instead of a tight loop.
 
-One shard: a bot in more than 2,500 guilds must shard, which needs a lease per shard (`shard [i, n]`
-in IDENTIFY, a resume state per shard) and IDENTIFY paced by `session_start_limit.max_concurrency`;
-not built.
+Shards: a bot in more than 2,500 guilds must shard. Each shard is a bot entry of its own (the same
+token, its own bot_id and `shard = [i, n]`), so it has its own lease, holder and resume state, like
+any bot. Discord sends a guild's events on shard `(guild_id >> 22) % n` and DMs on shard 0. IDENTIFYs
+are not paced across holders by `session_start_limit.max_concurrency`: one Discord refuses is
+answered with INVALID_SESSION, and the holder IDENTIFYs again after 1 to 5 s.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 RESUMABLE_CLOSE = 4000
 FATAL_CLOSE_CODES = {
     4004: "authentication failed: the bot token is wrong or was reset",
-    4010: "invalid shard",
-    4011: "sharding required: the bot is in too many guilds for one shard",
+    4010: "invalid shard: the bot entry's shard = [index, count] does not fit the bot",
+    4011: "sharding required: the bot is in too many guilds for one shard; add a bot entry per shard "
+    "(the same token, shard = [index, count], count from GET /gateway/bot's `shards`)",
     4012: "invalid API version",
     4013: "invalid intents",
     4014: "disallowed intents: enable the MESSAGE CONTENT intent in the Developer Portal (Bot page)",
@@ -259,7 +262,7 @@ class DiscordGateway(Connection):
 
     async def _identify(self) -> None:
         properties = {"os": "linux", "browser": "switchboard", "device": "switchboard"}
-        data = {"token": self.token, "intents": INTENTS, "properties": properties, "shard": [0, 1]}
+        data = {"token": self.token, "intents": INTENTS, "properties": properties, "shard": list(self.bot.shard)}
         await self._send({"op": IDENTIFY, "d": data})
 
     async def _resume(self) -> None:

@@ -4,7 +4,7 @@
   answers the WebSocket URL and `session_start_limit`.
 - Each socket starts with HELLO (`heartbeat_interval`). IDENTIFY must carry the token (else close
   4004), the intents GUILD_MESSAGES | DIRECT_MESSAGES | MESSAGE_CONTENT computed by discord.py's
-  `Intents` (else 4013), `properties` and shard [0, 1]; it gets READY with a new session and a
+  `Intents` (else 4013), `properties` and a shard `[i, shards]` (else 4010); it gets READY with a new session and a
   `resume_gateway_url`. RESUME must name a known session and the token; it gets every dispatch
   after its `seq` again, then RESUMED; an unknown session gets INVALID_SESSION `d: false`.
 - A heartbeat must carry a sequence number this session has sent (or null); it is ACKed unless
@@ -59,6 +59,7 @@ class RestCall:
 @dataclass
 class Socket(ServedSocket):
     session: Session | None = None
+    shard: int = 0  # the shard its IDENTIFY named
     heartbeats: list[int | None] = field(default_factory=list)
     close_code: int | None = None
     closed_by_discord: bool = False
@@ -68,6 +69,7 @@ class DiscordGatewayStandIn:
     def __init__(self, *, token: str = TOKEN, heartbeat_ms: int = 500) -> None:
         self.token = token
         self.heartbeat_ms = heartbeat_ms
+        self.shards = 1  # what GET /gateway/bot recommends; IDENTIFY must name [i, shards]
         self.ack_heartbeats = True
         self.close_after_identify: int | None = None  # a close code the next IDENTIFY gets (4014: intents)
         self.url = ""
@@ -108,6 +110,14 @@ class DiscordGatewayStandIn:
     async def send_message(self, d: dict[str, Any]) -> int:
         """A MESSAGE_CREATE on the open socket; its sequence number."""
         return await self.dispatch("MESSAGE_CREATE", d)
+
+    async def send_routed(self, d: dict[str, Any]) -> int:
+        """A MESSAGE_CREATE on the socket of the shard Discord routes it to: a guild's on
+        `(guild_id >> 22) % shards`, a DM on shard 0."""
+        guild = d.get("guild_id")
+        shard = (int(guild) >> 22) % self.shards if guild else 0
+        socket = next(s for s in reversed(self.open_sockets()) if s.session is not None and s.shard == shard)
+        return await self.dispatch("MESSAGE_CREATE", d, socket)
 
     async def dispatch(self, kind: str, d: dict[str, Any], socket: Socket | None = None) -> int:
         """An event of the latest session, sent on its socket if one is open (else kept for its RESUME)."""
@@ -186,7 +196,7 @@ class DiscordGatewayStandIn:
             return web.json_response({"message": "401: Unauthorized", "code": 0}, status=401)
         limit = {"total": 1000, "remaining": 999, "reset_after": 14400000, "max_concurrency": 1}
         ws_url = self.url.replace("http://", "ws://") + "/gw"
-        return web.json_response({"url": ws_url, "shards": 1, "session_start_limit": limit})
+        return web.json_response({"url": ws_url, "shards": self.shards, "session_start_limit": limit})
 
     async def _socket(self, request: web.Request) -> web.WebSocketResponse:
         if request.query.get("v") != "10" or request.query.get("encoding") != "json":
@@ -234,8 +244,16 @@ class DiscordGatewayStandIn:
             self.errors.append(f"intents {d.get('intents')!r}, expected {EXPECTED_INTENTS}")
             await socket.ws.close(code=4013, message=b"Invalid intent(s).")
             return
-        if d.get("shard") != [0, 1] or set(d.get("properties") or {}) != {"os", "browser", "device"}:
-            self.errors.append(f"IDENTIFY without shard [0, 1] or properties: {d!r}")
+        shard = d.get("shard")
+        if not (
+            isinstance(shard, list) and len(shard) == 2 and shard[1] == self.shards and 0 <= shard[0] < self.shards
+        ):
+            self.errors.append(f"IDENTIFY with shard {shard!r}; this bot has {self.shards}")
+            await socket.ws.close(code=4010, message=b"Invalid shard.")
+            return
+        if set(d.get("properties") or {}) != {"os", "browser", "device"}:
+            self.errors.append(f"IDENTIFY without properties: {d!r}")
+        socket.shard = shard[0]
         if self.close_after_identify is not None:
             await socket.ws.close(code=self.close_after_identify, message=b"Disallowed intent(s).")
             return
@@ -248,7 +266,7 @@ class DiscordGatewayStandIn:
             "guilds": [],
             "session_id": session.session_id,
             "resume_gateway_url": self.url.replace("http://", "ws://") + "/resume",
-            "shard": [0, 1],
+            "shard": [socket.shard, self.shards],
             "application": {"id": BOT_USER, "flags": 0},
         }
         await self.dispatch("READY", ready, socket)

@@ -219,3 +219,27 @@ async def test_an_unreachable_resume_url_falls_back_to_a_new_session(
         [session] = discord_gateway.sessions
         await until_committed(store, "session_id", session)
     assert discord_gateway.resumes == []
+
+
+async def test_each_shard_is_a_bot_entry_with_its_own_connection_and_gets_its_guilds(
+    discord_gateway: DiscordGatewayStandIn,
+    store_url: str,
+    redis_prefix: str,
+    produced: Produced,
+) -> None:
+    discord_gateway.shards = 2
+    shards = [bot(discord_gateway).model_copy(update={"bot_id": f"dc-s{i}", "shard": (i, 2)}) for i in range(2)]
+    async with running(store_url, redis_prefix, produced, *shards):
+        await until(lambda: len([s for s in discord_gateway.sockets if s.session]) == 2, "both shards ready")
+        assert sorted(tuple(d["shard"]) for d in discord_gateway.identifies) == [(0, 2), (1, 2)]
+        # Guild ids whose shard is 0 and 1: (guild_id >> 22) % 2.
+        for n, guild in enumerate((str(4 << 22), str(5 << 22))):
+            await discord_gateway.send_routed({**mention(n), "guild_id": guild})
+        await until(lambda: len(inbound(produced)) == 2, "both produced")
+        by_guild = {m.route.get("guild_id"): m.bot_id for m in inbound(produced)}
+        assert by_guild == {str(4 << 22): "dc-s0", str(5 << 22): "dc-s1"}
+
+
+def test_a_shard_outside_its_count_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"shard \[2, 2\]: needs 0 <= index < count"):
+        BotConfig(platform="discord", bot_id="x", shard=(2, 2))
