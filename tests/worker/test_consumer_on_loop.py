@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -33,7 +34,7 @@ class Collect:
 
 
 async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
-    kafka_broker: TansuBroker | ApacheKafka, unique_name: Callable[..., str]
+    kafka_broker: TansuBroker | ApacheKafka, unique_name: Callable[..., str], tmp_path: Path
 ) -> None:
     topic = unique_name("loop")
     await apply_topics(kafka_broker.bootstrap, [TopicSpec(topic, 2)])
@@ -45,6 +46,7 @@ async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=False,
+        datadir=str(tmp_path),  # not Faust's default, the working directory
         topic_allow_declare=False,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
