@@ -4,6 +4,7 @@ messages delivered) and ingest's batch admission, which keeps the group-context 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from . import scripts
@@ -66,21 +67,27 @@ class MarkerStore:
         """
         if not items:
             return []
-        batches: dict[int, list[int]] = {}  # slot → the items' positions, in order
-        for position, item in enumerate(items):
-            batches.setdefault(self.redis.slot_of(self.keys.window(item.conversation)), []).append(position)
-        replies = await asyncio.gather(*(self._admit(items, positions, context_size) for positions in batches.values()))
-        raw: list[Any] = [None] * len(items)
-        for positions, reply in zip(batches.values(), replies, strict=True):
-            for position, one in zip(positions, reply, strict=True):
-                raw[position] = one
+        raw: list[Any]
+        if not self.keys.cluster:  # one server: the whole batch in one call, nothing to split
+            raw = await self._admit(items, range(len(items)), context_size)
+        else:
+            batches: dict[int, list[int]] = {}  # slot → the items' positions, in order
+            for position, item in enumerate(items):
+                batches.setdefault(self.redis.slot_of(self.keys.window(item.conversation)), []).append(position)
+            replies = await asyncio.gather(
+                *(self._admit(items, positions, context_size) for positions in batches.values())
+            )
+            raw = [None] * len(items)
+            for positions, reply in zip(batches.values(), replies, strict=True):
+                for position, one in zip(positions, reply, strict=True):
+                    raw[position] = one
         results = []
         for reply in raw:
             duplicate = int(reply[0]) == 0
             results.append(AdmissionResult(duplicate=duplicate, window=window(reply[1:]) if len(reply) > 1 else []))
         return results
 
-    async def _admit(self, items: list[InboundAdmission], positions: list[int], context_size: int) -> list[Any]:
+    async def _admit(self, items: list[InboundAdmission], positions: Sequence[int], context_size: int) -> list[Any]:
         keys: list[str] = []
         args: list[Any] = [self.dedup_ttl, max(context_size, 0), self.mapping_ttl]
         for item in (items[p] for p in positions):
