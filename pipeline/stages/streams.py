@@ -32,6 +32,7 @@ from pipeline.session.models import (
 )
 from pipeline.session.previews import Preview
 from pipeline.state import InflightStream, StreamStore
+from pipeline.state.exceptions import UNAVAILABLE
 
 from .outputs import Outputs
 
@@ -111,6 +112,7 @@ class StreamRegistry:
         self.reconnect_max = reconnect_max
         self.linger_seconds = linger_seconds
         self._held: dict[str, _HeldStream] = {}
+        self._resuming: asyncio.Task[None] | None = None
 
     @property
     def open_streams(self) -> int:
@@ -143,20 +145,51 @@ class StreamRegistry:
         await self.state.remove_inflight(partition, session_id, conversation)
 
     async def on_partitions_assigned(self, partitions: set[int]) -> None:
-        """The full new assignment (eager rebalance): drop streams we lost, resume the ones we got."""
+        """The full new assignment (eager rebalance): drop the streams we lost now; resume the ones
+        we got in the background. Reading them retries while Redis is unavailable (a restart, a
+        Cluster failover): a Redis error inside the rebalance callback would crash the worker."""
         for session_id, held in list(self._held.items()):
             if held.partition not in partitions:
                 self._held.pop(session_id, None)
                 if held.task is not None:
                     held.task.cancel()  # Redis keeps it: the new owner resumes from the cursor
+        metrics.STREAMS_OPEN.set(len(self._held))
+        if self._resuming is not None:
+            self._resuming.cancel()  # an older assignment's: the new one is read in full
+        self._resuming = asyncio.create_task(self._resume(sorted(partitions)), name="streams:resume")
+
+    async def resumed(self) -> None:
+        """Wait until the streams of the last assignment are resumed (or it was superseded)."""
+        if self._resuming is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._resuming)
+
+    async def _resume(self, partitions: list[int]) -> None:
+        try:
+            await self._resume_partitions(partitions)
+        except Exception:  # not Redis away: a bug, logged; the next assignment reads them again
+            log.exception("streams: resuming the streams of partitions %s failed", partitions)
+
+    async def _resume_partitions(self, partitions: list[int]) -> None:
+        attempt = 0
         for partition in partitions:
-            for stream in await self.state.inflight(partition):
+            while True:
+                try:
+                    streams = await self.state.inflight(partition)
+                    break
+                except UNAVAILABLE as exc:
+                    attempt += 1
+                    metrics.HANDLER_RETRIES.labels("streams", type(exc).__name__).inc()
+                    log.warning("streams: resuming partition %d: %s; retry %d", partition, type(exc).__name__, attempt)
+                    await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
+            for stream in streams:
                 if stream.session_id not in self._held:
                     log.info("resuming stream of %s on partition %d", stream.session_id, partition)
                     self._start(partition, stream)
-        metrics.STREAMS_OPEN.set(len(self._held))
 
     async def close(self) -> None:
+        if self._resuming is not None:
+            self._resuming.cancel()
         tasks = [h.task for h in self._held.values() if h.task is not None]
         self._held.clear()
         for task in tasks:
