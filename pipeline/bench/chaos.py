@@ -493,7 +493,9 @@ async def _under_faults(
     assert bs.stack is not None
     if not bs.urls():
         await bs.stack.add_worker()
-    # -- settle: until every accepted message is answered, or nothing new arrives for `quiet` s ----------
+    # -- settle: until every accepted message is answered and nothing new arrives for a while ------------
+    # While anything is unanswered the run waits up to `settle_timeout` (a late answer is late, not
+    # lost); it gives up sooner only once nothing at all has arrived for `quiet`·6 s.
     expected = [s for s in plan.messages if s.triggers and s.acked_ms]
     chats = [c for c, _ in plan.chats]
     deadline = time.monotonic() + cfg.settle_timeout
@@ -501,17 +503,17 @@ async def _under_faults(
     while time.monotonic() < deadline:
         deliveries = await read_deliveries(bs.redis, bs.keys, "queue", chats)
         acc = account(plan, deliveries, None, late_after=cfg.late_after)
-        n = len(deliveries)
+        n = len(deliveries) + (lane.replies_received() if lane is not None else 0)
         if n != last_n:
             last_n, stable_since = n, time.monotonic()
         unanswered = lane.unanswered() if lane is not None else 0
         log(
-            f"[chaos settle] deliveries {n} of {len(expected)} expected; lost so far {acc['lost']}"
+            f"[chaos settle] deliveries {len(deliveries)} of {len(expected)} expected; lost so far {acc['lost']}"
             + (f"; onebot unanswered {unanswered}" if lane is not None else "")
         )
         if acc["lost"] == 0 and unanswered == 0 and time.monotonic() - stable_since >= min(cfg.quiet, 4.0):
             break
-        if time.monotonic() - stable_since >= cfg.quiet * 3:
+        if time.monotonic() - stable_since >= cfg.quiet * 6:
             break
         await asyncio.sleep(1.0)
     await asyncio.sleep(cfg.quiet / 2)  # a duplicate would come now
@@ -541,10 +543,11 @@ async def _under_faults(
         f"posted twice {acc['posted_twice']}"
     )
     if lane is not None:
-        ob = result["onebot_ws"] = lane.account()
+        ob = result["onebot_ws"] = lane.account(late_after=cfg.late_after)
         log(
             f"chaos onebot ws: {ob['written_to_a_socket']} written, {ob['answered']} answered; lost {ob['lost']} "
-            f"(in a dead socket {ob['lost_in_dead_socket']}) duplicated {ob['duplicated']}; {ob['sockets']} sockets"
+            f"(in a dead socket {ob['lost_in_dead_socket']}) duplicated {ob['duplicated']} late {ob['late']}; "
+            f"{ob['sockets']} sockets"
         )
     return result
 

@@ -7,7 +7,8 @@ reconnects to another one, which takes the lease. Accounting: every message the 
 open socket must be answered exactly once (`echo: ob<n>`). OneBot v11 acknowledges nothing, so a
 frame written into the socket of a worker killed before it read it is lost by the protocol: such a
 message (unanswered, its socket closed within `_DEAD_SOCKET_MS` of the write) is counted apart, as
-`lost_in_dead_socket`, not as `lost`.
+`lost_in_dead_socket`, not as `lost`. An answer that came more than `late_after` seconds after the
+write is counted `late` (answered, but slowly: the run waits for it rather than calling it lost).
 """
 
 from __future__ import annotations
@@ -110,30 +111,47 @@ class OneBotLane:
         answered = {n for n, count in answers(self.peer.replies()).items() if count}
         return sum(1 for w in self.written() if w.n not in answered)
 
-    def account(self) -> dict[str, Any]:
-        return account_onebot(self.sent, self.written(), self.peer.replies(), self.peer.sockets)
+    def replies_received(self) -> int:
+        return len(self.peer.replies())
+
+    def account(self, *, late_after: float = 30.0) -> dict[str, Any]:
+        return account_onebot(self.sent, self.written(), self.peer.replies(), self.peer.sockets, late_after=late_after)
 
 
 def answers(replies: list[Action]) -> Counter[int]:
     """Accepted replies per message number, from the `echo: ob<n>` they carry."""
-    counts: Counter[int] = Counter()
+    return Counter(n for n, _ in _answer_times(replies))
+
+
+def _answer_times(replies: list[Action]) -> list[tuple[int, float]]:
+    """(message number, time.monotonic() the stand-in accepted the reply) per answer."""
+    out: list[tuple[int, float]] = []
     for action in replies:
         text = "".join(s["data"].get("text", "") for s in action.params.get("message", []) if s["type"] == "text")
-        for token in _TOKEN.findall(text):
-            counts[int(token)] += 1
-    return counts
+        out.extend((int(token), action.at) for token in _TOKEN.findall(text))
+    return out
 
 
-def account_onebot(sent: int, written: list[Written], replies: list[Action], sockets: list[Socket]) -> dict[str, Any]:
+def account_onebot(
+    sent: int, written: list[Written], replies: list[Action], sockets: list[Socket], *, late_after: float = 30.0
+) -> dict[str, Any]:
     """Exactly one answer per message written to an open socket."""
     counts = answers(replies)
+    first_answer: dict[int, float] = {}
+    for n, at in _answer_times(replies):
+        first_answer[n] = min(at, first_answer.get(n, at))
     closed_at = {s.id: s.closed for s in sockets}
-    lost, lost_in_dead_socket, duplicated = [], [], []
+    lost, lost_in_dead_socket, duplicated, late = [], [], [], []
+    latencies: list[float] = []
     for w in written:
         got = counts.get(w.n, 0)
         if got > 1:
             duplicated.append(w.n)
         if got:
+            latency = max(0.0, first_answer[w.n] - w.at)
+            latencies.append(latency)
+            if latency > late_after:
+                late.append(w.n)
             continue
         closed = closed_at.get(w.socket)
         if closed is not None and (closed - w.at) * 1000 <= _DEAD_SOCKET_MS:
@@ -155,9 +173,24 @@ def account_onebot(sent: int, written: list[Written], replies: list[Action], soc
         "lost_in_dead_socket_ids": lost_in_dead_socket[:100],
         "duplicated": len(duplicated),
         "duplicated_ids": duplicated[:100],
+        "late": len(late),
+        "late_after_s": late_after,
+        "late_ids": late[:100],
+        "answer_latency_ms": _percentiles(latencies),
         "sockets": len(sockets),
         "reconnect_gaps_s": gaps,
     }
+
+
+def _percentiles(seconds: list[float]) -> dict[str, int]:
+    if not seconds:
+        return {}
+    ordered = sorted(seconds)
+
+    def at(q: float) -> int:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000)
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1] * 1000)}
 
 
 __all__ = ["BOT_TOML", "OneBotLane", "Written", "account_onebot", "answers"]

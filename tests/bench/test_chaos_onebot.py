@@ -8,9 +8,9 @@ from pipeline.bench.chaos_onebot import Written, account_onebot
 from pipeline.bench.onebot_peer import Action, Socket
 
 
-def _reply(n: int, socket: int = 2) -> Action:
+def _reply(n: int, socket: int = 2, at: float = 0.0) -> Action:
     message = [{"type": "reply", "data": {"id": str(n)}}, {"type": "text", "data": {"text": f"echo: ob{n}"}}]
-    return Action("send_private_msg", {"user_id": 1, "message": message}, socket, 0.0, {"status": "ok"})
+    return Action("send_private_msg", {"user_id": 1, "message": message}, socket, at, {"status": "ok"})
 
 
 def test_every_written_message_answered_once() -> None:
@@ -33,3 +33,12 @@ def test_loss_dead_socket_loss_and_duplicate_are_told_apart() -> None:
     assert acc["duplicated_ids"] == [1]
     assert acc["lost_in_dead_socket_ids"] == [2]
     assert acc["lost_ids"] == [3, 4]
+
+
+def test_a_slow_answer_is_late_not_lost_and_latency_is_from_the_write_to_the_first_answer() -> None:
+    sockets = [Socket(1, "universal", "w1", opened=0.0)]
+    written = [Written(1, 1, 1.0), Written(2, 1, 2.0)]
+    replies = [_reply(1, 1, at=2.5), _reply(2, 1, at=40.0), _reply(2, 1, at=41.0)]
+    acc = account_onebot(2, written, replies, sockets, late_after=30.0)
+    assert acc["lost"] == 0 and acc["late_ids"] == [2] and acc["duplicated_ids"] == [2]
+    assert acc["answer_latency_ms"]["max"] == 38_000 and acc["answer_latency_ms"]["p50"] in (1_500, 38_000)
