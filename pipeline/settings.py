@@ -215,6 +215,10 @@ class Settings(BaseSettings):
     # An action sent over a held connection from any worker (a reply): how long the sender waits for
     # the holder's answer before the send is retried.
     connection_action_timeout_seconds: float = Field(default=10.0, ge=0.5, le=120.0)
+    # A frame read from a held connection whose produce fails (a partition leader moving, the
+    # broker restarting) is sent again for this long before it is given up (and, on platforms that
+    # acknowledge, left unacknowledged for the platform to deliver again).
+    connection_produce_patience_seconds: float = Field(default=30.0, ge=0.5, le=600.0)
     # On SIGTERM: take no new turns and let the running ones finish, for at most this long.
     shutdown_drain_seconds: float = Field(default=20.0, ge=0, le=600)
 

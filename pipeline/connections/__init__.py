@@ -47,7 +47,8 @@ def open_connections(
     store = ConnectionStore(
         redis, blocking, Keys(settings.redis_prefix, cluster=redis.cluster), done_ttl=settings.dedup_ttl_seconds
     )
-    return Connections(settings, store, InboundSink(send, outputs), holder=holder, transports=transports())
+    sink = InboundSink(send, outputs, patience=settings.connection_produce_patience_seconds)
+    return Connections(settings, store, sink, holder=holder, transports=transports())
 
 
 __all__ = [

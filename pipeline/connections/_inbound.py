@@ -30,15 +30,16 @@ log = logging.getLogger(__name__)
 # acknowledgement (None when the send was already acknowledged).
 Send = Callable[[str, str | None, bytes], Awaitable[Any]]
 
-# Sends of one frame whose acknowledgement failed are tried again this many times (ingest drops
-# the copies by message id).
-_PRODUCE_ATTEMPTS = 3
+# Backoff between sends of a frame whose acknowledgement failed (ingest drops copies by message id).
+_RETRY_FIRST = 0.5
+_RETRY_CAP = 5.0
 
 
 class InboundSink:
-    def __init__(self, send: Send, outputs: Outputs) -> None:
+    def __init__(self, send: Send, outputs: Outputs, *, patience: float = 30.0) -> None:
         self._send = send
         self._outputs = outputs
+        self._patience = patience  # seconds a frame's produce is retried before it is given up
 
     async def submit(self, bot: BotConfig, platform: Platform, body: bytes) -> Awaitable[FrameOutcome]:
         received = now_ms()
@@ -62,16 +63,24 @@ class InboundSink:
     async def _acknowledged(
         self, bot: BotConfig, records: list[tuple[str, bytes]], acks: list[Awaitable[Any] | None]
     ) -> FrameOutcome:
-        for attempt in range(1, _PRODUCE_ATTEMPTS + 1):
+        # A leader election or a broker restart outlasts the producer's own retries: the frame is
+        # sent again until `patience` runs out. OneBot acknowledges nothing, so giving up loses it.
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._patience
+        delay = _RETRY_FIRST
+        while True:
             results = await asyncio.gather(*(a for a in acks if a is not None), return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if not failed:
                 break
-            if attempt == _PRODUCE_ATTEMPTS:
+            if loop.time() + delay > give_up_at:
                 metrics.CONNECTION_FRAMES.labels(bot.platform, "produce_failed").inc()
                 log.error("%s/%s: a frame could not be produced: %r", bot.platform, bot.bot_id, failed[0])
                 raise failed[0]
-            await asyncio.sleep(0.5 * attempt)
+            metrics.CONNECTION_FRAMES.labels(bot.platform, "produce_retried").inc()
+            log.warning("%s/%s: producing a frame failed (%r); sent again", bot.platform, bot.bot_id, failed[0])
+            await asyncio.sleep(delay)
+            delay = min(_RETRY_CAP, delay * 2)
             acks = [await self._send(IM_INBOUND, key, value) for key, value in records]
         metrics.CONNECTION_FRAMES.labels(bot.platform, "produced").inc()
         metrics.INBOUND_ACCEPTED.labels(bot.platform).inc(len(records))

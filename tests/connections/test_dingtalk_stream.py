@@ -87,7 +87,7 @@ async def test_a_frame_the_broker_never_took_is_not_acknowledged(
     config = stream_bot(gateway.url)
     produced.hold = True
     failed = frames("produce_failed")
-    async with running(redis_url, redis_prefix, produced, config):
+    async with running(redis_url, redis_prefix, produced, config, produce_patience=1.0):
         await until(lambda: gateway.live is not None, "connected")
         frame_id = await gateway.push(gateway.callback(message(text="lost")))
 

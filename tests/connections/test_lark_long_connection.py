@@ -152,10 +152,11 @@ async def test_an_event_that_cannot_be_produced_is_answered_500(
     lark: LarkStandIn, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
     produced.hold = True
-    async with running(redis_url, redis_prefix, produced, bot(lark)):
+    # 2 s of patience: sent at 0, 0.5 and 1.5 s; the next send would be past it.
+    async with running(redis_url, redis_prefix, produced, bot(lark), produce_patience=2.0):
         await until(lambda: len(lark.open_sockets()) == 1, "socket dialed")
         await lark.send_event(text_event("lost", event_id="ev-fail"))
-        for attempt in range(1, 4):  # the sink tries three times
+        for attempt in range(1, 4):
             await until(lambda n=attempt: len(produced.acks) == n, f"produce attempt {attempt}")  # type: ignore[misc]
             produced.acks[-1].set_exception(ConnectionError("broker unreachable"))
         await until(lambda: len(lark.sockets[0].answers) == 1, "answered")

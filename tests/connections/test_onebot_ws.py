@@ -67,12 +67,19 @@ def bot(transport: str, **extra: Any) -> BotConfig:
 
 @asynccontextmanager
 async def running(
-    redis_url: str, redis_prefix: str, produced: Produced, *bots: BotConfig, lease: float = 3.0, holder: str = "w1"
+    redis_url: str,
+    redis_prefix: str,
+    produced: Produced,
+    *bots: BotConfig,
+    lease: float = 3.0,
+    holder: str = "w1",
+    produce_patience: float = 30.0,
 ) -> AsyncIterator[Connections]:
     settings = Settings(
         bots=list(bots),
         redis_prefix=redis_prefix,
         connection_lease_seconds=lease,
+        connection_produce_patience_seconds=produce_patience,
         connection_acquire_interval_seconds=0.2,
         connection_action_timeout_seconds=5.0,
     )
@@ -224,6 +231,33 @@ async def test_reverse_universal_connection_carries_events_and_actions(
             outcomes = await reply_through_the_platform(connections, config, "pong")
             assert [o.status for o in outcomes] == ["delivered"]
             assert [a.action for a in peer.actions] == ["send_group_msg"]
+        finally:
+            await peer.stop()
+    assert peer.errors == []
+
+
+async def test_an_event_whose_produce_fails_while_the_broker_is_away_is_produced_once_it_is_back(
+    redis_url: str, redis_prefix: str, produced: Produced
+) -> None:
+    """OneBot acknowledges nothing: an event read from the socket is the only copy there is, so a
+    failed produce (a leader election, a broker restart) is sent again, not dropped."""
+    config = bot("ws-reverse")
+    peer = OneBotPeer(self_id=SELF_ID, access_token=TOKEN, check_action=check_action)
+    retried = frames("produce_retried")
+    async with running(redis_url, redis_prefix, produced, config) as connections, web_app(connections) as base:
+        peer.dial([f"{base}/onebot/ws/qq1"])
+        try:
+            await peer.wait_until(lambda: len(peer.open_sockets()) == 1, 5, "accepted")
+            produced.hold = True
+            await peer.send_event(dict(SPEC_PRIVATE, message_id=7))
+            for attempt in range(1, 4):  # the broker refuses three sends in a row (about 3.5 s of backoff)
+                await until(lambda n=attempt: len(produced.acks) == n, f"send {attempt}")  # type: ignore[misc]
+                produced.acks[-1].set_exception(ConnectionError("leader not available"))
+            await until(lambda: len(produced.acks) == 4, "sent a fourth time")
+            produced.acks[-1].set_result(None)
+            await until(lambda: frames("produced") >= 1 and frames("produce_retried") == retried + 3, "produced")
+            assert [m.message_id for m in inbound(produced)] == ["7"] * 4  # ingest keeps one by message id
+            assert frames("produce_failed") == 0
         finally:
             await peer.stop()
     assert peer.errors == []
