@@ -26,7 +26,7 @@ import httpx
 from pipeline.bench.chaos_kafka import LagWatch, lag_recovery, run_broker_faults
 from pipeline.bench.chaos_onebot import BOT_ID as ONEBOT_BOT_ID
 from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
-from pipeline.bench.chaos_onebot import OneBotLane
+from pipeline.bench.chaos_onebot import OneBotLane, dead_lettered_outcome_unknown
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
 from pipeline.bench.runner import BenchStack, log, start_stack
 from pipeline.embedded import KafkaCluster
@@ -543,11 +543,16 @@ async def _under_faults(
         f"posted twice {acc['posted_twice']}"
     )
     if lane is not None:
-        ob = result["onebot_ws"] = lane.account(late_after=cfg.late_after)
+        unknown: set[int] = set()
+        try:
+            unknown = await dead_lettered_outcome_unknown(bs.bootstrap)
+        except Exception as exc:  # the report says so; the messages count as lost
+            log(f"chaos onebot ws: the dead-letter topic could not be read: {exc!r}")
+        ob = result["onebot_ws"] = lane.account(late_after=cfg.late_after, outcome_unknown=unknown)
         log(
             f"chaos onebot ws: {ob['written_to_a_socket']} written, {ob['answered']} answered; lost {ob['lost']} "
-            f"(in a dead socket {ob['lost_in_dead_socket']}) duplicated {ob['duplicated']} late {ob['late']}; "
-            f"{ob['sockets']} sockets"
+            f"(in a dead socket {ob['lost_in_dead_socket']}, outcome unknown {ob['outcome_unknown']}) "
+            f"duplicated {ob['duplicated']} late {ob['late']}; {ob['sockets']} sockets"
         )
     return result
 

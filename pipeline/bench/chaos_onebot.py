@@ -7,7 +7,10 @@ reconnects to another one, which takes the lease. Accounting: every message the 
 open socket must be answered exactly once (`echo: ob<n>`). OneBot v11 acknowledges nothing, so a
 frame written into the socket of a worker killed before it read it is lost by the protocol: such a
 message (unanswered, its socket closed within `_DEAD_SOCKET_MS` of the write) is counted apart, as
-`lost_in_dead_socket`, not as `lost`. An answer that came more than `late_after` seconds after the
+`lost_in_dead_socket`, not as `lost`. The same holds the other way: a reply whose action was written
+by a holder killed before the answer is not sent again (it may have been posted; egress
+dead-letters it `outcome_unknown`); such a message is counted `outcome_unknown`, read from the
+dead-letter topic, not `lost`. An answer that came more than `late_after` seconds after the
 write is counted `late` (answered, but slowly: the run waits for it rather than calling it lost).
 """
 
@@ -21,6 +24,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from pipeline.records import DeadLetter
+from pipeline.topics import DEADLETTER
 
 from .onebot_peer import Action, OneBotPeer, Socket
 
@@ -114,8 +122,39 @@ class OneBotLane:
     def replies_received(self) -> int:
         return len(self.peer.replies())
 
-    def account(self, *, late_after: float = 30.0) -> dict[str, Any]:
-        return account_onebot(self.sent, self.written(), self.peer.replies(), self.peer.sockets, late_after=late_after)
+    def account(self, *, late_after: float = 30.0, outcome_unknown: set[int] | None = None) -> dict[str, Any]:
+        return account_onebot(
+            self.sent,
+            self.written(),
+            self.peer.replies(),
+            self.peer.sockets,
+            late_after=late_after,
+            outcome_unknown=outcome_unknown,
+        )
+
+
+async def dead_lettered_outcome_unknown(bootstrap: str, topic: str = DEADLETTER) -> set[int]:
+    """Message numbers whose reply egress dead-lettered `outcome_unknown` (the dead-letter topic,
+    read from the beginning to its end)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    found: set[int] = set()
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        if not partitions:
+            return found
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        while [tp for tp in partitions if await consumer.position(tp) < end[tp]]:
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                for record in records:
+                    letter = DeadLetter.model_validate_json(record.value or b"{}")
+                    if letter.stage == "egress" and letter.reason == "outcome_unknown" and BOT_ID in letter.record:
+                        found.update(int(n) for n in _TOKEN.findall(letter.record))
+    finally:
+        await consumer.stop()
+    return found
 
 
 def answers(replies: list[Action]) -> Counter[int]:
@@ -133,15 +172,22 @@ def _answer_times(replies: list[Action]) -> list[tuple[int, float]]:
 
 
 def account_onebot(
-    sent: int, written: list[Written], replies: list[Action], sockets: list[Socket], *, late_after: float = 30.0
+    sent: int,
+    written: list[Written],
+    replies: list[Action],
+    sockets: list[Socket],
+    *,
+    late_after: float = 30.0,
+    outcome_unknown: set[int] | None = None,
 ) -> dict[str, Any]:
     """Exactly one answer per message written to an open socket."""
+    dead_lettered = outcome_unknown or set()
     counts = answers(replies)
     first_answer: dict[int, float] = {}
     for n, at in _answer_times(replies):
         first_answer[n] = min(at, first_answer.get(n, at))
     closed_at = {s.id: s.closed for s in sockets}
-    lost, lost_in_dead_socket, duplicated, late = [], [], [], []
+    lost, lost_in_dead_socket, duplicated, late, unknown = [], [], [], [], []
     latencies: list[float] = []
     for w in written:
         got = counts.get(w.n, 0)
@@ -154,7 +200,9 @@ def account_onebot(
                 late.append(w.n)
             continue
         closed = closed_at.get(w.socket)
-        if closed is not None and (closed - w.at) * 1000 <= _DEAD_SOCKET_MS:
+        if w.n in dead_lettered:
+            unknown.append(w.n)
+        elif closed is not None and (closed - w.at) * 1000 <= _DEAD_SOCKET_MS:
             lost_in_dead_socket.append(w.n)
         else:
             lost.append(w.n)
@@ -171,6 +219,8 @@ def account_onebot(
         "lost_ids": lost[:100],
         "lost_in_dead_socket": len(lost_in_dead_socket),
         "lost_in_dead_socket_ids": lost_in_dead_socket[:100],
+        "outcome_unknown": len(unknown),
+        "outcome_unknown_ids": unknown[:100],
         "duplicated": len(duplicated),
         "duplicated_ids": duplicated[:100],
         "late": len(late),
@@ -193,4 +243,4 @@ def _percentiles(seconds: list[float]) -> dict[str, int]:
     return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1] * 1000)}
 
 
-__all__ = ["BOT_TOML", "OneBotLane", "Written", "account_onebot", "answers"]
+__all__ = ["BOT_TOML", "OneBotLane", "Written", "account_onebot", "answers", "dead_lettered_outcome_unknown"]

@@ -122,3 +122,6 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: s
     onebot = result["onebot_ws"]
     assert onebot["written_to_a_socket"] >= 0.8 * onebot["messages_sent"] and onebot["sockets"] >= 2, onebot
     assert onebot["lost"] == 0 and onebot["duplicated"] == 0, onebot
+    # A reply its holder wrote just before a SIGKILL is not sent again (OneBot cannot tell a repeat):
+    # at most one per kill of the holder, dead-lettered, never silently gone.
+    assert onebot["outcome_unknown"] <= result["kills"], onebot
