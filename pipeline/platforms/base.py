@@ -35,7 +35,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class WebhookRequest:
-    headers: Mapping[str, str]  # lower-cased names
+    # Looked up by lower-cased name: lower-cased keys, or a case-insensitive mapping (aiohttp's).
+    headers: Mapping[str, str]
     body: bytes
     query: Mapping[str, str] = field(default_factory=dict)
     received_at_ms: float = 0.0

@@ -174,9 +174,9 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         metrics.WEBHOOKS.labels(platform_name, "too_large").inc()
         return web.json_response({"error": "payload too large"}, status=413)
     wire = WebhookRequest(
-        headers={k.lower(): v for k, v in request.headers.items()},
+        headers=request.headers,  # case-insensitive already: `header()` finds any spelling
         body=body,
-        query=dict(request.query),
+        query=request.query,
         received_at_ms=received,
         method=request.method,
     )
@@ -200,10 +200,10 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         # Shielded: a client that hangs up does not cut the produce short (it retries, and ingest
         # drops the duplicate).
         await asyncio.shield(_produce(deps, result.messages))
-        metrics.INBOUND_ACCEPTED.labels(platform_name).inc(len(result.messages))
-        metrics.WEBHOOKS.labels(platform_name, "accepted").inc()
+        metrics.child(metrics.INBOUND_ACCEPTED, platform_name).inc(len(result.messages))
+        metrics.child(metrics.WEBHOOKS, platform_name, "accepted").inc()
     else:
-        metrics.WEBHOOKS.labels(platform_name, result.ignored or "ignored").inc()
+        metrics.child(metrics.WEBHOOKS, platform_name, result.ignored or "ignored").inc()
     if result.text is not None:
         return web.Response(text=result.text, status=result.status, content_type="text/plain")
     body_out = result.body if result.body is not None else {}
