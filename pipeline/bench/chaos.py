@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ async def _kill_one(bs: BenchStack, faults: FaultLog, rng: random.Random, label:
     assert bs.stack is not None
     alive = [w for w in bs.stack.workers if w.is_running]
     if not alive:
+        faults.add(f"{label}_skipped", reason="no worker alive")
         return
     victim = rng.choice(alive)
     pid = victim.pid
@@ -528,7 +530,15 @@ async def _under_faults(
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
         "run_dir": str(bs.run_dir),
         "faults": faults.events,
-        "kills": sum(1 for f in faults.events if f["fault"].startswith("sigkill_worker")),
+        "kills": sum(
+            1 for f in faults.events if f["fault"] in ("sigkill_worker", "sigkill_worker_during_accept_delay")
+        ),
+        # Workers that ended without our SIGKILL (a crash): none should.
+        "workers_exited": [
+            {"pid": w.pid, "exit_code": w.exit_code, "log": str(w.log_path)}
+            for w in bs.stack.workers
+            if not w.is_running and w.exit_code != -signal.SIGKILL
+        ],
         "accounting": acc,
         "webhook": {"errors": gen.stats.errors, "failed": gen.stats.failed},
         "sim_stats": {k: v for k, v in sim_stats.items() if k != "faults"},

@@ -111,6 +111,7 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: s
         run_dir=tmp_path / "stack",
     )
     result, detail = await run_chaos_for_test(cfg, tmp_path)
+    assert result["workers_exited"] == [], detail  # a worker that crashed on a fault
     assert result["kills"] >= 3, detail
     faults = [f["fault"] for f in result["faults"]]
     if redis == "cluster":
