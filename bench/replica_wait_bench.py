@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.embedded import SentinelTopology
 from pipeline.state import DeliveryStore, Keys, RedisClient
-from tests.state.sentinels import start_topology
 
 
 def _cpu() -> float:
@@ -52,7 +52,7 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--concurrency", default="1,64")
     args = parser.parse_args()
-    topology = await start_topology()
+    topology = await SentinelTopology().start()
     try:
         url = topology.url()
         print("| concurrency | replica wait | calls/s | wall µs per call (per task) | CPU µs per call |")
