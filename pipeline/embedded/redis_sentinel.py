@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pipeline.embedded._process import run_sync
+from pipeline.embedded._process import ProcessGroup
 from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.embedded.redis import RedisSentinel, RedisServer
 
 MASTER = "switchboard"
 
 
-class SentinelTopology:
+class SentinelTopology(ProcessGroup):
     """Two servers (`primary` and `replica` name their roles at the start; a failover swaps them) and
     three sentinels that monitor them as `master_name`, optionally with passwords and AOF."""
 
@@ -217,19 +217,6 @@ class SentinelTopology:
 
     async def _sentinel_command(self, sentinel: RedisSentinel, *args: str) -> Any:
         return await _command(sentinel.host, sentinel.port, self.sentinel_password, *args)
-
-    # -- context managers ----------------------------------------------------------------------------
-    def __enter__(self) -> SentinelTopology:
-        return run_sync(self.start())
-
-    def __exit__(self, *exc: object) -> None:
-        run_sync(self.stop())
-
-    async def __aenter__(self) -> SentinelTopology:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 async def _command(host: str, port: int, password: str | None, *args: str) -> Any:
