@@ -36,7 +36,7 @@ async def _measure(url: str, wait_ms: int, calls: int, concurrency: int) -> tupl
 
     async def worker(task: int) -> None:
         for i in range(per_task):
-            await store.mark_delivered([f"out-{task}-{i}"])
+            await store.mark_delivered("bench", [f"out-{task}-{i}"])
 
     await asyncio.gather(*(worker(t) for t in range(concurrency)))  # warm up (connect, first writes)
     cpu0, t0 = _cpu(), time.perf_counter()
