@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.embedded import SentinelTopology
 from pipeline.state import DeliveryStore, Keys, RedisClient
-from tests.state.sentinels import start_topology
 
 
 def _cpu() -> float:
@@ -36,7 +36,7 @@ async def _measure(url: str, wait_ms: int, calls: int, concurrency: int) -> tupl
 
     async def worker(task: int) -> None:
         for i in range(per_task):
-            await store.mark_delivered([f"out-{task}-{i}"])
+            await store.mark_delivered("bench", [f"out-{task}-{i}"])
 
     await asyncio.gather(*(worker(t) for t in range(concurrency)))  # warm up (connect, first writes)
     cpu0, t0 = _cpu(), time.perf_counter()
@@ -52,7 +52,7 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=4000)
     parser.add_argument("--concurrency", default="1,64")
     args = parser.parse_args()
-    topology = await start_topology()
+    topology = await SentinelTopology().start()
     try:
         url = topology.url()
         print("| concurrency | replica wait | calls/s | wall µs per call (per task) | CPU µs per call |")

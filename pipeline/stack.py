@@ -129,6 +129,9 @@ class Stack:
     sim: SimProcess | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Workers whose start began: names each one's run dir, so two started at once (a replacement and
+    # another fault's) get their own dir and log.
+    _workers_begun: int = field(default=0, init=False, repr=False)
 
     async def start(self, *, workers: int = 1) -> None:
         env = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
@@ -180,9 +183,8 @@ class Stack:
             os.environ.update(saved)
 
     async def add_worker(self, port: int = 0, args: list[str] | None = None) -> WorkerProcess:
-        worker = WorkerProcess(
-            port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{len(self.workers)}")
-        )
+        index, self._workers_begun = self._workers_begun, self._workers_begun + 1
+        worker = WorkerProcess(port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{index}"))
         await worker.start()
         self.workers.append(worker)
         return worker

@@ -102,10 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-every", type=float, default=10.0)
     p.add_argument(
         "--redis",
-        choices=["single", "cluster"],
+        choices=["single", "cluster", "sentinel"],
         default="single",
-        help="with --chaos: one Redis (restarted) or a Redis Cluster of 3 primaries + 3 replicas (a primary"
-        " SIGKILLed, its replica promoted)",
+        help="with --chaos: one Redis (restarted), a Redis Cluster of 3 primaries + 3 replicas or a Sentinel"
+        " primary + replica + 3 sentinels (on both: the primary SIGKILLed, its replica promoted)",
     )
     p.add_argument("--chaos-rate", type=float, default=20.0)
     p.add_argument(

@@ -5,8 +5,10 @@ The stack runs with an AOF Redis (state survives a restart) and a bot with busy 
 `reply_to` is its id and whose echo text carries its token `msg:<id>`). While an open-loop load of
 private messages runs, workers are SIGKILLed (a replacement started each time), Redis is
 restarted, the simulator drops every SSE stream, answers POST events with 429/500, and accepts
-events but answers only after the client's timeout. Afterwards every accepted message must have
-exactly one reply (or one host notice), and the session must have seen its user message once.
+events but answers only after the client's timeout (on a Redis Cluster or behind Sentinel the Redis
+fault is the primary SIGKILLed and its replica promoted instead of a restart). Afterwards every
+accepted message must have exactly one reply (or one host notice), and the session must have seen
+its user message once.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
 from pipeline.bench.chaos_onebot import OneBotLane, dead_lettered_outcome_unknown
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
 from pipeline.bench.runner import BenchStack, log, start_stack
-from pipeline.embedded import KafkaCluster
+from pipeline.embedded import KafkaCluster, SentinelTopology
 from pipeline.records import conversation_key
 from pipeline.stack import SIM_API_KEY
 from pipeline.topics import DEADLETTER, cluster_specs
@@ -49,7 +51,9 @@ class ChaosConfig:
     api_faults: bool = True  # 429 / 500 window
     accept_delay: bool = True  # accept-then-delay window (longer than the client timeout)
     broker: str = "tansu"
-    redis: str = "single"  # or "cluster": a Redis Cluster, whose "restart" is a primary SIGKILLed
+    # or "cluster" (a Redis Cluster) or "sentinel" (primary + replica + 3 sentinels): on both the
+    # "restart" is the primary SIGKILLed and its replica promoted
+    redis: str = "single"
     partitions: int = 4
     settle_timeout: float = 120.0
     quiet: float = 8.0
@@ -168,6 +172,8 @@ async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> N
                 faults.add("redis_primary_sigkill", port=victim.port)
                 promoted = await bs.redis_cluster.wait_promoted(victim)
                 faults.add("redis_replica_promoted", port=promoted.port, seconds=round(time.monotonic() - t, 2))
+            elif what == "redis_restart" and bs.redis_sentinel is not None:
+                await _sentinel_failover(bs.redis_sentinel, faults)
             elif what == "redis_restart":
                 assert bs.redis_server is not None
                 t = time.monotonic()
@@ -175,6 +181,28 @@ async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> N
                 faults.add("redis_restart", seconds=round(time.monotonic() - t, 2), aof=bs.redis_server.aof)
         except Exception as exc:
             faults.add(f"{what}_failed", error=repr(exc)[:300])
+
+
+async def _sentinel_failover(topology: SentinelTopology, faults: FaultLog) -> None:
+    """Behind Sentinel: the primary SIGKILLed, the replica promoted by the sentinels; the killed server
+    then started again in the background (the schedule goes on), where the sentinels make it the new
+    primary's replica, so a later fault has one to promote."""
+    t = time.monotonic()
+    victim = await topology.kill_primary()
+    faults.add("redis_primary_sigkill", port=victim.port)
+    promoted = await topology.wait_promoted(victim)
+    faults.add("redis_replica_promoted", port=promoted.port, seconds=round(time.monotonic() - t, 2))
+
+    async def rejoin() -> None:
+        t = time.monotonic()
+        try:
+            await topology.rejoin(victim)
+        except Exception as exc:
+            faults.add("redis_rejoin_failed", port=victim.port, error=repr(exc)[:300])
+            return
+        faults.add("redis_rejoined_as_replica", port=victim.port, seconds=round(time.monotonic() - t, 2))
+
+    faults.background.append(asyncio.create_task(rejoin()))
 
 
 async def session_user_messages(bs: BenchStack, chat_ids: list[str], bot: str) -> dict[str, Any]:
@@ -411,7 +439,10 @@ async def _evidence(bs: BenchStack, plan: Plan, acc: dict[str, Any], faults: Fau
 async def run_chaos(cfg: ChaosConfig, bs: BenchStack | None = None) -> dict[str, Any]:
     own = bs is None
     if bs is None:
-        redis = "an AOF Redis Cluster (3 primaries + 3 replicas)" if cfg.redis == "cluster" else "an AOF Redis"
+        redis = {
+            "cluster": "an AOF Redis Cluster (3 primaries + 3 replicas)",
+            "sentinel": "AOF Redis behind Sentinel (primary + replica + 3 sentinels)",
+        }.get(cfg.redis, "an AOF Redis")
         log(f"chaos: starting a stack on {cfg.broker} with {redis} and {cfg.workers} workers")
         bs = await start_stack(
             broker=cfg.broker,

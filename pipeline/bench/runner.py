@@ -41,7 +41,7 @@ from pipeline.bench.measure import (
     scrape_metrics,
     self_cpu_seconds,
 )
-from pipeline.embedded import ApacheKafka, KafkaCluster, RedisCluster, RedisServer, TansuBroker
+from pipeline.embedded import ApacheKafka, KafkaCluster, RedisCluster, RedisServer, SentinelTopology, TansuBroker
 from pipeline.stack import Stack
 from pipeline.state import Keys, LiveMessage, pubsub, redis_py_client
 from pipeline.state.redis_url import ClusterTarget, parse_redis_url
@@ -106,6 +106,10 @@ class LoadTarget(Protocol):
     async def deliveries(self, bot: str, chat_ids: Sequence[str]) -> list[Delivery]: ...
 
 
+#: what `start_stack(redis=…)` runs the stack's Redis on
+REDIS_KINDS = ("single", "cluster", "sentinel")
+
+
 @dataclass
 class BenchStack:
     """A stack the bench owns (or one it attached to: then only `urls`, redis and kafka are known)."""
@@ -120,6 +124,7 @@ class BenchStack:
     cluster: KafkaCluster | None = None
     redis_server: RedisServer | None = None
     redis_cluster: RedisCluster | None = None
+    redis_sentinel: SentinelTopology | None = None
     attach_urls: list[str] = field(default_factory=list)
     attach_pids: list[int] = field(default_factory=list)
     broker_kind: str = "tansu"
@@ -177,7 +182,7 @@ class BenchStack:
         if self.stack is not None:
             with contextlib.suppress(Exception):
                 await self.stack.stop()
-        for part in (self.redis_server, self.redis_cluster, self.broker, self.cluster):
+        for part in (self.redis_server, self.redis_cluster, self.redis_sentinel, self.broker, self.cluster):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()
@@ -200,9 +205,12 @@ async def start_stack(
     kafka_nodes: int = 0,
 ) -> BenchStack:
     """A stack the bench owns: the broker, Redis (`single`: one server; `cluster`: a Redis Cluster of
-    3 primaries + 3 replicas), the simulator and `workers` workers. `kafka_nodes` > 0: on a
+    3 primaries + 3 replicas; `sentinel`: a primary, a replica and three sentinels, the workers on
+    the `redis+sentinel://` URL), the simulator and `workers` workers. `kafka_nodes` > 0: on a
     replicated Apache Kafka cluster of that many nodes (`broker` unused), with topics of
     min(3, nodes) replicas."""
+    if redis not in REDIS_KINDS:
+        raise ValueError(f"unknown Redis kind {redis!r}: one of {', '.join(REDIS_KINDS)}")
     raise_fd_limit()
     run_dir = run_dir or Path(tempfile.mkdtemp(prefix="sb-bench-"))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -225,9 +233,13 @@ async def start_stack(
         bootstrap = kafka.bootstrap
     redis_server: RedisServer | None = None
     redis_cluster: RedisCluster | None = None
+    redis_sentinel: SentinelTopology | None = None
     if redis == "cluster":
         redis_cluster = await RedisCluster(aof=aof, run_dir=run_dir / "redis-cluster").start()
         redis_url = redis_cluster.url
+    elif redis == "sentinel":
+        redis_sentinel = await SentinelTopology(aof=aof, run_dir=run_dir / "redis-sentinel").start()
+        redis_url = redis_sentinel.url()
     else:
         redis_server = await RedisServer(aof=aof, run_dir=run_dir / "redis").start()
         redis_url = redis_server.url
@@ -261,6 +273,7 @@ async def start_stack(
         cluster=cluster,
         redis_server=redis_server,
         redis_cluster=redis_cluster,
+        redis_sentinel=redis_sentinel,
         broker_kind=broker,
         run_dir=run_dir,
         settings_env=env,

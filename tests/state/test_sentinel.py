@@ -1,5 +1,5 @@
 """Redis Sentinel: the `redis+sentinel://` URL, the stores through it, and a failover followed
-without a restart, against a real primary, replica and three sentinels (tests/state/sentinels.py)."""
+without a restart, against a real primary, replica and three sentinels (`pipeline.embedded.SentinelTopology`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -19,7 +20,8 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pipeline import preflight
-from pipeline.embedded import free_port
+from pipeline.embedded import SentinelTopology, free_port
+from pipeline.embedded.redis_sentinel import MASTER
 from pipeline.runtime import deployment_secrets
 from pipeline.settings import Settings
 from pipeline.state import InboundAdmission, RateWindow, State
@@ -28,8 +30,6 @@ from pipeline.state.exceptions import UNAVAILABLE
 from pipeline.state.redis_url import Endpoint, SentinelTarget, parse_redis_url, redis_py_pool
 from pipeline.worker.handling import Handling
 
-from .sentinels import MASTER, SentinelTopology, sentinel_topology
-
 T = TypeVar("T")
 PASSWORD = "s3ntinel-Test-Passw0rd"
 SENTINEL_PASSWORD = "only-The-Sentinels-0wn"
@@ -37,7 +37,7 @@ SENTINEL_PASSWORD = "only-The-Sentinels-0wn"
 
 @pytest.fixture
 async def topology() -> AsyncIterator[SentinelTopology]:
-    async with sentinel_topology(password=PASSWORD, sentinel_password=SENTINEL_PASSWORD) as topology:
+    async with SentinelTopology(password=PASSWORD, sentinel_password=SENTINEL_PASSWORD) as topology:
         yield topology
 
 
@@ -150,7 +150,7 @@ async def test_primary_killed_the_client_follows_the_promoted_replica(topology: 
             f"\nfailover (SIGKILL, down-after 1000 ms): the stores' client writing again {seconds:.2f} s after"
             f" the kill ({failures} retries), redis-py's {py_seconds:.2f} s"
         )
-        await topology.wait_until_promoted(topology.replica)
+        assert await topology.wait_promoted(topology.primary) is topology.replica
         assert await topology.primary_address() == (topology.replica.host, topology.replica.port)
         assert int(_info_field(await client.execute("INFO", "server"), "tcp_port")) == topology.replica.port
         assert (await client.execute("ROLE"))[0] == "master"
@@ -175,7 +175,7 @@ async def test_demoted_primary_answers_readonly_and_the_client_moves(
             assert await sentinel.execute_command("SENTINEL", "FAILOVER", MASTER)
         finally:
             await sentinel.aclose()
-        await topology.wait_until_promoted(topology.replica)
+        assert await topology.wait_promoted(topology.primary) is topology.replica
         old = Redis(host=topology.primary.host, port=topology.primary.port, password=PASSWORD)
         try:  # wait until the old primary knows it is a replica (the sentinels reconfigure it)
             for _ in range(100):
@@ -282,3 +282,34 @@ async def test_a_dead_sentinel_is_skipped_and_none_left_is_a_retried_error(topol
         assert SENTINEL_PASSWORD not in str(info.value)
     finally:
         await client.aclose()
+
+
+async def test_killed_primary_rejoins_as_replica_and_a_second_failover_promotes_it(tmp_path: Path) -> None:
+    """The chaos bench's Redis fault behind Sentinel, twice: the primary SIGKILLed, the replica
+    promoted, the killed server started again (as the primary it was) and made the new primary's
+    replica by the sentinels; so the second kill has a replica to promote, and no write acknowledged
+    by a replica is lost across both."""
+    async with SentinelTopology(password=PASSWORD, aof=True, run_dir=tmp_path / "sentinel") as topology:
+        assert all(server.aof for server in topology.servers)
+        client = RedisClient(topology.url(), socket_timeout=5)
+        killed, promoted = topology.primary, topology.replica
+        try:
+            for round_ in range(2):
+                await _until_it_succeeds(lambda: client.execute("SET", f"round{round_}", "1"))  # noqa: B023
+                assert await client.execute("WAIT", 1, 2000) == 1
+                assert await topology.kill_primary() is killed
+                assert not killed.is_running
+                assert await topology.wait_promoted(killed) is promoted
+                await topology.rejoin(killed)
+                assert await topology.current_primary() is promoted
+                rejoined = RedisClient(f"redis://:{PASSWORD}@{killed.host}:{killed.port}/0", socket_timeout=5)
+                try:
+                    role = await rejoined.execute("ROLE")
+                finally:
+                    await rejoined.aclose()
+                assert role[0] == "slave" and int(role[2]) == promoted.port
+                killed, promoted = promoted, killed
+            got = await _until_it_succeeds(lambda: client.execute("MGET", "round0", "round1"))
+            assert got[0] == ["1", "1"]
+        finally:
+            await client.aclose()
