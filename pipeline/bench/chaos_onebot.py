@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from pipeline.records import DeadLetter
 from pipeline.topics import DEADLETTER
@@ -136,16 +136,18 @@ class OneBotLane:
 async def dead_lettered_outcome_unknown(bootstrap: str, topic: str = DEADLETTER) -> set[int]:
     """Message numbers whose reply egress dead-lettered `outcome_unknown` (the dead-letter topic,
     read from the beginning to its end)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    # Subscribed without a group: every partition is assigned once the topic's metadata is in.
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     await consumer.start()
     found: set[int] = set()
     try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        if not partitions:
-            return found
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        end = await consumer.end_offsets(partitions)
+        deadline = time.monotonic() + 10.0
+        while not consumer.assignment() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)  # the metadata arrives on the consumer's own task
+        partitions = sorted(consumer.assignment())
+        end = await consumer.end_offsets(partitions) if partitions else {}
         while [tp for tp in partitions if await consumer.position(tp) < end[tp]]:
             for records in (await consumer.getmany(timeout_ms=1000)).values():
                 for record in records:
