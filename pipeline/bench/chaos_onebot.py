@@ -184,9 +184,10 @@ def account_onebot(
 ) -> dict[str, Any]:
     """Exactly one answer per message written to an open socket."""
     dead_lettered = outcome_unknown or set()
-    counts = answers(replies)
+    times = _answer_times(replies)
+    counts = Counter(n for n, _ in times)
     first_answer: dict[int, float] = {}
-    for n, at in _answer_times(replies):
+    for n, at in times:
         first_answer[n] = min(at, first_answer.get(n, at))
     closed_at = {s.id: s.closed for s in sockets}
     lost, lost_in_dead_socket, duplicated, late, unknown = [], [], [], [], []
