@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, cast
@@ -32,7 +33,7 @@ from pipeline.session.models import (
 )
 from pipeline.session.previews import Preview
 from pipeline.state import InflightStream, StreamStore
-from pipeline.state.exceptions import UNAVAILABLE
+from pipeline.state.retry import while_unavailable
 
 from .outputs import Outputs
 
@@ -171,17 +172,12 @@ class StreamRegistry:
             log.exception("streams: resuming the streams of partitions %s failed", partitions)
 
     async def _resume_partitions(self, partitions: list[int]) -> None:
-        attempt = 0
         for partition in partitions:
-            while True:
-                try:
-                    streams = await self.state.inflight(partition)
-                    break
-                except UNAVAILABLE as exc:
-                    attempt += 1
-                    metrics.HANDLER_RETRIES.labels("streams", type(exc).__name__).inc()
-                    log.warning("streams: resuming partition %d: %s; retry %d", partition, type(exc).__name__, attempt)
-                    await asyncio.sleep(min(5.0, 0.1 * 2**attempt))
+            streams = await while_unavailable(
+                functools.partial(self.state.inflight, partition),
+                stage="streams",
+                doing=f"resuming partition {partition}",
+            )
             for stream in streams:
                 if stream.session_id not in self._held:
                     log.info("resuming stream of %s on partition %d", stream.session_id, partition)

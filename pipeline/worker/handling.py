@@ -14,23 +14,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from pipeline import metrics
-from pipeline.state.exceptions import UNAVAILABLE
+from pipeline.state.retry import backoff, while_unavailable
+
+__all__ = ["DeadLetter", "Handling", "backoff"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Failures of shared infrastructure that a retry outlives.
-TRANSIENT_ERRORS = UNAVAILABLE
-
 # (stage, reason, error text) → a dead letter of the record being handled.
 DeadLetter = Callable[[str, str], Awaitable[None]]
-
-
-def backoff(attempt: int, *, base: float = 0.1, cap: float = 5.0) -> float:
-    """Seconds before retry `attempt` (1, 2, …): base·2^attempt, at most `cap`."""
-    return float(min(cap, base * 2**attempt))
 
 
 class Handling:
@@ -42,15 +35,7 @@ class Handling:
 
     async def retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` until it does not fail with a transient error; other errors propagate."""
-        attempt = 0
-        while True:
-            try:
-                return await call()
-            except TRANSIENT_ERRORS as exc:
-                attempt += 1
-                metrics.HANDLER_RETRIES.labels(self.stage, type(exc).__name__).inc()
-                log.warning("%s: %s; retry %d", self.stage, type(exc).__name__, attempt)
-                await self._sleep(backoff(attempt))
+        return await while_unavailable(call, stage=self.stage, sleep=self._sleep)
 
     async def run(self, work: Callable[[], Awaitable[None]], dead_letter: DeadLetter) -> None:
         """Run one record's work: transient failures retried, anything else dead-lettered."""
