@@ -184,6 +184,9 @@ class Settings(BaseSettings):
     web_keepalive_seconds: float = Field(default=75.0, gt=0, le=3600)
     # Open connections per worker at most (console streams included); more are closed at once.
     web_max_connections: int = Field(default=2048, ge=1)
+    # Plain webhook requests are answered by the worker's own HTTP/1.1 front, everything else by
+    # aiohttp (`pipeline/web/_front.py`); off: aiohttp answers every request.
+    web_webhook_front: bool = True
     # `Authorization: Bearer <token>` required on /metrics when set (/healthz and /readyz stay open).
     metrics_token: SecretStr | None = None
 

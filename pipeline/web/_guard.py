@@ -19,7 +19,9 @@ from aiohttp.web_protocol import RequestHandler
 from pipeline import metrics
 
 
-class _Limits:
+class ConnectionLimits:
+    """Shared by every connection of the worker's listening socket (aiohttp's and the front's)."""
+
     def __init__(self, max_connections: int, request_timeout: float) -> None:
         self.max_connections = max_connections
         self.request_timeout = request_timeout
@@ -103,7 +105,7 @@ class _GuardedHandler(RequestHandler):
 class _GuardedServer(web.Server):
     """aiohttp's low-level server, making guarded connections and telling them of requests."""
 
-    def __init__(self, *args: Any, limits: _Limits, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limits: ConnectionLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits
         handle = self.request_handler
@@ -129,7 +131,11 @@ class GuardedAppRunner(web.AppRunner):
 
     def __init__(self, app: web.Application, *, max_connections: int, request_timeout: float, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
-        self._limits = _Limits(max_connections, request_timeout)
+        self._limits = ConnectionLimits(max_connections, request_timeout)
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        return self._limits
 
     @property
     def open_connections(self) -> int:

@@ -10,6 +10,7 @@ are open (probes). The console (page, API, stream) is served only when enabled.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -21,10 +22,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline import metrics
-from pipeline.platforms import UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
+from pipeline.platforms import Platform, UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.console import bearer_ok
 from pipeline.records import InboundMessage, now_ms
-from pipeline.settings import Settings
+from pipeline.settings import BotConfig, Settings
 from pipeline.stages.outputs import Outputs
 from pipeline.state import ConsoleStore, Keys, RedisClient, close_redis_py, redis_py_client
 from pipeline.topics import IM_INBOUND
@@ -32,6 +33,7 @@ from pipeline.topics import IM_INBOUND
 from ._console import add_console_routes
 from ._deps import DEPS, STATIC_DIR, ConsoleDeps, ProduceAcked, WebDeps
 from ._exposure import metrics_open
+from ._front import FrontRequest, Reply, WebhookFront, WebhookFrontSite
 from ._guard import GuardedAppRunner
 from ._hub import ConsoleHub
 
@@ -123,7 +125,11 @@ class WebServer:
             access_log=None,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site: web.BaseSite
+        if s.web_webhook_front:
+            site = front_site(self._runner, self.deps, host, port)
+        else:
+            site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else port
@@ -147,11 +153,11 @@ class WebServer:
             self.deps.console = None
 
 
-async def webhook(request: web.Request) -> web.StreamResponse:
-    deps: WebDeps = request.app[DEPS]
-    platform_name = request.match_info["platform"]
-    bot_id = request.match_info["bot_id"]
-    received = now_ms()
+_TEXT_PLAIN = "text/plain; charset=utf-8"
+
+
+def webhook_target(deps: WebDeps, platform_name: str, bot_id: str, method: str) -> tuple[BotConfig, Platform] | Reply:
+    """The bot and platform a webhook is for, or the refusal when there is none to take it."""
     bot = deps.settings.bot(platform_name, bot_id)
     try:
         platform = get_platform(platform_name)
@@ -159,43 +165,38 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         bot = None
     if bot is None:
         metrics.WEBHOOKS.labels("unknown", "unknown_bot").inc()
-        return web.json_response({"error": "unknown bot"}, status=404)
+        return Reply.json({"error": "unknown bot"}, status=404)
     if bot.transport != "webhook" and bot.transport not in platform.webhooks_beside:
         # Its updates come over its long connection: no second way in.
         metrics.WEBHOOKS.labels(platform_name, "not_a_webhook_bot").inc()
-        return web.json_response({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
-    if request.method not in platform.webhook_methods:
+        return Reply.json({"error": f"this bot takes no webhooks (transport {bot.transport})"}, status=404)
+    if method not in platform.webhook_methods:
         metrics.WEBHOOKS.labels(platform_name, "method_not_allowed").inc()
         allow = ", ".join(sorted(platform.webhook_methods))
-        return web.json_response({"error": "method not allowed"}, status=405, headers={"Allow": allow})
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        metrics.WEBHOOKS.labels(platform_name, "too_large").inc()
-        return web.json_response({"error": "payload too large"}, status=413)
-    wire = WebhookRequest(
-        headers=request.headers,  # case-insensitive already: `header()` finds any spelling
-        body=body,
-        query=request.query,
-        received_at_ms=received,
-        method=request.method,
-    )
+        return Reply.json({"error": "method not allowed"}, status=405, headers={"Allow": allow})
+    return bot, platform
+
+
+async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire: WebhookRequest) -> Reply:
+    """Verify, parse and produce one webhook whose bot takes it; the answer for the platform."""
+    platform_name, bot_id = platform.name, bot.bot_id
     try:
         platform.verify(bot, wire)
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
-        return web.json_response({"error": exc.reason}, status=exc.status)
+        return Reply.json({"error": exc.reason}, status=exc.status)
     try:
         result = platform.parse(bot, wire)
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
-        await asyncio.shield(_dead_letter(deps, exc.reason, body, exc.detail[:500], f"{platform_name}:{bot_id}"))
-        return web.json_response({"error": exc.reason, "detail": exc.detail[:500]}, status=exc.status)
+        await asyncio.shield(_dead_letter(deps, exc.reason, wire.body, exc.detail[:500], f"{platform_name}:{bot_id}"))
+        return Reply.json({"error": exc.reason, "detail": exc.detail[:500]}, status=exc.status)
     except Exception as exc:  # a parser bug: an excerpt is kept, the platform told to stop retrying
         log.exception("webhook parser of %s failed", platform_name)
         metrics.WEBHOOKS.labels(platform_name, "parser_error").inc()
-        await asyncio.shield(_dead_letter(deps, "parser_error", body, repr(exc)[:500], f"{platform_name}:{bot_id}"))
-        return web.json_response({"error": "parser_error"}, status=400)
+        key = f"{platform_name}:{bot_id}"
+        await asyncio.shield(_dead_letter(deps, "parser_error", wire.body, repr(exc)[:500], key))
+        return Reply.json({"error": "parser_error"}, status=400)
     if result.messages:
         # Shielded: a client that hangs up does not cut the produce short (it retries, and ingest
         # drops the duplicate).
@@ -205,9 +206,57 @@ async def webhook(request: web.Request) -> web.StreamResponse:
     else:
         metrics.child(metrics.WEBHOOKS, platform_name, result.ignored or "ignored").inc()
     if result.text is not None:
-        return web.Response(text=result.text, status=result.status, content_type="text/plain")
-    body_out = result.body if result.body is not None else {}
-    return web.json_response(body_out, status=result.status)
+        return Reply(result.status, result.text.encode(), _TEXT_PLAIN)
+    return Reply.json(result.body if result.body is not None else {}, status=result.status)
+
+
+async def answer_front(deps: WebDeps, request: FrontRequest) -> Reply:
+    """A webhook the front took (the same steps as the route below, without aiohttp)."""
+    received = now_ms()
+    target = webhook_target(deps, request.platform, request.bot_id, request.method)
+    if isinstance(target, Reply):
+        return target
+    bot, platform = target
+    wire = WebhookRequest(
+        headers=request.headers, body=request.body, query=request.query, received_at_ms=received, method=request.method
+    )
+    return await answer_webhook(deps, bot, platform, wire)
+
+
+def front_site(runner: GuardedAppRunner, deps: WebDeps, host: str, port: int) -> WebhookFrontSite:
+    """A listening site whose plain webhook requests the front answers, and the app the rest."""
+    front = WebhookFront(
+        runner,
+        functools.partial(answer_front, deps),
+        max_body=MAX_WEBHOOK_BYTES,
+        keepalive_timeout=deps.settings.web_keepalive_seconds,
+        shutdown_timeout=SHUTDOWN_SECONDS,
+    )
+    return WebhookFrontSite(runner, host, port, front=front)
+
+
+async def webhook(request: web.Request) -> web.StreamResponse:
+    """The webhook route of the aiohttp app (the front hands it what it does not take itself)."""
+    deps: WebDeps = request.app[DEPS]
+    received = now_ms()
+    target = webhook_target(deps, request.match_info["platform"], request.match_info["bot_id"], request.method)
+    if isinstance(target, Reply):
+        return target.response()
+    bot, platform = target
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        metrics.WEBHOOKS.labels(platform.name, "too_large").inc()
+        return web.json_response({"error": "payload too large"}, status=413)
+    wire = WebhookRequest(
+        headers=request.headers,  # case-insensitive already: `header()` finds any spelling
+        body=body,
+        query=request.query,
+        received_at_ms=received,
+        method=request.method,
+    )
+    reply = await answer_webhook(deps, bot, platform, wire)
+    return reply.response()
 
 
 async def _produce(deps: WebDeps, messages: list[InboundMessage]) -> None:

@@ -20,6 +20,8 @@ from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from pipeline.web import WebDeps, build_web_app
+from pipeline.web._guard import GuardedAppRunner
+from pipeline.web.server import front_site
 
 from . import test_lark as lark_fx
 from . import test_onebot as onebot_fx
@@ -52,8 +54,9 @@ class Ingress:
             )
 
 
-@pytest.fixture
-async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
+@pytest.fixture(params=["front", "aiohttp"])
+async def ingress(redis_url: str, redis_prefix: str, request: pytest.FixtureRequest) -> AsyncIterator[Ingress]:
+    """The worker's web app, its webhooks answered by the webhook front or by aiohttp's route."""
     settings = Settings(
         redis_prefix=redis_prefix,
         bots=[
@@ -76,9 +79,13 @@ async def ingress(redis_url: str, redis_prefix: str) -> AsyncIterator[Ingress]:
         outputs=Outputs(produced),
         ready=ready,
     )
-    runner = web.AppRunner(build_web_app(deps))
+    runner = GuardedAppRunner(build_web_app(deps), max_connections=100, request_timeout=10.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site: web.BaseSite
+    if request.param == "front":
+        site = front_site(runner, deps, "127.0.0.1", 0)
+    else:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
         yield Ingress(f"http://127.0.0.1:{runner.addresses[0][1]}", produced)
