@@ -310,7 +310,7 @@ class _FrontConnection(asyncio.Protocol):
                 self._handoff()
                 return
             self._clear_deadline()
-            close = request.headers.get("Connection", "").lower() == "close" or self.front.closing
+            close = "close" in request.headers.get("Connection", "").lower() or self.front.closing
             self.handling = True
             try:
                 reply = await self.front.answer(request)
