@@ -262,14 +262,10 @@ class _FrontConnection(asyncio.Protocol):
     # -- asyncio protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
-        if self.limits.open >= self.limits.max_connections:
-            metrics.WEB_CONNECTIONS_CLOSED.labels("over_limit").inc()
-            transport.close()
+        if not self.limits.admit(transport):
             return
         self.transport = transport
         self._admitted = True
-        self.limits.open += 1
-        metrics.WEB_CONNECTIONS_OPEN.set(self.limits.open)
         self.front.connections.add(self)
         self.serving = asyncio.get_running_loop().create_task(self._serve(), name="web:front")
         self._set_deadline(self.front.keepalive_timeout, "")
@@ -361,8 +357,7 @@ class _FrontConnection(asyncio.Protocol):
         self._clear_deadline()
         if self._admitted:
             self._admitted = False
-            self.limits.open -= 1
-            metrics.WEB_CONNECTIONS_OPEN.set(self.limits.open)
+            self.limits.release()
             self.front.connections.discard(self)
 
     def _resume(self) -> None:

@@ -27,6 +27,20 @@ class ConnectionLimits:
         self.request_timeout = request_timeout
         self.open = 0
 
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Count a new connection in, or close it (and count that) when the cap is reached."""
+        if self.open >= self.max_connections:
+            metrics.WEB_CONNECTIONS_CLOSED.labels("over_limit").inc()
+            transport.close()
+            return False
+        self.open += 1
+        metrics.WEB_CONNECTIONS_OPEN.set(self.open)
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+        metrics.WEB_CONNECTIONS_OPEN.set(self.open)
+
 
 class _GuardedHandler(RequestHandler):
     """aiohttp's connection protocol with a per-request deadline and the connection cap."""
@@ -41,21 +55,16 @@ class _GuardedHandler(RequestHandler):
 
     # -- asyncio protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._limits.open >= self._limits.max_connections:
-            metrics.WEB_CONNECTIONS_CLOSED.labels("over_limit").inc()
-            transport.close()
+        if not self._limits.admit(transport):
             return
         self._admitted = True
-        self._limits.open += 1
-        metrics.WEB_CONNECTIONS_OPEN.set(self._limits.open)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._admitted:
             return
         self._admitted = False
-        self._limits.open -= 1
-        metrics.WEB_CONNECTIONS_OPEN.set(self._limits.open)
+        self._limits.release()
         self._disarm()
         super().connection_lost(exc)
 
