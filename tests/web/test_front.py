@@ -189,10 +189,11 @@ async def test_stopping_lets_a_webhook_being_answered_finish_and_closes_idle_con
 ) -> None:
     worker = await start_worker(web_webhook_front=True)
     produced = worker.produced
-    release = asyncio.Event()
+    producing, release = asyncio.Event(), asyncio.Event()
     record = produced.__call__
 
     async def slow_produce(topic: str, key: str | None, value: bytes) -> None:
+        producing.set()
         await release.wait()
         await record(topic, key, value)
 
@@ -202,7 +203,7 @@ async def test_stopping_lets_a_webhook_being_answered_finish_and_closes_idle_con
     idle_reader, _ = await connect(worker)
     busy_reader, busy_writer = await connect(worker)
     busy_writer.write(webhook("in flight"))
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(producing.wait(), 10)  # the webhook is being answered
     stopping = asyncio.create_task(web.stop())
     assert await asyncio.wait_for(idle_reader.read(), 5) == b""  # closed at once
     release.set()
