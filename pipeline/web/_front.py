@@ -249,7 +249,6 @@ class _FrontConnection(asyncio.Protocol):
         self.buffer = bytearray()
         self.serving: asyncio.Task[None] | None = None
         self.handling = False
-        self._admitted = False
         self._eof = False
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
@@ -265,9 +264,8 @@ class _FrontConnection(asyncio.Protocol):
         if not self.limits.admit(transport):
             return
         self.transport = transport
-        self._admitted = True
         self.front.connections.add(self)
-        self.serving = asyncio.get_running_loop().create_task(self._serve(), name="web:front")
+        self.serving = self._loop.create_task(self._serve(), name="web:front")
         self._set_deadline(self.front.keepalive_timeout, "")
 
     def data_received(self, data: bytes) -> None:
@@ -355,10 +353,9 @@ class _FrontConnection(asyncio.Protocol):
     # -- helpers -----------------------------------------------------------------------------------
     def _release(self) -> None:
         self._clear_deadline()
-        if self._admitted:
-            self._admitted = False
-            self.limits.release()
+        if self in self.front.connections:  # admitted, and not released yet
             self.front.connections.discard(self)
+            self.limits.release()
 
     def _resume(self) -> None:
         if self._paused and self.transport is not None and len(self.buffer) <= MAX_HEAD_BYTES + self.front.max_body:
@@ -366,7 +363,7 @@ class _FrontConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:

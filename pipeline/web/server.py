@@ -179,7 +179,8 @@ def webhook_target(deps: WebDeps, platform_name: str, bot_id: str, method: str) 
 
 async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire: WebhookRequest) -> Reply:
     """Verify, parse and produce one webhook whose bot takes it; the answer for the platform."""
-    platform_name, bot_id = platform.name, bot.bot_id
+    platform_name = platform.name
+    dead_letter_key = f"{platform_name}:{bot.bot_id}"
     try:
         platform.verify(bot, wire)
     except WebhookRejected as exc:
@@ -189,13 +190,12 @@ async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire
         result = platform.parse(bot, wire)
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
-        await asyncio.shield(_dead_letter(deps, exc.reason, wire.body, exc.detail[:500], f"{platform_name}:{bot_id}"))
+        await asyncio.shield(_dead_letter(deps, exc.reason, wire.body, exc.detail[:500], dead_letter_key))
         return Reply.json({"error": exc.reason, "detail": exc.detail[:500]}, status=exc.status)
     except Exception as exc:  # a parser bug: an excerpt is kept, the platform told to stop retrying
         log.exception("webhook parser of %s failed", platform_name)
         metrics.WEBHOOKS.labels(platform_name, "parser_error").inc()
-        key = f"{platform_name}:{bot_id}"
-        await asyncio.shield(_dead_letter(deps, "parser_error", wire.body, repr(exc)[:500], key))
+        await asyncio.shield(_dead_letter(deps, "parser_error", wire.body, repr(exc)[:500], dead_letter_key))
         return Reply.json({"error": "parser_error"}, status=400)
     if result.messages:
         # Shielded: a client that hangs up does not cut the produce short (it retries, and ingest
