@@ -260,7 +260,9 @@ async def bare_turn_for(
     log(
         f"bare turn: {out['bare_turn_turns_per_s']} turns/s at {args.rate:g} msg/s, max "
         f"{out['bare_turn_max_turns_per_s']} turns/s, {out['bare_turn_cpu_ms_per_turn']} ms CPU/turn; pipeline / bare "
-        f"turns/s {out['ratio_turns_to_bare_turn_max']}, bare / pipeline CPU per turn {out['ratio_cpu_per_turn']}"
+        f"turns/s {out['ratio_turns_to_bare_turn_max']}, bare / pipeline CPU per turn {out['ratio_cpu_per_turn']}; "
+        f"at the same rate, pipeline / bare hop p50 ≤ {out['ratio_hop_p50_max']}, overhead p99 without the busy "
+        f"wait {out['ratio_overhead_excluding_busy_wait_p99']}"
     )
     return out
 
@@ -291,6 +293,7 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         return round(a / b, 3) if a is not None and b else None
 
     return {
+        **same_rate_latency_ratios(load.get("latency_ms") or {}, same.get("latency_ms") or {}),
         "bare_turn_turns_per_s": bare_tps,
         "bare_turn_max_turns_per_s": bare_max,
         "bare_turn_cpu_ms_per_turn": bare_cpu,
@@ -302,4 +305,41 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         "ratio_turns_to_bare_turn_max": ratio(pipeline_best, bare_max),
         "ratio_turns_basis": basis,
         "ratio_cpu_per_turn": ratio(bare_cpu, pipeline_cpu),
+    }
+
+
+# The stages that are one Kafka hop each (the agent's think time and the busy-policy hold are not).
+KAFKA_HOPS = ("ingress->ingest", "ingest->dispatch_in", "stream->render", "render->delivered")
+
+
+def same_rate_latency_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's latency over the bare turn's at the same offered rate: the same I/O, producer
+    and consumer settings and machine load, so what remains is the pipeline's own cost. (The bare
+    chain's figures in `limit` are taken alone on the machine, at a lower rate, with `acks=1` and
+    `linger_ms=1`.)"""
+
+    def p(figures: dict[str, Any], *path: str) -> float | None:
+        value: Any = figures
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value if isinstance(value, (int, float)) else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a is not None and b else None
+
+    hops = {
+        hop: {
+            "pipeline_p50_ms": p(pipeline, "stages", hop, "p50"),
+            "bare_turn_p50_ms": p(bare, "stages", hop, "p50"),
+            "ratio_p50": ratio(p(pipeline, "stages", hop, "p50"), p(bare, "stages", hop, "p50")),
+        }
+        for hop in KAFKA_HOPS
+    }
+    own = "pipeline_overhead_excluding_busy_wait"
+    return {
+        "same_rate_hops": hops,
+        "ratio_hop_p50_max": max((h["ratio_p50"] for h in hops.values() if h["ratio_p50"] is not None), default=None),
+        "ratio_overhead_p50": ratio(p(pipeline, "pipeline_overhead", "p50"), p(bare, "pipeline_overhead", "p50")),
+        "ratio_overhead_p99": ratio(p(pipeline, "pipeline_overhead", "p99"), p(bare, "pipeline_overhead", "p99")),
+        "ratio_overhead_excluding_busy_wait_p99": ratio(p(pipeline, own, "p99"), p(bare, own, "p99")),
     }

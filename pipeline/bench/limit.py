@@ -48,7 +48,11 @@ async def bare_chain(
     latency_seconds: float = 8.0,
     broker_pid: int | None = None,
     drain_seconds: float = 120.0,
+    linger_ms: int = 1,
+    acks: int | str = 1,
+    throughput: bool = True,
 ) -> dict[str, Any]:
+    """The chain's latency at `latency_rate` (if given) and its throughput (if `throughput`)."""
     bl = broker_latency_module()
     run_id = uuid.uuid4().hex[:6]
     names = [f"bench-{run_id}-t{i}" for i in range(topics)]
@@ -58,11 +62,17 @@ async def bare_chain(
 
     consumers, producers, tasks = [], [], []
     sink = bl.Sink(hops=[[] for _ in range(hops)])
-    out: dict[str, Any] = {"topics": topics, "partitions": partitions, "fetch_max_wait_ms": fetch_wait_ms}
+    out: dict[str, Any] = {
+        "topics": topics,
+        "partitions": partitions,
+        "fetch_max_wait_ms": fetch_wait_ms,
+        "linger_ms": linger_ms,
+        "acks": acks,
+    }
     try:
         for i in range(1, topics):
             c = await bl._assigned_consumer(bootstrap, names[i - 1], partitions, fetch_wait_ms)
-            p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1)
+            p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, acks=acks)
             await p.start()
             consumers.append(c)
             producers.append(p)
@@ -70,7 +80,7 @@ async def bare_chain(
         sink_consumer = await bl._assigned_consumer(bootstrap, names[-1], partitions, fetch_wait_ms)
         consumers.append(sink_consumer)
         tasks.append(asyncio.create_task(bl.sink_loop(sink_consumer, sink, hops)))
-        source = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1)
+        source = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, acks=acks)
         await source.start()
         producers.append(source)
         # -- latency at a given rate (open loop, random gaps) ----------------------------------------
@@ -94,6 +104,8 @@ async def bare_chain(
             all_hops = [x for h in sink.hops for x in h]
             out["per_hop_ms"] = {"p50": round(pct(all_hops, 50), 2), "p99": round(pct(all_hops, 99), 2)}
         # -- throughput: blast N records, time until the sink has them all ---------------------------
+        if not throughput:
+            return out
         sink.reset(messages, record=False)
         c0, b0 = self_cpu_seconds(), proc_cpu_seconds(broker_pid)
         start_ns = bl.now_ns()

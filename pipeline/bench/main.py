@@ -240,6 +240,10 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
                 "bare_turn_kafka_records_per_turn": (same.get("kafka") or {}).get("records_per_turn"),
                 "ratio_turns_to_bare_turn": bare.get("ratio_turns_to_bare_turn_max"),
                 "ratio_cpu_per_turn_bare_to_pipeline": bare.get("ratio_cpu_per_turn"),
+                "ratio_hop_p50_max_to_bare_turn": bare.get("ratio_hop_p50_max"),
+                "ratio_overhead_excluding_busy_wait_p99_to_bare_turn": bare.get(
+                    "ratio_overhead_excluding_busy_wait_p99"
+                ),
             }
         )
     if result.get("filtered"):

@@ -157,3 +157,34 @@ def test_ratios_use_the_pipeline_max_when_the_ramp_ran_and_say_so_otherwise() ->
     unfinished = {**bare, "max": {"max_turns_per_s": 200.0, "ceiling_found": False}}
     assert "lower bound" in bare_turn_ratios(ramped, unfinished)["ratio_turns_basis"]
     assert bare_turn_ratios({}, {})["ratio_cpu_per_turn"] is None
+
+
+def test_latency_ratios_compare_each_kafka_hop_and_the_overhead_with_the_bare_turn_at_the_same_rate() -> None:
+    def latency(hop_p50: dict[str, float], overhead: tuple[float, float], own_p99: float) -> dict[str, Any]:
+        return {
+            "stages": {hop: {"p50": v, "p99": 3 * v} for hop, v in hop_p50.items()},
+            "pipeline_overhead": {"p50": overhead[0], "p99": overhead[1]},
+            "pipeline_overhead_excluding_busy_wait": {"p50": overhead[0], "p99": own_p99},
+        }
+
+    pipeline = latency(
+        {"ingress->ingest": 12.0, "ingest->dispatch_in": 15.0, "dispatch->stream": 900.0, "stream->render": 10.0},
+        (60.0, 300.0),
+        120.0,
+    )
+    bare = latency(
+        {"ingress->ingest": 8.0, "ingest->dispatch_in": 10.0, "dispatch->stream": 100.0, "render->delivered": 9.0},
+        (40.0, 200.0),
+        150.0,
+    )
+    r = bare_turn_ratios({"load": {"latency_ms": pipeline}}, {"same_rate": {"latency_ms": bare}})
+    hops = r["same_rate_hops"]
+    # The agent's think time is not a Kafka hop; a hop missing on one side has no ratio.
+    assert set(hops) == {"ingress->ingest", "ingest->dispatch_in", "stream->render", "render->delivered"}
+    assert hops["ingress->ingest"]["ratio_p50"] == 1.5 and hops["ingest->dispatch_in"]["ratio_p50"] == 1.5
+    assert hops["stream->render"]["ratio_p50"] is None and hops["render->delivered"]["ratio_p50"] is None
+    assert r["ratio_hop_p50_max"] == 1.5
+    assert (r["ratio_overhead_p50"], r["ratio_overhead_p99"]) == (1.5, 1.5)
+    assert r["ratio_overhead_excluding_busy_wait_p99"] == 0.8
+    empty = bare_turn_ratios({}, {})
+    assert empty["ratio_hop_p50_max"] is None and empty["ratio_overhead_excluding_busy_wait_p99"] is None
