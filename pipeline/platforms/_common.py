@@ -12,31 +12,18 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import httpx
 
 from pipeline import metrics
 from pipeline.platforms.base import SendOutcome, WebhookRequest
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender, conversation_key, new_trace_id, now_ms
+from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, conversation_key, new_trace_id, now_ms
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.media import rejection_label, with_placeholders
-from pipeline.segments.models import (
-    MEDIA_SEGMENT_TYPES,
-    AudioSegment,
-    FileSegment,
-    ImageSegment,
-    Media,
-    MediaData,
-    MentionData,
-    MentionSegment,
-    Segment,
-    TextData,
-    TextSegment,
-    VideoSegment,
-)
+from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, MediaKind, Segment
 from pipeline.settings import BotConfig
 
 log = logging.getLogger("pipeline.platforms")
@@ -109,16 +96,46 @@ def require_fresh(bot: BotConfig, request: WebhookRequest, timestamp: str | None
         )
 
 
+# Inbound segments are plain dicts of the segment models' shape, validated once with the whole
+# record by `build_inbound`: one validation of plain data in pydantic's core costs a fraction of a
+# model (and its data model) built one by one per segment. Every value put in them is already a str
+# (or a face id's int), so deferring the validation changes no outcome.
+SegmentData = dict[str, Any]
+
+
+def text_segment(text: str) -> SegmentData:
+    return {"type": "text", "data": {"text": text}}
+
+
+def mention_segment(target: str) -> SegmentData:
+    return {"type": "mention", "data": {"target": target}}
+
+
+def media_segment(kind: str, media_kind: MediaKind, value: str) -> SegmentData:
+    """`kind`: image, file, audio or video; `media_kind`, `value`: the segment's `Media`."""
+    return {"type": kind, "data": {"media": {"kind": media_kind, "value": value}}}
+
+
+def reply_segment(message_id: str) -> SegmentData:
+    return {"type": "reply", "data": {"message_id": message_id}}
+
+
+def face_segment(face_id: str | int) -> SegmentData:
+    return {"type": "face", "data": {"id": face_id}}
+
+
 def build_inbound(
     platform: str,
     bot: BotConfig,
     *,
     chat_id: str,
     chat_type: ChatType,
-    sender: Sender,
+    user_id: str,
+    user_name: str = "",
+    is_admin: bool = False,
     message_id: str,
     text: str,
-    segments: list[Any],
+    segments: list[SegmentData],
     mentions: list[str],
     mentions_bot: bool,
     mention_names: dict[str, str] | None = None,
@@ -127,36 +144,43 @@ def build_inbound(
     event_id: str | None = None,
     sent_at_ms: float | None = None,
 ) -> InboundMessage:
-    for field, value in (
-        ("chat_id", chat_id),
-        ("user_id", sender.user_id),
-        ("message_id", message_id),
-        ("event_id", event_id or ""),
-    ):
-        if len(value) > MAX_ID_CHARS:
-            raise WebhookRejected(
-                400, "id_too_long", f"{field} is {len(value)} characters long; ids may have {MAX_ID_CHARS} at most"
-            )
+    """The record of one inbound message: `user_id`, `user_name` and `is_admin` are its `Sender`.
+
+    Built by one validation of plain data (`segments` as `SegmentData`), like the console's parse:
+    a `ReplyRef` given is taken as it is (pydantic does not validate a model instance again)."""
+    event = event_id or ""
+    # One comparison in the common case; the refusal names the first id that is too long.
+    if max(len(chat_id), len(user_id), len(message_id), len(event)) > MAX_ID_CHARS:
+        _refuse_long_id(chat_id=chat_id, user_id=user_id, message_id=message_id, event_id=event)
     per_user = bot.session_scope == "user" and chat_type == "group"
-    return InboundMessage(
-        platform=platform,
-        bot_id=bot.bot_id,
-        chat_id=chat_id,
-        chat_type=chat_type,
-        sender=sender,
-        message_id=message_id,
-        event_id=event_id,
-        text=text,
-        segments=segments,
-        mentions=mentions,
-        mention_names={k: v for k, v in (mention_names or {}).items() if v and k in mentions},
-        mentions_bot=mentions_bot,
-        reply_to=reply_to,
-        route=route or {},
-        conversation_key=conversation_key(platform, bot.bot_id, chat_id, sender.user_id if per_user else None),
-        trace_id=new_trace_id(),
-        sent_at_ms=sent_at_ms,
-        hops={"ingress": now_ms()},
+    return InboundMessage.model_validate(
+        {
+            "platform": platform,
+            "bot_id": bot.bot_id,
+            "chat_id": chat_id,
+            "chat_type": chat_type,
+            "sender": {"user_id": user_id, "name": user_name, "is_admin": is_admin},
+            "message_id": message_id,
+            "event_id": event_id,
+            "text": text,
+            "segments": segments,
+            "mentions": mentions,
+            "mention_names": {k: v for k, v in mention_names.items() if v and k in mentions} if mention_names else {},
+            "mentions_bot": mentions_bot,
+            "reply_to": reply_to,
+            "route": route or {},
+            "conversation_key": conversation_key(platform, bot.bot_id, chat_id, user_id if per_user else None),
+            "trace_id": new_trace_id(),
+            "sent_at_ms": sent_at_ms,
+            "hops": {"ingress": now_ms()},
+        }
+    )
+
+
+def _refuse_long_id(**ids: str) -> NoReturn:
+    field, value = next((field, value) for field, value in ids.items() if len(value) > MAX_ID_CHARS)
+    raise WebhookRejected(
+        400, "id_too_long", f"{field} is {len(value)} characters long; ids may have {MAX_ID_CHARS} at most"
     )
 
 
@@ -164,15 +188,12 @@ def media_placeholder(kind: str) -> str:
     return f"[{kind}]"
 
 
-_MEDIA_SEGMENTS = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}
-
-
 class InboundParts:
-    """Inbound content being read into segments, the plain text the agent gets, the mentioned ids
-    and the names the platform sent with them."""
+    """Inbound content being read into segments (as `SegmentData`), the plain text the agent gets,
+    the mentioned ids and the names the platform sent with them."""
 
     def __init__(self) -> None:
-        self.segments: list[Any] = []
+        self.segments: list[SegmentData] = []
         self.plain: list[str] = []
         self.mentions: list[str] = []
         self.names: dict[str, str] = {}
@@ -182,21 +203,21 @@ class InboundParts:
             return
         self.plain.append(value)
         last = self.segments[-1] if self.segments else None
-        if isinstance(last, TextSegment):
-            self.segments[-1] = TextSegment(type="text", data=TextData(text=last.data.text + value))
+        if last is not None and last["type"] == "text":
+            self.segments[-1] = text_segment(last["data"]["text"] + value)
         else:
-            self.segments.append(TextSegment(type="text", data=TextData(text=value)))
+            self.segments.append(text_segment(value))
 
     def add_mention(self, target: str, name: str) -> None:
-        self.segments.append(MentionSegment(type="mention", data=MentionData(target=target)))
+        self.segments.append(mention_segment(target))
         self.mentions.append(target)
         if name:
             self.names[target] = name
         self.plain.append(f"@{name or target}")
 
-    def add_media(self, kind: str, media: Media) -> None:
+    def add_media(self, kind: str, media_kind: MediaKind, value: str) -> None:
         """`kind`: image, file, audio or video."""
-        self.segments.append(_MEDIA_SEGMENTS[kind](type=kind, data=MediaData(media=media)))
+        self.segments.append(media_segment(kind, media_kind, value))
         self.plain.append(media_placeholder(kind))
 
 

@@ -58,11 +58,19 @@ class RichText:
 # --- UTF-16 (Telegram counts lengths and offsets in UTF-16 code units) ---------------------------
 
 
+# ASCII text (`str.isascii()` is a flag CPython keeps: no scan) has one UTF-16 unit per character,
+# so its lengths and slices need no encoding; the result is the same as the encoded one's.
+
+
 def utf16_len(text: str) -> int:
+    if text.isascii():
+        return len(text)
     return len(text.encode("utf-16-le")) // 2
 
 
 def utf16_slice(text: str, offset: int, length: int) -> str:
+    if text.isascii():
+        return text[offset : offset + length]
     data = text.encode("utf-16-le")
     return data[offset * 2 : (offset + length) * 2].decode("utf-16-le", errors="replace")
 

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import httpx
 
 from pipeline.platforms._common import (
+    InboundParts,
     TokenCache,
     arr,
     attachment_unavailable,
@@ -68,7 +69,7 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, Sender
+from pipeline.records import OutboundMessage
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -77,12 +78,9 @@ from pipeline.segments.models import (
     ForwardSegment,
     ImageSegment,
     MarkdownSegment,
-    Media,
-    MediaData,
     MentionSegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -206,32 +204,20 @@ class DingTalkPlatform(Platform):
             # (no staff id) cannot be written to by the robot API.
             return WebhookResult(ignored="no_staff_id")
 
-        segments: list[Any] = []
-        plain: list[str] = []
-
-        def add_text(value: str) -> None:
-            if not value:
-                return
-            plain.append(value)
-            if segments and isinstance(segments[-1], TextSegment):
-                segments[-1] = TextSegment(type="text", data=TextData(text=segments[-1].data.text + value))
-            else:
-                segments.append(TextSegment(type="text", data=TextData(text=value)))
+        parts = InboundParts()
 
         def add_media(kind: str, code: Any) -> None:
             if not isinstance(code, str) or not code:
-                add_text(media_placeholder(kind))  # DingTalk sent none: the placeholder alone
+                parts.text(media_placeholder(kind))  # DingTalk sent none: the placeholder alone
                 return
-            cls = {"image": ImageSegment, "audio": AudioSegment, "video": VideoSegment, "file": FileSegment}[kind]
-            segments.append(cls(type=kind, data=MediaData(media=Media(kind="file", value=code))))
-            plain.append(media_placeholder(kind))
+            parts.add_media(kind, "file", code)
 
         content = obj(payload.get("content"))
         if msgtype == "text":
             text = obj(payload.get("text")).get("content")
             if not isinstance(text, str):
                 raise WebhookRejected(400, "malformed_payload", "text message without text.content")
-            add_text(text.strip())
+            parts.text(text.strip())
         elif msgtype == "richText":
             items = content.get("richText")
             if not isinstance(items, list):
@@ -239,7 +225,7 @@ class DingTalkPlatform(Platform):
             for item in items:
                 item = obj(item)
                 if isinstance(item.get("text"), str):
-                    add_text(item["text"])
+                    parts.text(item["text"])
                 elif item.get("type") == "picture":
                     add_media("image", item.get("downloadCode") or item.get("pictureDownloadCode"))
         elif msgtype == "picture":
@@ -247,12 +233,12 @@ class DingTalkPlatform(Platform):
         elif msgtype in ("audio", "video", "file"):
             add_media(msgtype, content.get("downloadCode"))
             if msgtype == "audio" and isinstance(content.get("recognition"), str):
-                add_text(" " + content["recognition"])  # DingTalk's own transcript of the voice message
+                parts.text(" " + content["recognition"])  # DingTalk's own transcript of the voice message
             if msgtype == "file" and isinstance(content.get("fileName"), str):
-                add_text(" " + content["fileName"][:200])
+                parts.text(" " + content["fileName"][:200])
         else:
             return WebhookResult(ignored="not_message")
-        if not segments:
+        if not parts.segments:
             return WebhookResult(ignored="empty_message")
 
         mentions: list[str] = []
@@ -270,10 +256,12 @@ class DingTalkPlatform(Platform):
             bot,
             chat_id=conversation_id if group else str(staff_id),
             chat_type="group" if group else "private",
-            sender=Sender(user_id=staff_id or sender_id, name=nick if isinstance(nick, str) else "", is_admin=False),
+            user_id=staff_id or sender_id,
+            user_name=nick if isinstance(nick, str) else "",
+            is_admin=False,
             message_id=message_id,
-            text="".join(plain).strip(),
-            segments=segments,
+            text="".join(parts.plain).strip(),
+            segments=parts.segments,
             mentions=mentions,
             mentions_bot=group and in_at_list,
             sent_at_ms=sent_at_ms,

@@ -56,9 +56,11 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    reply_segment,
     require_fresh,
     response_json,
     rps_text,
+    text_segment,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, Span, hug, parse_markdown, pieces_within, render_tree
@@ -72,7 +74,7 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.records import OutboundMessage, ReplyRef
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -83,11 +85,9 @@ from pipeline.segments.models import (
     MarkdownSegment,
     Media,
     MentionSegment,
-    ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -211,9 +211,7 @@ class DiscordPlatform(Platform):
         parts = _parse_content(content if isinstance(content, str) else "", names)
         for attachment in arr(d.get("attachments")):
             if isinstance(attachment, dict) and isinstance(attachment.get("url"), str):
-                parts.add_media(
-                    media_kind(str(attachment.get("content_type") or "")), Media(kind="url", value=attachment["url"])
-                )
+                parts.add_media(media_kind(str(attachment.get("content_type") or "")), "url", attachment["url"])
         segments, plain, mentions = parts.segments, parts.plain, list(dict.fromkeys(parts.mentions))
 
         reply_to: ReplyRef | None = None
@@ -229,7 +227,7 @@ class DiscordPlatform(Platform):
                 text=replied_text if isinstance(replied_text, str) and replied_text else None,
                 is_bot=bot.self_id is not None and replied_author == bot.self_id,
             )
-            segments.insert(0, ReplySegment(type="reply", data=ReplyData(message_id=replied_id)))
+            segments.insert(0, reply_segment(replied_id))
         mentions_bot = (bot.self_id is not None and bot.self_id in mentions) or (
             reply_to is not None and reply_to.is_bot
         )
@@ -239,7 +237,8 @@ class DiscordPlatform(Platform):
             bot,
             chat_id=channel_id,
             chat_type="group" if route else "private",
-            sender=Sender(user_id=user_id, name=_display_name(author, obj(d.get("member")))),
+            user_id=user_id,
+            user_name=_display_name(author, obj(d.get("member"))),
             message_id=message_id,
             text="".join(plain).strip(),
             segments=segments,
@@ -289,10 +288,11 @@ class DiscordPlatform(Platform):
             bot,
             chat_id=str(channel_id),
             chat_type="group" if "guild_id" in route else "private",
-            sender=Sender(user_id=str(user_id), name=_display_name(user, member)),
+            user_id=str(user_id),
+            user_name=_display_name(user, member),
             message_id=str(interaction_id),
             text=text,
-            segments=[TextSegment(type="text", data=TextData(text=text))],
+            segments=[text_segment(text)],
             mentions=[],
             # A slash command is addressed to this application by construction.
             mentions_bot=True,

@@ -42,6 +42,7 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    reply_segment,
     require_fresh,
     response_json,
     retry_after_header,
@@ -59,7 +60,7 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.records import OutboundMessage, ReplyRef
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -70,7 +71,6 @@ from pipeline.segments.models import (
     MarkdownSegment,
     Media,
     MentionSegment,
-    ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
@@ -256,7 +256,7 @@ class LarkPlatform(Platform):
         parent = msg.get("parent_id")
         if isinstance(parent, str) and parent:
             reply_to = ReplyRef(message_id=parent)
-            parts.segments.insert(0, ReplySegment(type="reply", data=ReplyData(message_id=parent)))
+            parts.segments.insert(0, reply_segment(parent))
         route: dict[str, str] = {}
         for key in ("thread_id", "root_id"):
             if isinstance(msg.get(key), str) and msg[key]:
@@ -268,7 +268,7 @@ class LarkPlatform(Platform):
             bot,
             chat_id=chat_id,
             chat_type="private" if msg.get("chat_type") == "p2p" else "group",
-            sender=Sender(user_id=open_id),
+            user_id=open_id,
             message_id=message_id,
             event_id=str(header.get("event_id") or "") or None,
             text="".join(parts.plain).strip(),
@@ -553,7 +553,7 @@ class _Parts(InboundParts):
         self.text(value[pos:])
 
     def media(self, kind: str, key: str) -> None:
-        self.add_media(kind, Media(kind="file", value=key))
+        self.add_media(kind, "file", key)
 
     def post(self, content: dict[str, Any]) -> None:
         if "content" not in content:  # `{"zh_cn": {...}}` form: take the first locale

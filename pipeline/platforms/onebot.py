@@ -29,22 +29,28 @@ from typing import Any, ClassVar, Protocol
 import httpx
 
 from pipeline.platforms._common import (
+    SegmentData,
     attachment_unavailable,
     base_url,
     build_inbound,
     face_id_str,
+    face_segment,
     face_text,
     http_outcome,
     load_failure,
     load_json,
     media_dict,
     media_placeholder,
+    media_segment,
+    mention_segment,
     missing_credential,
     network_outcome,
     notice,
     obj,
     payload_guard,
+    reply_segment,
     response_json,
+    text_segment,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_plain
@@ -59,27 +65,23 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.records import OutboundMessage, ReplyRef
 from pipeline.records.models import ChatType
 from pipeline.segments.media import spaced_placeholder
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
-    FaceData,
     FaceSegment,
     FileSegment,
     ForwardSegment,
     ImageSegment,
     MarkdownSegment,
     Media,
-    MediaData,
-    MentionData,
+    MediaKind,
     MentionSegment,
-    ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -231,13 +233,8 @@ class OneBotPlatform(Platform):
         else:
             chat_id, chat_type = f"private_{user_id}", "private"
 
-        sender_obj = obj(event.get("sender"))
-        sender = Sender(
-            user_id=user_id,
-            name=str(sender_obj.get("card") or sender_obj.get("nickname") or ""),
-            is_admin=sender_obj.get("role") in ("owner", "admin"),
-        )
-        segments: list[Any] = []
+        sender = obj(event.get("sender"))
+        segments: list[SegmentData] = []
         text: list[str] = []
         mentions: list[str] = []
         names: dict[str, str] = {}  # some implementations send the name with an `at`
@@ -248,7 +245,7 @@ class OneBotPlatform(Platform):
             if kind == "text":
                 value = str(data.get("text", ""))
                 if value:
-                    segments.append(TextSegment(type="text", data=TextData(text=value)))
+                    segments.append(text_segment(value))
                     text.append(value)
             elif kind == "at":
                 qq = str(data.get("qq", ""))
@@ -257,7 +254,7 @@ class OneBotPlatform(Platform):
                     continue
                 if not qq:
                     continue
-                segments.append(MentionSegment(type="mention", data=MentionData(target=qq)))
+                segments.append(mention_segment(qq))
                 mentions.append(qq)
                 if isinstance(data.get("name"), str) and data["name"]:
                     names[qq] = data["name"]
@@ -265,20 +262,19 @@ class OneBotPlatform(Platform):
             elif kind == "reply":
                 rid = _id(data.get("id"))
                 if rid is not None:
-                    segments.append(ReplySegment(type="reply", data=ReplyData(message_id=rid)))
+                    segments.append(reply_segment(rid))
                     reply_to = ReplyRef(message_id=rid)
             elif kind in ("image", "record", "video", "file"):
                 media = _media_in(data)
                 if media is None:
                     continue
-                cls = {"image": ImageSegment, "record": AudioSegment, "video": VideoSegment, "file": FileSegment}[kind]
                 neutral = {"record": "audio"}.get(kind, kind)
-                segments.append(cls(type=neutral, data=MediaData(media=media)))
+                segments.append(media_segment(neutral, *media))
                 text.append(media_placeholder(neutral))
             elif kind == "face":
                 face_id = data.get("id")
                 if isinstance(face_id, str | int) and not isinstance(face_id, bool):
-                    segments.append(FaceSegment(type="face", data=FaceData(id=face_id)))
+                    segments.append(face_segment(face_id))
                     text.append(face_text(bot, face_id))
             elif isinstance(kind, str):
                 text.append(media_placeholder(kind))
@@ -289,7 +285,9 @@ class OneBotPlatform(Platform):
             bot,
             chat_id=chat_id,
             chat_type=chat_type,
-            sender=sender,
+            user_id=user_id,
+            user_name=str(sender.get("card") or sender.get("nickname") or ""),
+            is_admin=sender.get("role") in ("owner", "admin"),
             message_id=message_id,
             text="".join(text).strip(),
             segments=segments,
@@ -514,15 +512,16 @@ def _target(chat_id: str, chat_type: str) -> tuple[str, int | str]:
     return field, int(number) if number.isdigit() else number
 
 
-def _media_in(data: dict[str, Any]) -> Media | None:
+def _media_in(data: dict[str, Any]) -> tuple[MediaKind, str] | None:
+    """The kind and value of an inbound media segment's `Media`."""
     url = data.get("url")
     if isinstance(url, str) and url.startswith(("http://", "https://")):
-        return Media(kind="url", value=url)
+        return "url", url
     file = data.get("file") or data.get("file_id")
     if isinstance(file, str) and file:
         if file.startswith(("http://", "https://")):
-            return Media(kind="url", value=file)
-        return Media(kind="file", value=file)
+            return "url", file
+        return "file", file
     return None
 
 

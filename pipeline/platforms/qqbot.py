@@ -42,6 +42,7 @@ from pipeline.platforms._common import (
     base_url,
     build_inbound,
     dice_text,
+    face_segment,
     face_text,
     file_name,
     http_outcome,
@@ -51,6 +52,7 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    reply_segment,
     require_fresh,
     response_json,
     retry_after_header,
@@ -68,12 +70,11 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, ReplyRef, Sender, now_ms
+from pipeline.records import OutboundMessage, ReplyRef, now_ms
 from pipeline.records.models import ChatType
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
-    FaceData,
     FaceSegment,
     FileSegment,
     ForwardSegment,
@@ -81,8 +82,6 @@ from pipeline.segments.models import (
     MarkdownSegment,
     Media,
     MentionSegment,
-    ReplyData,
-    ReplySegment,
     RpsSegment,
     ShareSegment,
     TextSegment,
@@ -312,7 +311,7 @@ class QQBotPlatform(Platform):
         reference = obj(data.get("message_reference")).get("message_id")
         if isinstance(reference, str) and reference:
             reply_to = ReplyRef(message_id=reference)
-            parts.segments.insert(0, ReplySegment(type="reply", data=ReplyData(message_id=reference)))
+            parts.segments.insert(0, reply_segment(reference))
         sent_at = _timestamp_ms(data.get("timestamp"))
         received = request.received_at_ms or now_ms()
         # Where and since when a passive reply can go: every outbound message of the turn (notices
@@ -324,7 +323,8 @@ class QQBotPlatform(Platform):
             bot,
             chat_id=chat_id,
             chat_type=chat_type,
-            sender=Sender(user_id=user_id, name=name if isinstance(name, str) else ""),
+            user_id=user_id,
+            user_name=name if isinstance(name, str) else "",
             message_id=message_id,
             event_id=str(payload.get("id") or "") or None,
             text="".join(parts.plain).strip(),
@@ -735,7 +735,7 @@ class _Parts(InboundParts):
             elif channel:
                 self.text(f"#{channel}")
             else:
-                self.segments.append(FaceSegment(type="face", data=FaceData(id=face)))
+                self.segments.append(face_segment(face))
         self.text(plain(value[pos:]))
 
     def attachment(self, item: dict[str, Any]) -> None:
@@ -753,4 +753,4 @@ class _Parts(InboundParts):
             kind = "audio"
         else:
             kind = "file"
-        self.add_media(kind, Media(kind="url", value=url))
+        self.add_media(kind, "url", url)

@@ -40,6 +40,7 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    reply_segment,
     require_fresh,
     response_json,
     retry_after_header,
@@ -57,7 +58,7 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.records import OutboundMessage, ReplyRef
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -66,9 +67,7 @@ from pipeline.segments.models import (
     ForwardSegment,
     ImageSegment,
     MarkdownSegment,
-    Media,
     MentionSegment,
-    ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
@@ -194,7 +193,7 @@ class SlackPlatform(Platform):
         parts, names = _parse_slack_text(text if isinstance(text, str) else "")
         for f in arr(event.get("files")):
             if isinstance(f, dict) and isinstance(f.get("id"), str):
-                parts.add_media(media_kind(str(f.get("mimetype") or "")), Media(kind="file", value=f["id"]))
+                parts.add_media(media_kind(str(f.get("mimetype") or "")), "file", f["id"])
         segments, plain, mentions = parts.segments, parts.plain, parts.mentions
         mentions_bot = etype == "app_mention" or (bot.self_id is not None and bot.self_id in mentions)
 
@@ -210,7 +209,7 @@ class SlackPlatform(Platform):
                     user_id=parent_user if isinstance(parent_user, str) else None,
                     is_bot=bot.self_id is not None and parent_user == bot.self_id,
                 )
-                segments.insert(0, ReplySegment(type="reply", data=ReplyData(message_id=thread_ts)))
+                segments.insert(0, reply_segment(thread_ts))
         profile = obj(event.get("user_profile"))
         name = profile.get("display_name") or profile.get("real_name") or ""
         try:
@@ -222,7 +221,8 @@ class SlackPlatform(Platform):
             bot,
             chat_id=channel,
             chat_type="private" if private else "group",
-            sender=Sender(user_id=user, name=str(name)),
+            user_id=user,
+            user_name=str(name),
             message_id=ts,
             event_id=event_id,
             text="".join(plain).strip(),

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import httpx
 
 from pipeline.platforms._common import (
+    SegmentData,
     attachment_unavailable,
     base_url,
     build_inbound,
@@ -33,13 +34,17 @@ from pipeline.platforms._common import (
     load_failure,
     load_json,
     media_placeholder,
+    media_segment,
+    mention_segment,
     missing_credential,
     network_outcome,
     notice,
     obj,
     payload_guard,
+    reply_segment,
     response_json,
     rps_text,
+    text_segment,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import (
@@ -60,7 +65,7 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, ReplyRef, Sender
+from pipeline.records import OutboundMessage, ReplyRef
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -69,15 +74,10 @@ from pipeline.segments.models import (
     ForwardSegment,
     ImageSegment,
     MarkdownSegment,
-    Media,
-    MediaData,
-    MentionData,
     MentionSegment,
-    ReplyData,
     ReplySegment,
     RpsSegment,
     ShareSegment,
-    TextData,
     TextSegment,
     VideoSegment,
 )
@@ -91,6 +91,18 @@ MAX_PHOTO_UPLOAD = 10 * 1024 * 1024  # larger photos go as documents
 # A Bot API file_id: base64url characters (`AgACAgIAAxkBAAIB…`); a URL or `attach://…` never matches.
 _FILE_ID = re.compile(r"[A-Za-z0-9_-]{8,512}")
 FILE_ID_SHAPES = {"image": _FILE_ID, "audio": _FILE_ID, "video": _FILE_ID, "file": _FILE_ID}
+
+# The fields of a Message that carry media, in the order they are read, and their segment types.
+_MEDIA_FIELDS = (
+    ("photo", "image"),
+    ("document", "file"),
+    ("audio", "audio"),
+    ("voice", "audio"),
+    ("video", "video"),
+    ("video_note", "video"),
+    ("animation", "video"),
+)
+_MEDIA_KEYS = frozenset(key for key, _ in _MEDIA_FIELDS)
 
 _MEDIA_METHOD = {
     "image": ("/sendPhoto", "photo"),
@@ -181,22 +193,14 @@ class TelegramPlatform(Platform):
         text, segments, mentions, names, mentions_bot = self._text_segments(bot, text, entities)
 
         plain = [text] if text else []
-        for media_key, kind in (
-            ("photo", "image"),
-            ("document", "file"),
-            ("audio", "audio"),
-            ("voice", "audio"),
-            ("video", "video"),
-            ("video_note", "video"),
-            ("animation", "video"),
-        ):
+        # Most messages are text alone: one set test rather than seven look-ups.
+        media_fields = _MEDIA_FIELDS if not msg.keys().isdisjoint(_MEDIA_KEYS) else ()
+        for media_key, kind in media_fields:
             media = msg.get(media_key)
             if media_key == "photo" and isinstance(media, list) and media:
                 media = max(media, key=lambda p: p.get("width", 0) * p.get("height", 0) if isinstance(p, dict) else 0)
             if isinstance(media, dict) and isinstance(media.get("file_id"), str):
-                cls = {"image": ImageSegment, "file": FileSegment, "audio": AudioSegment, "video": VideoSegment}[kind]
-                data = MediaData(media=Media(kind="file", value=media["file_id"]))
-                segments.append(cls(type=kind, data=data))
+                segments.append(media_segment(kind, "file", media["file_id"]))
                 plain.append(media_placeholder(kind))
                 if media_key == "document" and msg.get("animation"):
                     break  # an animation is also reported as a document
@@ -219,7 +223,7 @@ class TelegramPlatform(Platform):
                 text=parent.get("text") or parent.get("caption"),
                 is_bot=bot.self_id is not None and str(parent_author) == bot.self_id,
             )
-            segments.insert(0, ReplySegment(type="reply", data=ReplyData(message_id=reply_to.message_id)))
+            segments.insert(0, reply_segment(reply_to.message_id))
 
         name = " ".join(str(author.get(k)) for k in ("first_name", "last_name") if author.get(k))
         message = build_inbound(
@@ -227,7 +231,8 @@ class TelegramPlatform(Platform):
             bot,
             chat_id=str(chat["id"]),
             chat_type="private" if chat_kind == "private" else "group",
-            sender=Sender(user_id=str(author_id), name=name or str(author.get("title") or "")),
+            user_id=str(author_id),
+            user_name=name or str(author.get("title") or ""),
             message_id=str(msg["message_id"]),
             event_id=str(update["update_id"]),
             text=" ".join(plain).strip(),
@@ -244,11 +249,11 @@ class TelegramPlatform(Platform):
     @staticmethod
     def _text_segments(
         bot: BotConfig, text: str, entities: list[dict[str, Any]]
-    ) -> tuple[str, list[Any], list[str], dict[str, str], bool]:
+    ) -> tuple[str, list[SegmentData], list[str], dict[str, str], bool]:
         """The text (a command addressed to this bot without its `@bot` suffix), its segments, the
         mentioned ids with the names Telegram gives, and whether the bot is addressed."""
         username = (bot.username or "").lstrip("@").lower()
-        segments: list[Any] = []
+        segments: list[SegmentData] = []
         mentions: list[str] = []
         names: dict[str, str] = {}
         mentions_bot = False
@@ -259,9 +264,9 @@ class TelegramPlatform(Platform):
         def add_text(end: int) -> None:
             if end > pos:
                 chunk = utf16_slice(text, pos, end - pos)
-                if segments and isinstance(segments[-1], TextSegment):  # after a shortened command
-                    chunk = segments.pop().data.text + chunk
-                segments.append(TextSegment(type="text", data=TextData(text=chunk)))
+                if segments and segments[-1]["type"] == "text":  # after a shortened command
+                    chunk = segments.pop()["data"]["text"] + chunk
+                segments.append(text_segment(chunk))
 
         for entity in sorted(entities, key=lambda e: e.get("offset", 0)):
             kind, offset, length = entity.get("type"), entity.get("offset"), entity.get("length")
@@ -274,7 +279,7 @@ class TelegramPlatform(Platform):
                     mentions_bot = True
                     if at:  # `/ask@this_bot`: the agent and the command-prefix trigger see `/ask`
                         command, command_end = name, length
-                        segments.append(TextSegment(type="text", data=TextData(text=name)))
+                        segments.append(text_segment(name))
                         pos = length
                 continue
             if kind == "mention":
@@ -291,7 +296,7 @@ class TelegramPlatform(Platform):
             else:
                 continue
             add_text(offset)
-            segments.append(MentionSegment(type="mention", data=MentionData(target=target)))
+            segments.append(mention_segment(target))
             mentions.append(target)
             pos = offset + length
         add_text(total)

@@ -72,7 +72,7 @@ from pipeline.platforms.base import (
     WebhookResult,
 )
 from pipeline.platforms.exceptions import WebhookRejected
-from pipeline.records import OutboundMessage, Sender
+from pipeline.records import OutboundMessage
 from pipeline.records.models import ChatType
 from pipeline.segments.models import (
     AudioSegment,
@@ -321,7 +321,7 @@ class WeComPlatform(Platform):
             bot,
             chat_id=chat_id,
             chat_type=chat_type,
-            sender=Sender(user_id=user),
+            user_id=user,
             message_id=msg_id,
             event_id=msg_id,  # WeCom's message id is also what a redelivery repeats
             text="".join(parts.plain).strip(),
@@ -664,7 +664,7 @@ class _Parts(InboundParts):
         super().text(value)
 
     def media(self, kind: str, media_id: str) -> None:
-        self.add_media(kind, Media(kind="file", value=media_id))
+        self.add_media(kind, "file", media_id)
 
     def item(self, item: dict[str, Any]) -> None:
         """One AI bot message item. Its images and files are URLs of encrypted content (each with its

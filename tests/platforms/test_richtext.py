@@ -13,6 +13,7 @@ from pipeline.platforms._richtext import (
     to_plain,
     to_telegram_entities,
     utf16_len,
+    utf16_slice,
 )
 
 
@@ -59,6 +60,21 @@ def test_utf16_split_and_entities() -> None:
     [a, b] = split_rich(rich, 12, utf16=True)
     assert utf16_len(a.text) == 12 and utf16_len(b.text) == 8
     assert to_telegram_entities(b) == [{"offset": 0, "length": 8, "type": "bold"}]
+
+
+@settings(max_examples=200)
+@given(
+    text=st.text(max_size=12) | st.text(st.characters(max_codepoint=127), max_size=12),
+    offset=st.integers(-15, 15),
+    length=st.integers(-15, 15),
+)
+def test_utf16_helpers_count_as_the_encoding_does(text: str, offset: int, length: int) -> None:
+    # ASCII takes a path without encoding: it must agree with the UTF-16 encoding, negative and
+    # out-of-range offsets included (hypothesis's text has no lone surrogates, which cannot encode).
+    data = text.encode("utf-16-le")
+    assert utf16_len(text) == len(data) // 2
+    expected = data[offset * 2 : (offset + length) * 2].decode("utf-16-le", errors="replace")
+    assert utf16_slice(text, offset, length) == expected
 
 
 def test_mrkdwn_hugs_markers_and_escapes() -> None:
