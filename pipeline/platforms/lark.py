@@ -235,7 +235,8 @@ class LarkPlatform(Platform):
         # Mentions come as placeholders (`@_user_1`) resolved through `message.mentions`.
         keys: dict[str, tuple[str, str]] = {}
         for mention in arr(msg.get("mentions")):
-            if isinstance(mention, dict) and isinstance(mention.get("key"), str):
+            # An empty key would match everywhere in the text (and never advance past it).
+            if isinstance(mention, dict) and isinstance(mention.get("key"), str) and mention["key"]:
                 ids = obj(mention.get("id"))
                 keys[mention["key"]] = (str(ids.get("open_id") or ""), str(mention.get("name") or ""))
         parts = _Parts(keys)

@@ -525,3 +525,15 @@ async def test_an_unreadable_upload_is_counted_with_its_reason(api: FakeApi, htt
     [call] = platform.render(bot, outbound([{"type": "file", "data": {"media": {"kind": "path", "value": "/x"}}}]))
     assert (await platform.send(bot, call, http, broken_loader)).status == "delivered"
     assert rejected_count("lark", "unreadable") == before + 1
+
+
+def test_a_mention_with_an_empty_key_is_ignored_not_looped_on() -> None:
+    bob = "ou_bob00000000000000000000000000003"
+    event = receive_event(
+        "text",
+        {"text": "hello @_user_1"},
+        mentions=[mention("", BOT_OPEN_ID, "Switch"), mention("@_user_1", bob, "Bob Lee")],
+    )
+    [m] = parse(encrypted_request(event)).messages
+    assert m.mentions == [bob] and not m.mentions_bot
+    assert m.text == "hello @Bob Lee" and [s.type for s in m.segments] == ["text", "mention"]
