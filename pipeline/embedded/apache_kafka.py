@@ -133,8 +133,12 @@ def ensure_kafka_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 
 
 
 def random_cluster_id() -> str:
-    """A Kafka cluster id: base64url of 16 random bytes, unpadded (as ``kafka-storage random-uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: base64url of 16 random bytes, unpadded, never starting with ``-`` (as
+    ``kafka-storage random-uuid``): ``kafka-storage format -t -abc…`` would read the id as an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class ApacheKafka(ManagedProcess):
