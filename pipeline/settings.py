@@ -136,8 +136,10 @@ class Settings(BaseSettings):
     # Idempotent producer (with acks=all): a write retried after a broker failure is stored once.
     # Needs a broker with InitProducerId; the embedded Tansu fails it, so the local stack turns it off.
     kafka_idempotence: bool = True
-    # Producer batching: a few milliseconds per hop buys far fewer, larger produce requests.
-    kafka_linger_ms: int = Field(default=5, ge=0, le=1000)
+    # How long a produced record may wait for others to share its request. aiokafka keeps one
+    # request in flight per broker and batches whatever arrives meanwhile, so a busy worker batches
+    # without it; a linger only adds itself to every hop (bench/README.md, "The producer's linger").
+    kafka_linger_ms: int = Field(default=0, ge=0, le=1000)
     partitions: int = Field(default=8, ge=1, le=1024)
     # Replicas of each topic `topics apply` creates (capped to the brokers there are, so one dev
     # broker still works); with topics.toml's min.insync.replicas=2, a broker can fail losing nothing.

@@ -66,7 +66,7 @@ class BareConfig:
     platform_token: str
     fetch_max_wait_ms: int = 20
     batch_max: int = 256
-    linger_ms: int = 5
+    linger_ms: int = 0
     busy_policy: str = "merge"
     merge_window_max: int = 20
     self_id: str = "bot"
@@ -407,7 +407,7 @@ def parse_args(argv: list[str] | None = None) -> BareConfig:
     ap.add_argument("--platform-url", required=True)
     ap.add_argument("--fetch-wait-ms", type=int, default=20)
     ap.add_argument("--batch-max", type=int, default=256)
-    ap.add_argument("--linger-ms", type=int, default=5)
+    ap.add_argument("--linger-ms", type=int, default=0)
     ap.add_argument("--busy-policy", choices=["merge", "queue"], default="merge")
     ap.add_argument("--merge-window-max", type=int, default=20)
     args = ap.parse_args(argv)

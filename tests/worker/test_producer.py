@@ -22,3 +22,12 @@ def test_worker_producer_waits_for_all_replicas_and_is_idempotent_by_default(
     built = {**producer._settings_default(), **producer._settings_extra()}
     assert built["acks"] == "all"
     assert built["enable_idempotence"] is expected
+
+
+@pytest.mark.parametrize(("linger", "expected"), [(None, 0), (7, 7)])
+def test_worker_producer_sends_at_once_unless_a_linger_is_set(linger: int | None, expected: int) -> None:
+    # aiokafka batches what arrives while a request is in flight; a linger would add itself to every hop.
+    options = {} if linger is None else {"kafka_linger_ms": linger}
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **options)
+    producer = create_app(settings, stages=["ingest"], platforms=[]).producer
+    assert {**producer._settings_default(), **producer._settings_extra()}["linger_ms"] == expected
