@@ -290,7 +290,7 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         basis += "; the bare turn passed every ramp step, so its max is a lower bound (more --ramp-steps)"
 
     def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a is not None and b else None
+        return _ratio(a, b, 3)
 
     return {
         **same_rate_latency_ratios(load.get("latency_ms") or {}, same.get("latency_ms") or {}),
@@ -306,6 +306,10 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         "ratio_turns_basis": basis,
         "ratio_cpu_per_turn": ratio(bare_cpu, pipeline_cpu),
     }
+
+
+def _ratio(a: float | None, b: float | None, digits: int) -> float | None:
+    return round(a / b, digits) if a is not None and b else None
 
 
 # The stages that are one Kafka hop each (the agent's think time and the busy-policy hold are not).
@@ -325,7 +329,7 @@ def same_rate_latency_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> 
         return value if isinstance(value, (int, float)) else None
 
     def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 2) if a is not None and b else None
+        return _ratio(a, b, 2)
 
     hops = {
         hop: {

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
+from pipeline.embedded import apache_kafka
 from pipeline.kafka import TopicSpec, apply_topics, consume_count, produce
 
 pytestmark = pytest.mark.slow
@@ -28,10 +31,6 @@ async def test_restart_keeps_data(apache_kafka, unique_name):
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
     # `kafka-storage format -t -xyz…` reads the id as an option and fails: about 1 start in 64.
-    import uuid
-
-    from pipeline.embedded import apache_kafka
-
     dashed = uuid.UUID(bytes=b"\xf8" + bytes(15))  # base64url "-A…"
     plain = uuid.UUID(bytes=bytes(16))
     draws = iter([dashed, dashed, plain])
