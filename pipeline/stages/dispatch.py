@@ -161,8 +161,8 @@ class DispatchStage:
             events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
         start = await self._begin(bot, command, partition, turn_id, mode)
         if start.decision == "no_session":
-            await self._create_session(bot, command)
-            start = await self._begin(bot, command, partition, turn_id, mode)
+            created = await self._create_session(command)
+            start = await self._begin(bot, command, partition, turn_id, mode, new_session=created)
         if start.decision == "resume":
             # A send cut short by a crash. Posted: the attempt that posted it had recorded the turn
             # and its stream in flight first, so the stream's owner finishes it (writing "running"
@@ -196,8 +196,8 @@ class DispatchStage:
                 log.info("session of %s is gone; creating a new one", conversation)
                 await self.streams.untrack(partition, session_id, conversation)
                 await self.state.conversations.unmap_session(conversation, session_id)
-                await self._create_session(bot, command)
-                start = await self._begin(bot, command, partition, turn_id, "resume")
+                created = await self._create_session(command)
+                start = await self._begin(bot, command, partition, turn_id, "resume", new_session=created)
                 if start.session_id is None:
                     raise
                 await self.streams.track(
@@ -216,7 +216,14 @@ class DispatchStage:
         return True
 
     async def _begin(
-        self, bot: BotConfig, command: SessionCommand, partition: int, turn_id: str, mode: TurnMode
+        self,
+        bot: BotConfig,
+        command: SessionCommand,
+        partition: int,
+        turn_id: str,
+        mode: TurnMode,
+        *,
+        new_session: str | None = None,
     ) -> TurnStart:
         begin = functools.partial(
             self.state.conversations.begin_turn,
@@ -230,6 +237,7 @@ class DispatchStage:
                 inbound_dedup_id(command.platform, command.bot_id, command.chat_id, i) for i in command.inbound_ids
             ],
             note=self._console_note(command, mode),
+            new_session=new_session,
         )
         start = await begin(command_json=None)
         if start.decision != "hold":
@@ -264,10 +272,11 @@ class DispatchStage:
             inbound_ids=command.inbound_ids,
         )
 
-    async def _create_session(self, bot: BotConfig, command: SessionCommand) -> str:
+    async def _create_session(self, command: SessionCommand) -> str:
+        """A new session for the conversation; `begin_turn` maps it with the turn's start (when
+        another was mapped meanwhile, that one carries the turn and this one stays unused)."""
         session_id = await self.provisioner.create_session()
         metrics.SESSIONS_CREATED.labels(command.platform).inc()
-        await self.state.conversations.map_session(command.conversation_key, session_id)
         return session_id
 
     # -- control -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pipeline.records import FORWARDED_EVENT_TYPES, ForwardedEvent, SessionEvent
 from pipeline.session import SessionClient
 from pipeline.session.exceptions import NotFoundError, SessionAPIError
 from pipeline.session.models import (
+    AgentMessage,
     RetriesExhausted,
     RetryStatus,
     ServerEvent,
@@ -208,6 +209,11 @@ class StreamRegistry:
         events = subscription.__aiter__()
         next_event: asyncio.Future[Any] | None = None
         reconnects = 0
+        # Render acts on an agent.message only with the event after it (the turn's end shows it as
+        # the reply, a tool call as progress), so it waits here for that event and both go to the
+        # broker in one batch: render then reads them together and writes no state for the message
+        # alone. Nothing is late for it: render could not have acted earlier.
+        messages: list[ForwardedEvent] = []
         try:
             while True:
                 if next_event is None:
@@ -230,10 +236,14 @@ class StreamRegistry:
                     observe_unforwarded(event)
                     continue
                 metrics.STREAM_EVENTS.labels(event.type).inc()
+                if isinstance(forwarded, AgentMessage):
+                    messages.append(forwarded)
+                    continue
                 terminal = event.type in _TERMINAL
                 if terminal:
                     self.outputs.begin()  # released below only once the broker has the event
-                await self._produce(stream, forwarded)
+                await self._produce(stream, *messages, forwarded)
+                messages.clear()
                 if terminal:
                     await self.outputs.delivered()
                     await self.state.remove_inflight(held.partition, session_id, held.stream.conversation_key)
@@ -255,14 +265,15 @@ class StreamRegistry:
         except NotFoundError:
             # The session vanished without telling the stream: render treats it like a deletion.
             log.info("session %s not found while streaming", session_id)
-            await self._produce(stream, SessionDeleted())
+            await self._produce(stream, *messages, SessionDeleted())
         except SessionAPIError as exc:
             log.warning("stream of %s failed: %s", session_id, type(exc).__name__)
             failure = SessionErrorDetail(
                 type="stream_failed", message=type(exc).__name__, retry_status=RetryStatus(type="exhausted")
             )
-            await self._produce(stream, SessionError(error=failure))
-            await self._produce(stream, SessionStatusIdle(stop_reason=RetriesExhausted()))
+            await self._produce(
+                stream, *messages, SessionError(error=failure), SessionStatusIdle(stop_reason=RetriesExhausted())
+            )
         finally:
             if next_event is not None and not next_event.done():
                 next_event.cancel()
@@ -274,13 +285,16 @@ class StreamRegistry:
                 if not held.lingering:
                     await self.state.remove_inflight(held.partition, session_id, held.stream.conversation_key)
 
-    async def _produce(self, stream: InflightStream, event: ForwardedEvent) -> None:
-        await self.outputs.session_event(
-            SessionEventRecord(
-                conversation_key=stream.conversation_key,
-                session_id=stream.session_id,
-                event=event,
-                trace_id=stream.trace_id,
-                hops={"stream": now_ms()},
+    async def _produce(self, stream: InflightStream, *events: ForwardedEvent) -> None:
+        """The events in order, with no wait in between: the producer batches them together."""
+        stamp = now_ms()
+        for event in events:
+            await self.outputs.session_event(
+                SessionEventRecord(
+                    conversation_key=stream.conversation_key,
+                    session_id=stream.session_id,
+                    event=event,
+                    trace_id=stream.trace_id,
+                    hops={"stream": stamp},
+                )
             )
-        )

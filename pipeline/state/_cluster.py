@@ -6,8 +6,8 @@ one server); the slot map comes from `CLUSTER SLOTS`, asked of any known node (t
 - A script, a transaction or a single-key command names keys of one slot (the stores see to it:
   `Keys` hash tags), and goes to that slot's primary.
 - A pipeline is split per primary: one request to each, sent together, replies put back in order.
-- A transaction whose keys span slots (only `map_session`: the session → conversation key is found
-  by session id) runs as one transaction per slot, sent together: atomic per slot only.
+- A transaction whose keys span slots runs as one transaction per slot, sent together: atomic per
+  slot only (the stores' own transactions keep to one slot).
 - `MGET` and `DEL` over several slots are split per slot the same way (not atomic: none needs it).
 
 Failures keep the single server's contract, redis-py's exception types: a lost node fails its calls

@@ -26,6 +26,7 @@ TurnMode = Literal["merge", "queue", "interrupt", "flush", "resume"]
 _BEGIN_TURN = scripts.script("begin_turn")
 _BIND_TURN_END = scripts.script("bind_turn_end")
 _FINISH_TURN = scripts.script("finish_turn")
+_DROP_HELD = scripts.script("drop_held")
 
 
 class ConversationStore:
@@ -39,15 +40,13 @@ class ConversationStore:
     async def session_for(self, conversation: str) -> str | None:
         return text(await self.redis.execute("GET", self.keys.session_of(conversation)))
 
-    async def conversation_for(self, session_id: str) -> str | None:
-        return text(await self.redis.execute("GET", self.keys.conversation_of(session_id)))
-
     async def map_session(self, conversation: str, session_id: str) -> None:
+        """Name the conversation's session (dispatch does it with the turn's start: `begin_turn`'s
+        `new_session`)."""
         k, ttl = self.keys, self.mapping_ttl
         await self.redis.transaction(
             [
                 ("SET", k.session_of(conversation), session_id, "EX", ttl),
-                ("SET", k.conversation_of(session_id), conversation, "EX", ttl),
                 ("HSET", k.conversation(conversation), "session_id", session_id),
                 ("EXPIRE", k.conversation(conversation), ttl),
             ]
@@ -60,10 +59,8 @@ class ConversationStore:
         k = self.keys
         current = await self.session_for(conversation)
         if session_id is not None and current is not None and current != session_id:
-            await self.redis.execute("DEL", k.conversation_of(session_id))
             return
         doomed = [k.session_of(conversation), k.conversation(conversation), k.held(conversation), k.turns(conversation)]
-        doomed += [k.conversation_of(s) for s in {current, session_id} if s]
         await self.redis.execute("DEL", *doomed)
 
     # -- conversation state -----------------------------------------------------------------
@@ -117,6 +114,7 @@ class ConversationStore:
         trace_id: str,
         inbound_markers: Sequence[str] = (),
         note: tuple[str, str] | None = None,
+        new_session: str | None = None,
     ) -> TurnStart:
         """Decide what a user turn does, and record it when it starts, in one step (see
         `scripts/begin_turn.lua`): a replay is recognised, a busy session holds it (merge, queue),
@@ -125,7 +123,9 @@ class ConversationStore:
         `command_json` is what a busy session holds; without it, a turn that would be held comes
         back as `hold` (call again with it: most turns are never held, and the command is large).
         `note` (a channel, a message) is published when the turn is newly held, or started by a
-        flush, in the same step: the console's status notes cost no round trip of their own."""
+        flush, in the same step: the console's status notes cost no round trip of their own.
+        `new_session`, after a `no_session` decision: the session just created, mapped to the
+        conversation in the same step unless one is mapped already (which then carries the turn)."""
         k = self.keys
         turn_json = turn.model_dump_json()
         stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
@@ -150,6 +150,7 @@ class ConversationStore:
                 self.mapping_ttl,
                 self.dedup_ttl,
                 *(note or ("", "")),
+                new_session or "",
             ],
         )
         raw = await self._indexed(script, partition, conversation)
@@ -261,9 +262,9 @@ class ConversationStore:
         """Remove the `count` oldest held commands (after the turn that carries them was sent)."""
         if count <= 0:
             return
-        key = self.keys.held(conversation)
-        _, remaining = await self.redis.transaction([("LPOP", key, count), ("LLEN", key)])
-        await self.redis.execute("HSET", self.keys.conversation(conversation), "held", int(remaining))
+        await self.redis.run_script(
+            _DROP_HELD, [self.keys.held(conversation), self.keys.conversation(conversation)], [count]
+        )
 
     async def clear_held(self, conversation: str) -> int:
         """Drop every held command (/stop); returns how many there were."""

@@ -54,9 +54,6 @@ class Keys:
     def session_of(self, conversation: str) -> str:
         return self.scoped("c2s", conversation)
 
-    def conversation_of(self, session_id: str) -> str:
-        return self.of("s2c", session_id)
-
     def held(self, conversation: str) -> str:
         """List: commands held while the session is busy (`<turn id>\\n<command JSON>`)."""
         return self.scoped("held", conversation)

@@ -34,11 +34,11 @@ async def begin(state: State, turn_id: str, mode: str = "merge", *, markers: lis
     return start.decision
 
 
-async def test_mapping_is_two_way_and_expires(state: State) -> None:
+async def test_mapping_expires_and_keeps_to_the_conversation(state: State) -> None:
     conversations = state.conversations
     await conversations.map_session("console:b:c", "sess-1")
     assert await conversations.session_for("console:b:c") == "sess-1"
-    assert await conversations.conversation_for("sess-1") == "console:b:c"
+    assert (await conversations.conversation("console:b:c")).session_id == "sess-1"
     ttl = await conversations.redis.execute("TTL", state.keys.session_of("console:b:c"))
     assert 0 < ttl <= 600
     if not state.keys.cluster:  # the test's own database (the cluster is shared, apart by prefix)
@@ -53,7 +53,6 @@ async def test_unmap_keeps_a_newer_session(state: State) -> None:
     assert await conversations.session_for("k") == "new"
     await conversations.unmap_session("k", "new")
     assert await conversations.session_for("k") is None
-    assert await conversations.conversation_for("new") is None
 
 
 async def test_conversation_state_round_trip(state: State) -> None:
@@ -87,6 +86,26 @@ async def test_begin_turn_needs_a_session_then_starts_and_records_everything(sta
     assert await state.markers.marker("in", "in-1", "k") == "1"
     (stream,) = await state.streams.inflight(2)
     assert (stream.session_id, stream.conversation_key, stream.trace_id) == ("s1", "k", "t1")
+
+
+async def test_a_session_created_after_no_session_is_mapped_with_the_turns_start(state: State) -> None:
+    conversations = state.conversations
+    assert await begin(state, "t1") == "no_session"
+    start = await conversations.begin_turn(
+        "k", 2, turn_id="t1", mode="merge", turn=TURN, command_json=None, trace_id="t1", new_session="s-new"
+    )
+    assert (start.decision, start.session_id) == ("start", "s-new")
+    assert await conversations.session_for("k") == "s-new"
+    assert (await conversations.conversation("k")).session_id == "s-new"
+    ttl = await conversations.redis.execute("TTL", state.keys.session_of("k"))
+    assert 0 < ttl <= 600
+    # Mapped meanwhile (another owner during a rebalance): that session carries the turn.
+    await conversations.map_session("k2", "s-first")
+    other = await conversations.begin_turn(
+        "k2", 2, turn_id="t2", mode="merge", turn=TURN, command_json=None, trace_id="t2", new_session="s-late"
+    )
+    assert (other.decision, other.session_id) == ("start", "s-first")
+    assert await conversations.session_for("k2") == "s-first"
 
 
 async def test_a_replayed_turn_is_resumed_or_skipped_never_started_twice(state: State) -> None:

@@ -4,7 +4,8 @@
 -- of the inbound messages the turn carries.
 -- ARGV: 1 turn id, 2 held entry, 3 mode (merge | queue | interrupt | flush | resume), 4 turn record,
 -- 5 in-flight entry, 6 state TTL, 7 marker TTL, 8 a channel ('' for none) and 9 a status note to
--- PUBLISH on it when the turn is newly held, or started by a flush (the console's live notes).
+-- PUBLISH on it when the turn is newly held, or started by a flush (the console's live notes), 10 a
+-- session just created after a 'no_session' ('' for none): mapped here unless one is mapped already.
 -- Returns {decision, session id, cursor, interrupt}: 'done' (sent before: a replay), 'resume' (a
 -- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'hold' (busy,
 -- and no held entry was given: call again with one; most turns never need it), 'busy' (a flush while
@@ -13,6 +14,7 @@ local conv, held, turns, turn_key, inflight, sent_key, c2s = KEYS[1], KEYS[2], K
 local turn_id, held_entry, mode, turn_json, stream_json = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local ttl, marker_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
 local note_channel, note = ARGV[8] or '', ARGV[9] or ''
+local new_session = ARGV[10] or ''
 
 local function mark_inbound()
   for i = 8, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', marker_ttl) end
@@ -45,7 +47,11 @@ if busy and (mode == 'merge' or mode == 'queue') then
   if note_channel ~= '' then redis.call('PUBLISH', note_channel, note) end
   return {'held', session, cursor, '0'}
 end
-if not session then return {'no_session', '', cursor, '0'} end
+if not session then
+  if new_session == '' then return {'no_session', '', cursor, '0'} end
+  session = new_session
+  redis.call('SET', c2s, session, 'EX', ttl)
+end
 redis.call('SET', sent_key, 'sending', 'EX', marker_ttl)
 redis.call('HSET', conv, 'status', 'running', 'session_id', session, 'turn', turn_json, 'interrupted', '0', 'pending', '[]')
 redis.call('HDEL', conv, 'last_message', 'last_message_id')
