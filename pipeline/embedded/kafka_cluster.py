@@ -26,10 +26,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from pipeline.embedded._kafka_probe import kafka_ready
 from pipeline.embedded._process import free_port
 from pipeline.embedded.apache_kafka import DEFAULT_KAFKA_VERSION, ApacheKafka, random_cluster_id
 from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka.admin import admin_client
+
+# Seconds the started nodes get to all register with the controller.
+_ALL_BROKERS_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,14 @@ class KafkaCluster:
         if errors:
             await self.stop()
             raise ServiceStartError(f"Kafka cluster did not start: {errors[0]}") from errors[0]
+        # Each node answers clients before the controller lists every broker: until then a topic
+        # asking for 3 replicas is created with fewer (seen on a slow machine).
+        deadline = time.monotonic() + _ALL_BROKERS_TIMEOUT
+        while not await kafka_ready(self.bootstrap, group_probe=None, brokers=len(self.nodes)):
+            if time.monotonic() > deadline:
+                await self.stop()
+                raise ServiceStartError(f"Kafka cluster: fewer than {len(self.nodes)} brokers registered")
+            await asyncio.sleep(0.2)
         return self
 
     async def stop(self) -> None:

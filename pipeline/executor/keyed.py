@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,20 @@ class Ticket:
     ack: Ack | None
     done: bool = False
     error: BaseException | None = None
+    # Its partition was revoked: the partition's new owner replays the message.
+    revoked: bool = False
+
+
+# The ticket whose work the current task runs (each key's runner is a task of its own).
+_running: ContextVar[Ticket | None] = ContextVar("switchboard_executor_ticket", default=None)
+
+
+def work_revoked() -> bool:
+    """Whether the work running in this task belongs to a partition revoked meanwhile. Its ack
+    no longer runs and the new owner replays the message: the work should add nothing the chat
+    would see on top of that replay (a failure notice, say)."""
+    ticket = _running.get()
+    return ticket is not None and ticket.revoked
 
 
 async def _nothing() -> None:
@@ -119,6 +134,7 @@ class KeyedExecutor:
                 ticket = queue[0]
                 async with self._slots:
                     self._in_flight += 1
+                    _running.set(ticket)
                     try:
                         await ticket.work()
                     except asyncio.CancelledError:
@@ -175,6 +191,7 @@ class KeyedExecutor:
                 continue
             for ticket in tickets:
                 ticket.ack = None
+                ticket.revoked = True
                 dropped += 1
             drop = {id(t) for t in tickets}
             for queue in self._queues.values():

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pipeline import metrics
+from pipeline.executor import work_revoked
 from pipeline.records import Position, SessionCommand, now_ms
 from pipeline.session import Provisioner, SessionClient
 from pipeline.session.exceptions import NotFoundError, SessionAPIError
@@ -117,6 +118,11 @@ class DispatchStage:
             # The client already retried what can be retried: tell the chat, keep the record.
             metrics.SESSION_CALLS.labels(command.kind, type(exc).__name__).inc()
             log.warning("dispatch failed for %s: %s", command.conversation_key, type(exc).__name__)
+            if work_revoked():
+                # The partition moved meanwhile: its new owner sends this command again (and tells
+                # the chat if that fails too). A notice from here would come on top of its reply.
+                log.info("dispatch of %s: partition revoked during the call; left to its new owner", command.kind)
+                return
             if not await self.state.conversations.turns_in_session(command.conversation_key):
                 await self.state.conversations.update_conversation(command.conversation_key, status="idle")
             await self.outputs.dead_letter(

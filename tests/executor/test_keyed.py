@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipeline.executor import KeyedExecutor
+from pipeline.executor import KeyedExecutor, work_revoked
 
 
 async def test_work_for_one_key_runs_in_submission_order() -> None:
@@ -174,6 +174,30 @@ async def test_dropped_partition_acks_do_not_run_and_queued_work_is_skipped() ->
     assert ran == [0]
     assert acked == []
     assert executor.pending == 0
+
+
+async def test_running_work_learns_that_its_partition_was_revoked() -> None:
+    """A call that fails after a rebalance must not tell the chat: the new owner replays it."""
+    executor = KeyedExecutor(max_in_flight=4)
+    seen: dict[str, list[bool]] = {"a": [], "b": []}
+    gate = asyncio.Event()
+
+    def make(key: str):
+        async def work() -> None:
+            seen[key].append(work_revoked())
+            await gate.wait()  # the session call, during which the partition moves
+            seen[key].append(work_revoked())
+
+        return work
+
+    await executor.submit("a", make("a"), partition=1, offset=0)
+    await executor.submit("b", make("b"), partition=2, offset=0)
+    await asyncio.sleep(0.02)
+    executor.drop_partitions({1})
+    gate.set()
+    await executor.join()
+    assert seen == {"a": [False, True], "b": [False, False]}
+    assert not work_revoked()  # outside any work
 
 
 @pytest.mark.parametrize("max_in_flight", [0, -1])
