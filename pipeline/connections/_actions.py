@@ -185,8 +185,10 @@ class ActionServer:
             claim = await self.store.claim_action(platform, self.bot.bot_id, API, self.lease.owner, request.id)
             if claim.kind == "fenced":
                 metrics.CONNECTION_ACTIONS.labels(platform, "fenced").inc()
-                await self.store.give_back(platform, self.bot.bot_id, raw)
+                # Lost before the request goes back: the serve loop, waiting on the same queue, may
+                # pop it the moment it is back and must hand it on, not claim it again.
                 self.lease.lose("taken")
+                await self.store.give_back(platform, self.bot.bot_id, raw)
                 return
             if claim.kind == "done" and claim.outcome is not None:
                 metrics.CONNECTION_ACTIONS.labels(platform, "repeated").inc()

@@ -175,6 +175,29 @@ async def test_a_holder_whose_lease_was_taken_hands_the_request_on(store: Connec
     assert old.calls == [] and len(new.calls) == 1
 
 
+class LateGiveBack(ConnectionStore):
+    """The real store, but `give_back`'s reply reaches its caller late (a loaded machine): the serve
+    loop, waiting on the same queue, pops the request before the handler goes on."""
+
+    async def give_back(self, platform: str, bot_id: str, request: str) -> None:
+        await super().give_back(platform, bot_id, request)
+        await asyncio.sleep(0.3)
+
+
+async def test_a_fenced_holder_gives_the_request_back_once_not_in_a_loop(store: ConnectionStore) -> None:
+    late = LateGiveBack(store.redis, store.blocking, store.keys, done_ttl=store.done_ttl)
+    router = ActionRouter(store, timeout=1.5)
+    before = _count("fenced")
+    async with holding(late, "worker-a", RecordingConnection("old")) as old_lease:
+        taken = await store.acquire("onebot", "qq1", ("api", "event"), "worker-b", 5000, "up", take=True)
+        assert taken is not None
+        answer = await router.call(BOT, "send_group_msg", {"group_id": 7, "message": []}, "out-6b:0")
+        assert old_lease.why_lost == "taken"
+    # Fenced once; the request waits in the queue for the new holder (nobody serves it here).
+    assert answer.error == "timeout" and _count("fenced") == before + 1
+    assert await store.next_action("onebot", "qq1", timeout=0.1) is not None
+
+
 async def test_an_action_sent_by_a_holder_that_died_is_answered_outcome_unknown(store: ConnectionStore) -> None:
     # Worker A claimed the action (the claim marks it as being sent), wrote it, and was SIGKILLed
     # before the answer: its lease runs out, B holds the bot, and the sender asks again.
