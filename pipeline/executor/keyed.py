@@ -1,10 +1,11 @@
 """Keyed executor.
 
-Faust agents run with `concurrency=1`, so one slow HTTP call would stall a whole partition. Stages
-hand each message to this executor instead: work for one key (conversation) runs strictly in
-order, work for different keys runs concurrently up to `max_in_flight`, and each message's ack
-callback runs only once it and every earlier message of its partition are finished. A crash
-therefore replays from the first unfinished message; idempotency makes the replay harmless.
+A stage's fetched records arrive a batch at a time on one loop, and one slow HTTP call must not
+stall the batches after it. Stages hand each record's remaining work to this executor: work for
+one key (conversation) runs strictly in order, work for different keys runs concurrently up to
+`max_in_flight`, and each record's ack callback runs only once it and every earlier record of its
+partition are finished. A crash therefore replays from the first unfinished record; idempotency
+makes the replay harmless.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class KeyedExecutor:
         self._by_partition: dict[Hashable, deque[Ticket]] = {}
         self._pending = 0
         self._space = asyncio.Condition()
+        self._blocked = 0  # submitters waiting for room
         self._in_flight = 0
         self._closed = False
 
@@ -101,8 +103,12 @@ class KeyedExecutor:
         if self._closed:
             raise RuntimeError(f"{self.name} is closed")
         if self._pending >= self.max_pending:
-            async with self._space:
-                await self._space.wait_for(lambda: self._pending < self.max_pending or self._closed)
+            self._blocked += 1
+            try:
+                async with self._space:
+                    await self._space.wait_for(lambda: self._pending < self.max_pending or self._closed)
+            finally:
+                self._blocked -= 1
         ticket = Ticket(key=key, partition=partition, offset=offset, work=work, ack=ack)
         self._pending += 1
         self._by_partition.setdefault(partition, deque()).append(ticket)
@@ -167,8 +173,9 @@ class KeyedExecutor:
                     await result
         if released:
             self._pending -= released
-            async with self._space:
-                self._space.notify_all()
+            if self._blocked:  # a submitter waits for room (rare: the condition costs a lock per release)
+                async with self._space:
+                    self._space.notify_all()
         if tickets is not None and not tickets:
             self._by_partition.pop(partition, None)
 

@@ -8,7 +8,6 @@ Retries follow :class:`RetryPolicy`. Sends are made safe to retry: a send whose 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from httpx_sse import EventSource
 from pydantic import BaseModel
+from pydantic_core import from_json
 
 from pipeline.session.exceptions import (
     AuthError,
@@ -154,7 +154,7 @@ class EventStream:
 
 def _unparsed(event_type: str, data: str) -> UnparsedEvent | ServerEvent:
     try:
-        body = json.loads(data)
+        body = from_json(data)  # pydantic's parser: a few times cheaper than `json` for this
     except ValueError:
         return parse_server_event_json(data)  # an UnknownEvent with the error
     event_id = body.get("id") if isinstance(body, dict) else None

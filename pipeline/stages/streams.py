@@ -216,15 +216,20 @@ class StreamRegistry:
         messages: list[ForwardedEvent] = []
         try:
             while True:
-                if next_event is None:
-                    next_event = asyncio.ensure_future(events.__anext__())
-                done, _ = await asyncio.wait({next_event}, timeout=self.linger_seconds if held.lingering else None)
-                if not done:
-                    if held.lingering:
-                        break  # nothing for a while after the turn: release the stream
-                    continue  # a turn started while we waited: keep the same pending read
-                event = next_event.result()
-                next_event = None
+                if next_event is None and not held.lingering:
+                    # A turn runs: the next event is read in place (no task or timer per event).
+                    event = await events.__anext__()
+                else:
+                    # Between turns a read has a deadline, and a turn may start while it waits.
+                    if next_event is None:
+                        next_event = asyncio.ensure_future(events.__anext__())
+                    done, _ = await asyncio.wait({next_event}, timeout=self.linger_seconds if held.lingering else None)
+                    if not done:
+                        if held.lingering:
+                            break  # nothing for a while after the turn: release the stream
+                        continue  # a turn started while we waited: keep the same pending read
+                    event = next_event.result()
+                    next_event = None
                 if subscription.reconnects != reconnects:
                     metrics.STREAM_RECONNECTS.inc(subscription.reconnects - reconnects)
                     reconnects = subscription.reconnects
