@@ -58,7 +58,7 @@ test: $(STAMP) $(SYSTEM_STAMP) lint
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/ruff format --check pipeline tests bench
-	$(BIN)/mypy pipeline
+	$(BIN)/mypy pipeline tests bench
 
 bench: $(STAMP)
 	$(BIN)/switchboard bench

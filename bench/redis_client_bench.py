@@ -27,7 +27,15 @@ def _cpu() -> float:
 # A script call the size of dispatch's `begin_turn`: eight keys, a turn record and a held command.
 _SCRIPT = "return 1"
 _KEYS = [f"bench:conv:console:demo:chat-{i}" for i in range(8)]
-_ARGS = ["sevt-sb-0123456789abcdef01234567", "x" * 3000, "merge", "y" * 400, '{"conversation_key": "k"}', 604800, 86400]
+_ARGS: list[str | int] = [
+    "sevt-sb-0123456789abcdef01234567",
+    "x" * 3000,
+    "merge",
+    "y" * 400,
+    '{"conversation_key": "k"}',
+    604800,
+    86400,
+]
 
 
 async def _measure(pool: Any, calls: int, concurrency: int, *, script: bool = False) -> tuple[float, float]:

@@ -31,8 +31,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -81,7 +82,7 @@ def event(n: int) -> dict[str, Any]:
 
 async def lease_of(redis: aioredis.Redis, prefix: str, bot_id: str) -> tuple[str, int, str] | None:
     key = "lease:telegram:tgp:event" if bot_id == "tgp" else f"lease:onebot:{bot_id}:api"
-    value = await redis.get(f"{prefix}{key}")
+    value = cast(str | None, await redis.get(f"{prefix}{key}"))  # the client decodes responses
     if not value:
         return None
     holder, token, state = value.split("|")
@@ -192,7 +193,9 @@ async def main(args: argparse.Namespace) -> int:
             client.dial(lambda: [f"ws://127.0.0.1:{w.port}/onebot/ws/rev" for w in stack.workers if w.is_running])
             peers["rev"] = client
         for bot_id, peer in peers.items():
-            await peer.wait_until(lambda p=peer: len(p.open_sockets()) == 1, 60, f"{bot_id} connected")
+            await peer.wait_until(
+                cast(Callable[[], bool], lambda p=peer: len(p.open_sockets()) == 1), 60, f"{bot_id} connected"
+            )
         if bot_api is not None:
             await server.wait_until(lambda: len(bot_api.polls) >= 1, 60, "tgp polled")
         await asyncio.sleep(5.0)

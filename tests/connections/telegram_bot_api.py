@@ -210,7 +210,7 @@ class BotApi:
                 answer.set_result(_ok(ready))
                 break
             self._changed.clear()
-            changed = asyncio.ensure_future(self._changed.wait())
+            changed: asyncio.Future[Any] = asyncio.ensure_future(self._changed.wait())
             await asyncio.wait({changed, answer}, timeout=deadline - asyncio.get_running_loop().time())
             changed.cancel()
         return answer.result()

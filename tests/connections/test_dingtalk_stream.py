@@ -59,8 +59,8 @@ async def test_a_message_is_acknowledged_only_after_the_broker_has_it(
         await until(lambda: len(inbound(produced)) == 1, "produced")
         await asyncio.sleep(0.5)
         assert gateway.acks_for(frame_id) == []  # not durable yet: no ack
-        for ack in produced.acks:
-            ack.set_result(None)
+        for held in produced.acks:
+            held.set_result(None)
         ack = await gateway.wait_ack(frame_id)
         assert ack["code"] == 200 and ack["message"] == "OK"
         assert ack["headers"] == {"contentType": "application/json", "messageId": frame_id}

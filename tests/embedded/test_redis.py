@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis.asyncio as aioredis
 
 from pipeline.embedded import RedisServer, port_open
@@ -10,7 +12,7 @@ from pipeline.embedded import RedisServer, port_open
 async def _get(url: str, key: str) -> bytes | None:
     client = aioredis.Redis.from_url(url)
     try:
-        return await client.get(key)
+        return cast(bytes | None, await client.get(key))  # the client does not decode responses
     finally:
         await client.aclose()
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import cast
 
 import pytest
 
 from pipeline.executor import KeyedExecutor, work_revoked
+from pipeline.executor.keyed import Ack
 
 
 async def test_work_for_one_key_runs_in_submission_order() -> None:
@@ -62,7 +64,7 @@ async def test_ack_never_passes_an_unfinished_message() -> None:
         return work
 
     for i in range(6):
-        await executor.submit(f"k{i}", make(i), partition=0, offset=i, ack=lambda i=i: acked.append(i))
+        await executor.submit(f"k{i}", make(i), partition=0, offset=i, ack=cast(Ack, lambda i=i: acked.append(i)))
 
     # finish 1..5 but not 0: nothing may be acked
     for i in range(1, 6):
@@ -110,7 +112,7 @@ async def test_random_completion_order_releases_acks_in_offset_order() -> None:
             work,
             partition=partition,
             offset=offset,
-            ack=lambda p=partition, o=offset: acked[p].append(o),
+            ack=cast(Ack, lambda p=partition, o=offset: acked[p].append(o)),
         )
     await executor.join()
     assert acked[0] == sorted(acked[0]) and len(acked[0]) == 100
@@ -166,7 +168,7 @@ async def test_dropped_partition_acks_do_not_run_and_queued_work_is_skipped() ->
         return work
 
     for i in range(3):
-        await executor.submit("same", make(i), partition=5, offset=i, ack=lambda i=i: acked.append(i))
+        await executor.submit("same", make(i), partition=5, offset=i, ack=cast(Ack, lambda i=i: acked.append(i)))
     await asyncio.sleep(0.02)
     assert executor.drop_partitions({5}) == 3
     gate.set()

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.bench.chaos import ChaosConfig, account
-from pipeline.bench.load import Delivery, TrafficMix, build_plan
+from pipeline.bench.load import Delivery, Plan, Sent, TrafficMix, build_plan
 
 from .chaos_run import assert_answered_exactly_once, run_chaos_for_test
 
 
-def _plan():  # type: ignore[no-untyped-def]
+def _plan() -> Plan:
     plan = build_plan(TrafficMix(conversations=3, private_share=1.0, burst_prob=0.0, bot="queue"), 10, 1, seed=1)
     for i, s in enumerate(plan.messages):
         s.intended_ms = 1000.0 + i
@@ -29,8 +30,8 @@ def _plan():  # type: ignore[no-untyped-def]
     return plan
 
 
-def _reply(s, outbound_id: str, **over) -> Delivery:  # type: ignore[no-untyped-def]
-    base = dict(
+def _reply(s: Sent, outbound_id: str, **over: Any) -> Delivery:
+    base: dict[str, Any] = dict(
         chat_id=s.chat_id,
         kind="reply",
         reply_to=s.msg_id,

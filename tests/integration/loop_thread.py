@@ -15,7 +15,9 @@ class LoopThread(Generic[T]):
     """Runs `make()` (which builds the stand-in) on the thread's loop at `start`, and `close(it)` at
     `stop`."""
 
-    def __init__(self, name: str, make: Callable[[], Awaitable[T]], close: Callable[[T], Awaitable[None]]) -> None:
+    def __init__(
+        self, name: str, make: Callable[[], Awaitable[T]], close: Callable[[T], Coroutine[Any, Any, None]]
+    ) -> None:
         self._make, self._close = make, close
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)

@@ -6,6 +6,7 @@ Each test uses its own chats; the simulator's agent is steered by `[sim:…]` di
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import httpx
 import redis.asyncio as aioredis
@@ -201,7 +202,7 @@ async def _session_of(stack: Stack, chat: str) -> str | None:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
     try:
-        value = await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}")
+        value = cast(str | None, await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}"))
     finally:
         await client.aclose()
     return value

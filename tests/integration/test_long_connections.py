@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -158,7 +158,7 @@ async def lease_holder(
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
     try:
-        value = await client.get(f"{settings.redis_prefix}lease:{platform}:{bot_id}:{channel}")
+        value = cast(str | None, await client.get(f"{settings.redis_prefix}lease:{platform}:{bot_id}:{channel}"))
     finally:
         await client.aclose()
     if not value:
@@ -280,7 +280,9 @@ async def test_replies_are_sent_over_the_connection_from_a_worker_that_does_not_
     stack: Stack, napcat_server: PeerThread
 ) -> None:
     # One chat per partition of im.outbound.onebot at least: both workers egress some of them.
-    partitioner, numbers, covered = KeyPartitioner(), [], set()
+    partitioner = KeyPartitioner()
+    numbers: list[int] = []
+    covered: set[int] = set()
     n = 100
     while len(covered) < PARTITIONS or len(numbers) < 8:
         key = f"onebot:fwd:private_{60_000 + n}".encode()

@@ -22,7 +22,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -43,7 +43,7 @@ from tests.platforms import test_qqbot as qq_fx
 from tests.platforms import test_slack as slack_fx
 from tests.platforms import test_telegram as telegram_fx
 from tests.platforms import test_wecom as wecom_fx
-from tests.platforms.conftest import PNG, PNG_B64
+from tests.platforms.conftest import PNG, PNG_B64, Answer
 
 from .platform_standins import Call, StandIns
 from .stacks import running_stack
@@ -1165,10 +1165,10 @@ async def test_qqbot_a_worker_killed_after_the_send_does_not_post_twice(stack: S
     killed: list[int] = []
 
     def accept_then_kill(seen: Any) -> Any:
-        answer = serve(seen)
+        answer = cast(Answer, serve(seen))  # QQ's stand-in answers at once
         if not killed and seen.path == f"/v2/users/{chat.split(':')[1]}/messages" and answer[0] == 200:
-            os.killpg(victim.pid, signal.SIGKILL)  # the answer never reaches the worker
-            killed.append(victim.pid)
+            os.killpg(cast(int, victim.pid), signal.SIGKILL)  # the answer never reaches the worker
+            killed.append(cast(int, victim.pid))
         return answer
 
     api.prefixes["/v2/users/"] = accept_then_kill

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -30,7 +31,7 @@ async def _session_of(stack: Stack, chat: str) -> str | None:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
     try:
-        return await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}")
+        return cast(str | None, await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}"))
     finally:
         await client.aclose()
 

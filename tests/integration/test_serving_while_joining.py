@@ -36,7 +36,7 @@ pytestmark = [
 ]
 
 
-class _HeldRevocation(ConsumerRebalanceListener):  # type: ignore[misc]
+class _HeldRevocation(ConsumerRebalanceListener):
     """Blocks in the revocation of a rebalance once `hold` is set, until `release` is."""
 
     def __init__(self) -> None:

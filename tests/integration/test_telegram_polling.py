@@ -106,7 +106,7 @@ def delivered(bot_api: BotApiThread) -> set[int]:
 
 async def test_the_bot_is_polled_by_exactly_one_worker(stack: Stack, bot_api: BotApiThread) -> None:
     assert bot_api.api is not None
-    await wait_for(lambda: len(bot_api.api.polls) >= 2, "polling", 30)  # type: ignore[union-attr]
+    await wait_for(lambda: len(bot_api.api.polls) >= 2, "polling", 30)
     await asyncio.sleep(4.0)  # several renewals and acquisition rounds of every worker
     running = [w for w in stack.workers if w.is_running]
     assert len(running) == 2
@@ -165,5 +165,5 @@ async def test_holder_sigkilled_mid_traffic_the_other_polls_on_and_every_update_
         answered=lambda: answered(bot_api),
         activity=lambda: bot_api.api.replies if bot_api.api is not None else [],
     )
-    await wait_for(lambda: bot_api.api.pending == [], "every update confirmed", 30)  # type: ignore[union-attr]
+    await wait_for(lambda: bot_api.api.pending == [], "every update confirmed", 30)
     await stack.add_worker()  # as many workers as before, for any test after this one

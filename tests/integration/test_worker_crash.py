@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import cast
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ async def _user_messages_in_session(stack: Stack, chat: str) -> int:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
     try:
-        session_id = await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}")
+        session_id = cast(str | None, await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}"))
     finally:
         await client.aclose()
     assert session_id, "the conversation has no session"

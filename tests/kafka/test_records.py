@@ -23,7 +23,7 @@ async def test_consume_count_across_partitions(kafka_bootstrap, topic_factory):
     records = await consume_count(kafka_bootstrap, topic, 20, timeout=15)
     assert sorted(r.value for r in records) == sorted(f"v{i}".encode() for i in range(20))
     # same key -> same partition, in order
-    by_key = {}
+    by_key: dict[bytes | None, set[int]] = {}
     for r in records:
         by_key.setdefault(r.key, set()).add(r.partition)
     assert all(len(p) == 1 for p in by_key.values())

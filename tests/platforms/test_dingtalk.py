@@ -22,6 +22,7 @@ from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.records import OutboundMessage
 from pipeline.runtime import leak_scanner
 from pipeline.segments import segment_list_adapter
+from pipeline.segments.models import MediaData
 from pipeline.settings import BotConfig, Settings
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
@@ -153,6 +154,7 @@ def test_rich_text_and_picture() -> None:
     )
     [m] = platform.parse(bot, signed(rich)).messages
     assert [s.type for s in m.segments] == ["text", "image", "text"]
+    assert isinstance(m.segments[1].data, MediaData)
     assert m.segments[1].data.media.kind == "file" and m.segments[1].data.media.value == "dlCodeRich1"
     assert m.text == "look [image]!"
     assert ChatbotMessage.from_dict(rich).get_image_list() == ["dlCodeRich1"]

@@ -24,7 +24,7 @@ from pipeline.runtime import deployment_secrets
 from pipeline.segments import segment_list_adapter
 from pipeline.settings import BotConfig, Settings
 
-from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
+from .conftest import PNG, PNG_B64, Answer, FakeApi, Seen, broken_loader, load_media
 
 TOKEN = "MTk4NjIyNDgzNDcxOTI1MjQ4.Cl2FMQ.ZnCjm1XVW7vRze4b7Cq4se7kKWs"
 BOT_USER = "1100000000000000001"
@@ -226,7 +226,7 @@ def test_self_id_is_required() -> None:
 # --- out -----------------------------------------------------------------------------------------
 
 
-def check_discord(seen: Seen) -> tuple[int, Any]:
+def check_discord(seen: Seen) -> Answer:
     """What Discord's REST API refuses, refused the way it does."""
     if seen.headers.get("authorization") != f"Bot {TOKEN}" and not seen.path.startswith("/webhooks/"):
         return 401, {"message": "401: Unauthorized", "code": 0}

@@ -78,7 +78,7 @@ def envelope(kind: str, data: dict[str, Any], *, event_id: str | None = None) ->
     must find the ids Switchboard reads where Switchboard reads them."""
     payload = {"op": 0, "id": event_id or f"{kind}:{next(_events):08d}", "d": data, "s": 1, "t": kind}
     seen: list[Any] = []
-    state = ConnectionState(lambda name, *args: seen.append((name, *args)), None)  # type: ignore[arg-type]
+    state = ConnectionState(lambda name, *args: seen.append((name, *args)), None)
     state.parsers[kind.lower()](payload)
     [(name, sdk)] = seen
     assert name == kind.lower() and sdk.id == data["id"] and sdk.event_id == payload["id"]
@@ -372,7 +372,7 @@ class QQStandIn:
 
     def message(self, seen: Seen, scene: str) -> tuple[int, Any]:
         v2 = scene in ("groups", "users")
-        body = seen.json if seen.json is not None else dict(seen.form)
+        body: dict[str, Any] = seen.json if seen.json is not None else dict(seen.form)
         if v2:
             assert set(body) <= {"content", "msg_type", "media", "msg_id", "msg_seq", "event_id"}, body
             assert body["msg_type"] in (0, 7)

@@ -223,7 +223,7 @@ def test_placeholders_are_set_apart_from_text_and_from_each_other() -> None:
         ]
     )
     out = with_placeholders(segments, [1, 2, 4, 7], "[x]")
-    shown = "".join(s.data.text for s in out if s.type == "text")  # type: ignore[union-attr]
+    shown = "".join(s.data.text for s in out if s.type == "text")
     assert shown == "see [x] [x] [x] end [x]"  # after the video: nothing inline to run into
     assert out[3].type == "reply" and out[6].type == "video"
 

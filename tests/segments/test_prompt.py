@@ -18,7 +18,7 @@ from tests.segments.conftest import CONFIGURED_SECRET, TURN, make_policy
 
 
 def context_of(prompt: str) -> dict[str, object]:
-    return json.loads(prompt.rsplit("\n", 1)[1])  # type: ignore[no-any-return]
+    return json.loads(prompt.rsplit("\n", 1)[1])
 
 
 def test_segments_prompt_en_states_contract_and_context() -> None:

@@ -36,7 +36,7 @@ media_objects = st.fixed_dictionaries({"kind": st.sampled_from(["url", "path", "
 
 
 def data_for(kind: str) -> st.SearchStrategy[dict[str, Any]]:
-    return {
+    by_kind: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         "text": st.fixed_dictionaries({"text": strings}),
         "markdown": st.fixed_dictionaries({"content": strings}),
         "mention": st.fixed_dictionaries({"target": ids}),
@@ -46,7 +46,8 @@ def data_for(kind: str) -> st.SearchStrategy[dict[str, Any]]:
         "dice": st.just({}),
         "rps": st.just({}),
         "share": st.fixed_dictionaries({"url": strings, "title": strings}),
-    }.get(kind, st.fixed_dictionaries({"media": media_objects}))
+    }
+    return by_kind.get(kind, st.fixed_dictionaries({"media": media_objects}))
 
 
 valid_segment = st.sampled_from(

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from pipeline.session import ANTHROPIC, ARK, ProtocolError, RetryPolicy
 from pipeline.session.retry import parse_retry_after
 
-USER = {"type": "user.message", "content": [{"type": "text", "text": "x"}]}
-SYSTEM = {"type": "system.message", "content": [{"type": "text", "text": "s"}]}
-INTERRUPT = {"type": "user.interrupt"}
-CONFIRM = {"type": "user.tool_confirmation", "result": "allow", "tool_use_id": "t"}
+USER: dict[str, Any] = {"type": "user.message", "content": [{"type": "text", "text": "x"}]}
+SYSTEM: dict[str, Any] = {"type": "system.message", "content": [{"type": "text", "text": "s"}]}
+INTERRUPT: dict[str, Any] = {"type": "user.interrupt"}
+CONFIRM: dict[str, Any] = {"type": "user.tool_confirmation", "result": "allow", "tool_use_id": "t"}
 
 
 def test_ark_splits_one_event_per_request_except_user_system_pair() -> None:

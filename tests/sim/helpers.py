@@ -16,6 +16,7 @@ from pipeline.session import (
     TextBlock,
     UserMessage,
 )
+from pipeline.session.models import UnparsedEvent
 
 
 def user_message(text: str, message_id: str | None = None) -> UserMessage:
@@ -47,10 +48,11 @@ async def collect_until(
     async def run() -> None:
         seen = 0
         async for item in client.subscribe(session_id, after=after, deltas=deltas):
+            assert not isinstance(item, UnparsedEvent)  # no `parse`: every event comes parsed
             items.append(
                 item if not isinstance(item, Preview) else Preview(item.event_id, item.event_type, list(item.parts))
             )
-            if getattr(item, "type", None) in stop_types:
+            if not isinstance(item, Preview) and item.type in stop_types:
                 seen += 1
                 if seen >= idles or item.type != "session.status_idle":
                     return

@@ -44,7 +44,7 @@ def msg(i: int, text: str = "chatting", *, chat: str = "g", chat_type: str = "gr
         platform=extra.pop("platform", "console"),
         bot_id=extra.pop("bot_id", "demo"),
         chat_id=chat,
-        chat_type=chat_type,  # type: ignore[arg-type]
+        chat_type=chat_type,
         sender=Sender(user_id=f"u{i}", name=f"user {i}"),
         message_id=f"m{i}",
         text=text,

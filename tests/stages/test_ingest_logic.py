@@ -11,7 +11,7 @@ from pipeline.stages.ingest import content_blocks, may_answer, parse_chat_comman
 
 
 def bot(**overrides: object) -> BotConfig:
-    return BotConfig(platform="console", bot_id="b", self_id="bot", **overrides)  # type: ignore[arg-type]
+    return BotConfig(platform="console", bot_id="b", self_id="bot", **overrides)
 
 
 def message(text: str = "hi", *, chat_type: str = "group", **overrides: object) -> InboundMessage:

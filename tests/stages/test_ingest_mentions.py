@@ -26,7 +26,7 @@ def ingest_for(bot: BotConfig, redis_url: str, prefix: str) -> tuple[IngestStage
     state = State.connect(redis_url, settings.redis_prefix)
     recorder = Recorder()
 
-    def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:  # type: ignore[type-arg]
+    def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:
         return build_im_prompt(reply_context(bot, message, window), reply_policy(bot, settings))
 
     return IngestStage(settings, state, Outputs(recorder), Notifier(settings), prompt), recorder

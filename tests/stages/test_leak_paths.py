@@ -94,7 +94,7 @@ def settings_for(api: FakeApi, policy: str) -> Settings:
         credentials={"secret": SECRETS["own_bot_secret"], "access_token": ONEBOT_TOKEN},
         api_base=api.url,
         language="en",
-        leak_policy=policy,  # type: ignore[arg-type]
+        leak_policy=policy,
         progress=True,
         notices={
             "tool_confirmation_prompt": "Run {tool_name} with {tool_input}? {who} may reply /allow or /deny.",

@@ -46,7 +46,7 @@ async def test_each_append_is_published_once_with_its_chat_and_seq(state_url: st
         await console.append("demo", chat, {"id": "a"}, message_id="a")
         await console.append("demo", chat, {"id": "a"}, message_id="a")  # not published again
         await console.append("other", "c", {"id": "b"}, message_id="b")
-        received = []
+        received: list[LiveMessage] = []
         async with asyncio.timeout(5):
             while len(received) < 2:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)

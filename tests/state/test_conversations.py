@@ -269,7 +269,7 @@ async def test_begin_turn_publishes_its_note_when_held_and_when_a_flush_starts_i
 
     async def published(count: int) -> list[str]:
         """`count` notes, then proof that no other follows."""
-        notes = []
+        notes: list[str] = []
         async with asyncio.timeout(5):
             while len(notes) < count:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)

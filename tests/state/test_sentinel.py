@@ -207,9 +207,10 @@ async def test_a_server_the_sentinels_wrongly_name_is_refused(topology: Sentinel
     """The sentinels' answer is checked with ROLE: a replica named as primary (here: the sentinels
     are told the wrong address) is never written to."""
     client = RedisClient(topology.url(), socket_timeout=5, connect_timeout=2)
+    assert isinstance(client.target, SentinelTarget)  # a sentinel URL
     client.target = SentinelTarget(
         client.target.sentinels, "other", password=PASSWORD, sentinel_password=SENTINEL_PASSWORD
-    )  # type: ignore[union-attr]
+    )
     for sentinel in topology.sentinels:
         admin = Redis(host=sentinel.host, port=sentinel.port, password=SENTINEL_PASSWORD)
         try:

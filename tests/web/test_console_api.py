@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 from prometheus_client import REGISTRY
+from redis.asyncio import Redis
 
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand
 from pipeline.state import ConsoleStore, PendingAction, TurnRecord
@@ -227,6 +228,7 @@ async def test_one_redis_subscription_per_worker_and_never_the_pipeline_pool(sta
     async def subscriptions() -> int:
         return int(dict(await redis.pubsub_numsub(channel))[channel])
 
+    assert isinstance(redis, Redis)  # not a cluster URL
     db = str(redis.connection_pool.connection_kwargs["db"])  # other tests' clients use other DBs
 
     async def clients(name: str) -> int:

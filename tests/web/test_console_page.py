@@ -709,7 +709,10 @@ def as_worker_reads_it(body: dict[str, Any]) -> tuple[list[tuple[str, str]], str
     gets (ingest's content blocks)."""
     result = ConsolePlatform().parse(WORKER_BOT, WebhookRequest(headers={}, body=json.dumps(body).encode()))
     (message,) = result.messages
-    segments = [(s.type, s.data.target if s.type == "mention" else s.data.text) for s in message.segments]  # type: ignore[union-attr]
+    segments: list[tuple[str, str]] = [
+        (s.type, s.data.target if s.type == "mention" else s.data.text)  # type: ignore[union-attr]
+        for s in message.segments
+    ]
     return segments, str(content_blocks(message, WORKER_BOT, label_sender=False)[0]["text"])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from faust.types import TP
 
 from pipeline.worker.drain import Drain
@@ -23,7 +25,7 @@ class Consumer:
     def read_offset(self, tp: TP) -> int | None:
         return self.read.get(tp)
 
-    def pause_partitions(self, tps: set[TP]) -> None:
+    def pause_partitions(self, tps: Iterable[TP]) -> None:
         self.paused |= set(tps)
 
 

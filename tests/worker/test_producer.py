@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pipeline.settings import Settings
@@ -13,7 +15,7 @@ from pipeline.worker.driver import Producer
 def test_worker_producer_waits_for_all_replicas_and_is_idempotent_by_default(
     idempotence: bool | None, expected: bool
 ) -> None:
-    options = {} if idempotence is None else {"kafka_idempotence": idempotence}
+    options: dict[str, Any] = {} if idempotence is None else {"kafka_idempotence": idempotence}
     settings = Settings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **options)
     app = create_app(settings, stages=["ingest"], platforms=[])
     producer = app.producer
@@ -27,7 +29,8 @@ def test_worker_producer_waits_for_all_replicas_and_is_idempotent_by_default(
 @pytest.mark.parametrize(("linger", "expected"), [(None, 0), (7, 7)])
 def test_worker_producer_sends_at_once_unless_a_linger_is_set(linger: int | None, expected: int) -> None:
     # aiokafka batches what arrives while a request is in flight; a linger would add itself to every hop.
-    options = {} if linger is None else {"kafka_linger_ms": linger}
+    options: dict[str, Any] = {} if linger is None else {"kafka_linger_ms": linger}
     settings = Settings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **options)
     producer = create_app(settings, stages=["ingest"], platforms=[]).producer
+    assert isinstance(producer, Producer)
     assert {**producer._settings_default(), **producer._settings_extra()}["linger_ms"] == expected
