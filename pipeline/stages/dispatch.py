@@ -245,11 +245,12 @@ class DispatchStage:
             note=self._console_note(command, mode),
             new_session=new_session,
         )
-        start = await begin(command_json=None)
-        if start.decision != "hold":
-            return start
-        # Held: the time from here to its release is the busy policy's wait, which latency reports
-        # keep apart from the pipeline's own overhead.
+        if mode not in ("merge", "queue"):  # a turn that cannot be held never needs its command kept
+            return await begin(command_json=None)
+        # The command goes along in case the session is busy: dumping it costs far less than the
+        # second round trip that asking for it after a `hold` would. The time from here to its
+        # release is the busy policy's wait, which latency reports keep apart from the pipeline's
+        # own overhead.
         held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
         return await begin(command_json=held.model_dump_json())
 

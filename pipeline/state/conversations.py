@@ -121,7 +121,7 @@ class ConversationStore:
         and a starting turn is recorded as running, listed among the session's turns, its record
         kept under its id, its stream in flight on `partition`, its inbound messages marked seen.
         `command_json` is what a busy session holds; without it, a turn that would be held comes
-        back as `hold` (call again with it: most turns are never held, and the command is large).
+        back as `hold` and nothing is written (call again with it).
         `note` (a channel, a message) is published when the turn is newly held, or started by a
         flush, in the same step: the console's status notes cost no round trip of their own.
         `new_session`, after a `no_session` decision: the session just created, mapped to the

@@ -1,0 +1,76 @@
+"""Dispatch holds a message for a busy session in the same round trip that decides it. Against a
+real Redis; the session API is never reached (a held message is not sent), and what dispatch
+produces goes to a recorder at the producer seam."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from pipeline.records import SessionCommand
+from pipeline.session import SessionClient, StaticPoolProvisioner
+from pipeline.settings import Settings
+from pipeline.stages.dispatch import DispatchStage, turn_message_id
+from pipeline.stages.notify import Notifier
+from pipeline.stages.outputs import Outputs
+from pipeline.stages.streams import StreamRegistry
+from pipeline.state import State, TurnRecord
+
+from .turns import Recorder, running_turn
+
+CONVERSATION = "console:demo:group-1"
+
+
+def round_trips() -> float:
+    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
+
+
+def command(inbound: str) -> SessionCommand:
+    return SessionCommand(
+        kind="user_turn",
+        conversation_key=CONVERSATION,
+        platform="console",
+        bot_id="demo",
+        chat_id="group-1",
+        chat_type="group",
+        events=[{"type": "user.message", "id": f"msg-{inbound}", "content": [{"type": "text", "text": inbound}]}],
+        inbound_ids=[inbound],
+        trace_id=f"t-{inbound}",
+        hops={"ingress": 1.0},
+    )
+
+
+async def test_a_message_to_a_busy_session_is_held_in_one_round_trip(redis_url: str, redis_prefix: str) -> None:
+    settings = Settings(redis_prefix=redis_prefix, console_enabled=True)  # `demo` merges while busy
+    state = State.connect(redis_url, settings.redis_prefix)
+    recorder = Recorder()
+    outputs = Outputs(recorder)
+    client = SessionClient(api_key="unused", base_url="http://127.0.0.1:9")  # never called: nothing is sent
+    stage = DispatchStage(
+        settings,
+        state,
+        client,
+        StaticPoolProvisioner(["s1"]),
+        StreamRegistry(state.streams, client, outputs),
+        outputs,
+        Notifier(settings),
+    )
+    running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+    await running_turn(state, CONVERSATION, running, "msg-A", session_id="s1")
+    try:
+        held = command("m-B")
+        before = round_trips()
+        await stage.handle(held, 0)
+        assert round_trips() - before == 1  # decided and held together: no second call for the command
+        ((turn_id, raw),) = await state.conversations.peek_held(CONVERSATION)
+        assert turn_id == turn_message_id(held)
+        kept = SessionCommand.model_validate_json(raw)
+        assert kept.events == held.events and kept.inbound_ids == ["m-B"]
+        assert "held" in kept.hops  # the busy wait is measured from here
+        assert (await state.conversations.conversation(CONVERSATION)).held == 1
+        # A replay of the same message is recognised, not held twice.
+        await stage.handle(command("m-B"), 0)
+        assert len(await state.conversations.peek_held(CONVERSATION)) == 1
+        assert [t for t, _ in recorder.records] == []  # nothing produced: no notice, no dead letter
+    finally:
+        await client.aclose()
+        await state.redis.aclose()
