@@ -204,6 +204,10 @@ class Settings(BaseSettings):
     mapping_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
     dedup_ttl_seconds: int = Field(default=24 * 3600, ge=60)
     group_context_size: int = Field(default=20, ge=0, le=500)
+    # How long a small batch of messages that produce nothing (group chatter) may wait to share the
+    # Redis call of the next turn's admission: what it saves is a round trip per such batch; what
+    # it costs is that much later an acknowledgement for them (never a reply's latency). 0: never.
+    ingest_admission_linger_ms: int = Field(default=50, ge=0, le=1000)
     merge_window_max: int = Field(default=20, ge=1)
 
     # Keyed executor: calls to slow APIs in flight at once, across conversations.

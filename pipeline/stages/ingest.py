@@ -7,6 +7,7 @@ HTTP call, and ingest must keep up with every group message (5,500/s per worker 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import re
@@ -18,8 +19,9 @@ from pipeline import metrics
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ContextEntry, InboundAdmission, State, TurnRecord
+from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord
 
+from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
 from .notify import Notifier
 from .outputs import Outputs
@@ -138,6 +140,16 @@ class _Plan:
     dedup_id: str
 
 
+def _settled(message: InboundMessage, result: AdmissionResult, now: float) -> None:
+    """Count a message that produces nothing (a duplicate, or chatter kept in the window)."""
+    if result.duplicate:
+        metrics.child(metrics.INBOUND_DEDUPLICATED, message.platform).inc()
+        return
+    message.hops["ingest"] = now
+    metrics.observe_hop("ingest", message.hops, "ingress", now)
+    metrics.child(metrics.INBOUND_FILTERED, message.platform).inc()
+
+
 def _context_entry(message: InboundMessage) -> ContextEntry:
     return ContextEntry(
         message_id=message.message_id,
@@ -162,6 +174,9 @@ class IngestStage:
         self.outputs = outputs
         self.notifier = notifier
         self.prompt = prompt
+        self.admissions = CoalescedAdmissions(
+            state.markers, settings.group_context_size, linger=settings.ingest_admission_linger_ms / 1000
+        )
 
     async def handle(self, message: InboundMessage) -> None:
         """One message (the batch path with a batch of one)."""
@@ -175,7 +190,9 @@ class IngestStage:
         """Admit a batch of messages in offset order, with one Redis round trip for all of them:
         drop duplicates, keep the group-context window, and settle every message that produces
         nothing (most group messages). Returns, per message, the work that remains (a user turn or
-        a chat command, which produce records) or None when the message is settled."""
+        a chat command, which produce records) or None when the message is settled. A small batch
+        of messages that all produce nothing waits to share the next batch's round trip (see
+        `CoalescedAdmissions`): each then has a work that ends once it is admitted."""
         now = now_ms()
         plans: list[_Plan | None] = []
         items: list[InboundAdmission] = []
@@ -210,7 +227,10 @@ class IngestStage:
                 )
             )
             plans.append(_Plan(message, bot, command, reason, dedup_id))
-        results = iter(await self.state.markers.admit_inbound(items, size))
+        deferred = self.admissions.deferrable(items)
+        pending = iter(self.admissions.later(items)) if deferred else None
+        results = iter(await self.admissions.now(items) if items else []) if not deferred else None
+        admitted = iter(items)
         works: list[IngestWork | None] = []
         for message, plan in zip(messages, plans, strict=True):
             if plan is None:
@@ -221,19 +241,30 @@ class IngestStage:
                 metrics.INBOUND_DROPPED.labels(message.platform, "unknown_bot").inc()
                 works.append(functools.partial(self._unknown_bot, message))
                 continue
+            item = next(admitted)
+            if pending is not None:
+                works.append(functools.partial(self._settle_deferred, message, item, next(pending), now))
+                continue
+            assert results is not None
             result = next(results)
-            if result.duplicate:
-                metrics.child(metrics.INBOUND_DEDUPLICATED, message.platform).inc()
+            if result.duplicate or (plan.command is None and plan.reason is None):
+                _settled(message, result, now)
                 works.append(None)
                 continue
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
-            if plan.command is None and plan.reason is None:
-                metrics.child(metrics.INBOUND_FILTERED, message.platform).inc()
-                works.append(None)
-                continue
             works.append(functools.partial(self._produce, plan, result.window))
         return works
+
+    async def _settle_deferred(
+        self, message: InboundMessage, item: InboundAdmission, pending: asyncio.Future[AdmissionResult], now: float
+    ) -> None:
+        if pending.done() and (pending.cancelled() or pending.exception() is not None):
+            # The call it waited for failed (this is the retry): admitted alone.
+            (result,) = await self.admissions.now([item])
+        else:
+            result = await asyncio.shield(pending)  # a cancelled work leaves the shared call alone
+        _settled(message, result, now)
 
     async def _unknown_bot(self, message: InboundMessage) -> None:
         await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())

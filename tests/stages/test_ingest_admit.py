@@ -6,8 +6,11 @@ broker (the broker path is covered by the integration suites).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
+
+from prometheus_client import REGISTRY
 
 from pipeline.platforms import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform
@@ -17,7 +20,8 @@ from pipeline.stages._ids import inbound_dedup_id
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
-from pipeline.state import State
+from pipeline.state import AdmissionResult, InboundAdmission, State
+from pipeline.state.markers import MarkerStore
 from pipeline.topics import SESSION_INPUT
 
 
@@ -54,12 +58,16 @@ def msg(i: int, text: str = "chatting", *, chat: str = "g", chat_type: str = "gr
     )
 
 
-async def run(ingest: IngestStage, batch: list[InboundMessage]) -> list[bool]:
-    works = await ingest.admit(batch)
-    for work in works:
+async def run(ingest: IngestStage, recorder: Recorder, batch: list[InboundMessage]) -> list[bool]:
+    """Admit a batch and run what remains: per message, whether it produced a record (a turn, a
+    command's output, a dead letter)."""
+    produced = []
+    for work in await ingest.admit(batch):
+        before = len(recorder.records)
         if work is not None:
             await work()
-    return [w is not None for w in works]
+        produced.append(len(recorder.records) > before)
+    return produced
 
 
 async def test_a_batch_settles_chatter_and_keeps_order_for_the_turn(redis_url: str, redis_prefix: str) -> None:
@@ -71,7 +79,7 @@ async def test_a_batch_settles_chatter_and_keeps_order_for_the_turn(redis_url: s
         msg(4),
         msg(5, chat="dm", chat_type="private"),
     ]
-    assert await run(ingest, batch) == [False, False, True, False, True]
+    assert await run(ingest, recorder, batch) == [False, False, True, False, True]
     turns = recorder.turns()
     assert [t.inbound_ids for t in turns] == [["m3"], ["m5"]]
     # The mention saw the two messages before it, not the one after.
@@ -83,29 +91,29 @@ async def test_a_batch_settles_chatter_and_keeps_order_for_the_turn(redis_url: s
 async def test_duplicates_within_and_across_batches_are_dropped(redis_url: str, redis_prefix: str) -> None:
     ingest, recorder = stage(redis_url, redis_prefix)
     mention = msg(7, "@bot hi", mentions_bot=True)
-    assert await run(ingest, [msg(6), msg(6), mention, mention]) == [False, False, True, False]
+    assert await run(ingest, recorder, [msg(6), msg(6), mention, mention]) == [False, False, True, False]
     # Before dispatch has taken the turn, a redelivered mention produces it again: dispatch drops
     # the copy by its stable id (and marks the message seen in the step that starts or holds it).
-    assert await run(ingest, [msg(6), mention]) == [False, True]
+    assert await run(ingest, recorder, [msg(6), mention]) == [False, True]
     turns = recorder.turns()
     assert [t.inbound_ids for t in turns] == [["m7"], ["m7"]]
     assert turns[0].events[0]["id"] == turns[1].events[0]["id"]
     await mark_as_dispatch_does(ingest, turns[:1])
-    assert await run(ingest, [msg(6), mention]) == [False, False]
+    assert await run(ingest, recorder, [msg(6), mention]) == [False, False]
     window = await ingest.state.conversations.context("console:demo:g", 10)
     assert [e.message_id for e in window] == ["m6", "m7"]
 
 
 async def test_an_unknown_bot_is_dead_lettered_and_the_rest_go_on(redis_url: str, redis_prefix: str) -> None:
     ingest, recorder = stage(redis_url, redis_prefix)
-    assert await run(ingest, [msg(8, bot_id="nobody"), msg(9, "@bot hey", mentions_bot=True)]) == [True, True]
+    assert await run(ingest, recorder, [msg(8, bot_id="nobody"), msg(9, "@bot hey", mentions_bot=True)]) == [True, True]
     topics = [t for t, _, _ in recorder.records]
     assert topics == ["im.deadletter", SESSION_INPUT]
 
 
 async def test_chat_commands_leave_the_window_alone(redis_url: str, redis_prefix: str) -> None:
     ingest, recorder = stage(redis_url, redis_prefix)
-    assert await run(ingest, [msg(10, "/stop")]) == [True]
+    assert await run(ingest, recorder, [msg(10, "/stop")]) == [True]
     assert [t.kind for t in recorder.turns()] == ["interrupt"]
     assert await ingest.state.conversations.context("console:demo:g", 10) == []
 
@@ -123,12 +131,12 @@ async def test_ids_with_a_colon_keep_their_conversations_apart(redis_url: str, r
     bot = BotConfig(platform="console", bot_id="demo", self_id="bot", session_scope="user")
     ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
     first = [console_message(bot, "a:b", "c", "m1", "chatting"), console_message(bot, "a", "b:c", "m1", "chatting")]
-    assert await run(ingest, first) == [False, False]  # two messages, not one and its duplicate
+    assert await run(ingest, recorder, first) == [False, False]  # chatter: nothing produced
     asks = [
         console_message(bot, "a:b", "c", "m2", "@bot hi", mentions=["bot"]),
         console_message(bot, "a", "b:c", "m2", "@bot hi", mentions=["bot"]),
     ]
-    assert await run(ingest, asks) == [True, True]
+    assert await run(ingest, recorder, asks) == [True, True]
 
     one, other = recorder.turns()
     assert one.conversation_key != other.conversation_key
@@ -143,7 +151,8 @@ async def test_ids_with_a_colon_keep_their_conversations_apart(redis_url: str, r
         [entry_m1, entry_m2] = await ingest.state.conversations.context(turn.conversation_key, 10)
         assert (entry_m1.message_id, entry_m2.message_id) == ("m1", "m2")
         assert entry_m1.user_id == turn.sender.user_id  # type: ignore[union-attr]
-    assert len(await redis.execute("KEYS", f"{redis_prefix}dedup:in:*")) == 2  # the chatter; the asks: below
+    # Two messages, not one and its duplicate: two markers for the chatter (the asks: below).
+    assert len(await redis.execute("KEYS", f"{redis_prefix}dedup:in:*")) == 2
     await mark_as_dispatch_does(ingest, recorder.turns())
     assert len(await redis.execute("KEYS", f"{redis_prefix}dedup:in:*")) == 4
 
@@ -163,8 +172,8 @@ async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
     # Chat "g:1" + message "m" and chat "g" + message "1:m" shared the de-duplication id "console:demo:g:1:m".
     bot = BotConfig(platform="console", bot_id="demo", self_id="bot")
     ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
-    assert await run(ingest, [console_message(bot, "g:1", "u1", "m", "@bot one", mentions=["bot"])]) == [True]
-    assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [True]
+    assert await run(ingest, recorder, [console_message(bot, "g:1", "u1", "m", "@bot one", mentions=["bot"])]) == [True]
+    assert await run(ingest, recorder, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [True]
     assert [(t.chat_id, t.inbound_ids) for t in recorder.turns()] == [("g:1", ["m"]), ("g", ["1:m"])]
     await mark_as_dispatch_does(ingest, recorder.turns())
     markers = await ingest.state.markers.redis.execute("KEYS", f"{redis_prefix}dedup:in:*")
@@ -173,4 +182,86 @@ async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
         f"{redis_prefix}dedup:in:console:demo:g:1%3Am",
     ]
     # The same message again is still a duplicate.
-    assert await run(ingest, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [False]
+    assert await run(ingest, recorder, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [
+        False
+    ]
+
+
+def round_trips() -> float:
+    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
+
+
+async def test_chatter_waits_to_share_the_next_turns_round_trip(redis_url: str, redis_prefix: str) -> None:
+    ingest, recorder = stage(redis_url, redis_prefix, ingest_admission_linger_ms=1000)
+    before = round_trips()
+    (chatter,) = await ingest.admit([msg(1)])
+    assert chatter is not None  # its record is acknowledged once it is admitted, not before
+    waiting = asyncio.ensure_future(chatter())
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and round_trips() == before  # nothing sent yet
+    assert await run(ingest, recorder, [msg(2, "@bot what was said?", mentions_bot=True)]) == [True]
+    await asyncio.wait_for(waiting, 1)
+    assert round_trips() - before == 1  # the chatter went with the turn's admission
+    (turn,) = recorder.turns()
+    assert turn.known_ids == ["u2", "u1"]  # and before it: the turn saw it in its window
+    window = await ingest.state.conversations.context("console:demo:g", 10)
+    assert [e.message_id for e in window] == ["m1", "m2"]  # oldest first
+
+
+async def test_chatter_alone_is_admitted_when_the_linger_is_over(redis_url: str, redis_prefix: str) -> None:
+    ingest, _ = stage(redis_url, redis_prefix, ingest_admission_linger_ms=50)
+    before = round_trips()
+    first = await ingest.admit([msg(1)])
+    second = await ingest.admit([msg(2), msg(1)])  # a second batch joins the first's wait
+    works = [w for w in first + second if w is not None]
+    assert len(works) == 3
+    await asyncio.wait_for(asyncio.gather(*(w() for w in works)), 2)
+    assert round_trips() - before == 1
+    window = await ingest.state.conversations.context("console:demo:g", 10)
+    assert [e.message_id for e in window] == ["m1", "m2"]  # the repeated m1 was a duplicate
+    assert await ingest.state.markers.marker("in", inbound_dedup_id("console", "demo", "g", "m2"), "console:demo:g")
+
+
+async def test_a_large_batch_of_chatter_goes_at_once_and_settles(redis_url: str, redis_prefix: str) -> None:
+    ingest, _ = stage(redis_url, redis_prefix, ingest_admission_linger_ms=1000)
+    before = round_trips()
+    assert await ingest.admit([msg(i) for i in range(20)]) == [None] * 20
+    assert round_trips() - before == 1
+    assert len(await ingest.state.conversations.context("console:demo:g", 50)) == 20
+
+
+async def test_without_a_linger_chatter_settles_in_its_own_round_trip(redis_url: str, redis_prefix: str) -> None:
+    ingest, _ = stage(redis_url, redis_prefix, ingest_admission_linger_ms=0)
+    assert await ingest.admit([msg(1)]) == [None]
+    assert [e.message_id for e in await ingest.state.conversations.context("console:demo:g", 5)] == ["m1"]
+
+
+class FailingOnce(MarkerStore):
+    """The real store, whose first admission fails as if Redis had gone away for a moment."""
+
+    failed = False
+
+    async def admit_inbound(self, items: list[InboundAdmission], context_size: int) -> list[AdmissionResult]:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("Redis went away")
+        return await super().admit_inbound(items, context_size)
+
+
+async def test_chatter_whose_shared_call_failed_is_admitted_alone_on_retry(redis_url: str, redis_prefix: str) -> None:
+    ingest, _ = stage(redis_url, redis_prefix, ingest_admission_linger_ms=20)
+    markers = ingest.state.markers
+    ingest.admissions = type(ingest.admissions)(
+        FailingOnce(markers.redis, markers.keys, mapping_ttl=markers.mapping_ttl, dedup_ttl=markers.dedup_ttl),
+        10,
+        linger=0.02,
+    )
+    (work,) = await ingest.admit([msg(1)])
+    assert work is not None
+    try:
+        await asyncio.wait_for(work(), 1)
+    except ConnectionError:  # what the worker's handling retries
+        await asyncio.wait_for(work(), 1)
+    else:
+        raise AssertionError("the shared call's failure reached no work")
+    assert [e.message_id for e in await ingest.state.conversations.context("console:demo:g", 5)] == ["m1"]

@@ -66,8 +66,8 @@ async def test_onebot_at_is_named_from_who_spoke_in_the_window(redis_url: str, r
         ],
         message_id=3002,
     )
-    assert await run(ingest, [received(bot, onebot_fx.signed(chatter))]) == [False]
-    assert await run(ingest, [received(bot, onebot_fx.signed(ask))]) == [True]
+    assert await run(ingest, recorder, [received(bot, onebot_fx.signed(chatter))]) == [False]
+    assert await run(ingest, recorder, [received(bot, onebot_fx.signed(ask))]) == [True]
     [turn] = recorder.turns()
     assert turn_text(turn) == "[群名片 (12345678)] 帮我问问 @小明 和 @333"
     # 333 never spoke: listed all the same, first, with the name nobody gave.
@@ -84,7 +84,7 @@ async def test_lark_mention_of_someone_who_never_spoke(redis_url: str, redis_pre
         {"text": "@_user_1 ping @_user_2"},
         mentions=[lark_fx.mention("@_user_1", lark_fx.BOT_OPEN_ID, "Switch"), lark_fx.mention("@_user_2", bob, "Bob")],
     )
-    assert await run(ingest, [received(bot, lark_fx.encrypted_request(event))]) == [True]
+    assert await run(ingest, recorder, [received(bot, lark_fx.encrypted_request(event))]) == [True]
     [turn] = recorder.turns()
     assert turn_text(turn).endswith("] ping @Bob")
     assert turn_members(turn) == [{"user_id": bob, "name": "Bob"}]

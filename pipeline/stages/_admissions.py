@@ -1,0 +1,84 @@
+"""Ingest's admissions to Redis, coalesced across fetched batches.
+
+Most group messages produce nothing: their admission only keeps the chat's context window and
+marks them seen. At moderate rates a fetch brings one or two messages, so each such batch would
+cost a Redis round trip of its own. A small batch of only such messages waits instead, at most
+`linger` seconds, and goes with the next batch that must go at once (a user turn, a command), in
+the same script call and before it, so a turn's window still has every message that came before
+it. Their records are acknowledged only once their admission is in Redis: a crash before that
+replays them, and their markers keep the replay from counting twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pipeline.state import AdmissionResult, InboundAdmission
+from pipeline.state.markers import MarkerStore
+
+log = logging.getLogger(__name__)
+
+# A batch this large is worth its own round trip (a backlog, or a busy chat): it goes at once, and
+# its records are settled without a work each.
+DEFER_BELOW = 16
+
+
+class CoalescedAdmissions:
+    def __init__(self, markers: MarkerStore, context_size: int, *, linger: float) -> None:
+        self._markers = markers
+        self._context_size = context_size
+        self._linger = linger
+        self._deferred: list[tuple[InboundAdmission, asyncio.Future[AdmissionResult]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    def deferrable(self, items: list[InboundAdmission]) -> bool:
+        """Whether the batch may wait: a small one whose messages all settle at admission."""
+        return 0 < len(items) < DEFER_BELOW and self._linger > 0 and all(i.mark and not i.want_window for i in items)
+
+    async def now(self, items: list[InboundAdmission]) -> list[AdmissionResult]:
+        """Admit `items` at once, after every deferred admission (in the same script call)."""
+        deferred, self._deferred = self._deferred, []
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            results = await self._markers.admit_inbound([i for i, _ in deferred] + items, self._context_size)
+        except Exception as exc:
+            for _, future in deferred:
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+        except asyncio.CancelledError:  # they go with the next call (a repeat finds their markers)
+            self._deferred[:0] = deferred
+            if self._deferred and self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self._linger, self._linger_over)
+            raise
+        for (_, future), result in zip(deferred, results, strict=False):
+            if not future.done():  # its work was cancelled (the partition was revoked): nothing awaits it
+                future.set_result(result)
+        return results[len(deferred) :]
+
+    def later(self, items: list[InboundAdmission]) -> list[asyncio.Future[AdmissionResult]]:
+        """Admit `items` with the next call that goes at once, or after the linger: per item, the
+        future of its result."""
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in items]
+        self._deferred.extend(zip(items, futures, strict=True))
+        if self._timer is None:
+            self._timer = loop.call_later(self._linger, self._linger_over)
+        return futures
+
+    def _linger_over(self) -> None:
+        self._timer = None
+        if self._deferred:
+            task = asyncio.get_running_loop().create_task(self._flush())
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self) -> None:
+        try:
+            await self.now([])
+        except Exception as exc:  # each waiting work has it too, and admits its message again alone
+            log.warning("ingest: a coalesced admission failed: %s", type(exc).__name__)
