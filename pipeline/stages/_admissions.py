@@ -47,17 +47,16 @@ class CoalescedAdmissions:
             results = await self._markers.admit_inbound([i for i, _ in deferred] + items, self._context_size)
         except Exception as exc:
             for _, future in deferred:
-                if not future.done():
-                    future.set_exception(exc)
+                future.set_exception(exc)
             raise
         except asyncio.CancelledError:  # they go with the next call (a repeat finds their markers)
             self._deferred[:0] = deferred
             if self._deferred and self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(self._linger, self._linger_over)
             raise
+        # Each future is resolved here once (its work awaits it shielded: a cancelled work leaves it be).
         for (_, future), result in zip(deferred, results, strict=False):
-            if not future.done():  # its work was cancelled (the partition was revoked): nothing awaits it
-                future.set_result(result)
+            future.set_result(result)
         return results[len(deferred) :]
 
     def later(self, items: list[InboundAdmission]) -> list[asyncio.Future[AdmissionResult]]:

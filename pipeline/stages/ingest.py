@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,9 +227,12 @@ class IngestStage:
                 )
             )
             plans.append(_Plan(message, bot, command, reason, dedup_id))
-        deferred = self.admissions.deferrable(items)
-        pending = iter(self.admissions.later(items)) if deferred else None
-        results = iter(await self.admissions.now(items) if items else []) if not deferred else None
+        pending: Iterator[asyncio.Future[AdmissionResult]] | None = None
+        results: Iterator[AdmissionResult] = iter(())
+        if self.admissions.deferrable(items):
+            pending = iter(self.admissions.later(items))
+        elif items:  # (an empty batch sends nothing, and leaves deferred chatter to its linger)
+            results = iter(await self.admissions.now(items))
         admitted = iter(items)
         works: list[IngestWork | None] = []
         for message, plan in zip(messages, plans, strict=True):
@@ -245,7 +248,6 @@ class IngestStage:
             if pending is not None:
                 works.append(functools.partial(self._settle_deferred, message, item, next(pending), now))
                 continue
-            assert results is not None
             result = next(results)
             if result.duplicate or (plan.command is None and plan.reason is None):
                 _settled(message, result, now)
@@ -259,7 +261,7 @@ class IngestStage:
     async def _settle_deferred(
         self, message: InboundMessage, item: InboundAdmission, pending: asyncio.Future[AdmissionResult], now: float
     ) -> None:
-        if pending.done() and (pending.cancelled() or pending.exception() is not None):
+        if pending.done() and pending.exception() is not None:
             # The call it waited for failed (this is the retry): admitted alone.
             (result,) = await self.admissions.now([item])
         else:

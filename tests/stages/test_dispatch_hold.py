@@ -4,8 +4,6 @@ produces goes to a recorder at the producer seam."""
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY
-
 from pipeline.records import SessionCommand
 from pipeline.session import SessionClient, StaticPoolProvisioner
 from pipeline.settings import Settings
@@ -15,13 +13,9 @@ from pipeline.stages.outputs import Outputs
 from pipeline.stages.streams import StreamRegistry
 from pipeline.state import State, TurnRecord
 
-from .turns import Recorder, running_turn
+from .turns import Recorder, round_trips, running_turn
 
 CONVERSATION = "console:demo:group-1"
-
-
-def round_trips() -> float:
-    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
 
 
 def command(inbound: str) -> SessionCommand:

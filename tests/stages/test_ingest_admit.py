@@ -10,8 +10,6 @@ import asyncio
 import json
 from typing import Any
 
-from prometheus_client import REGISTRY
-
 from pipeline.platforms import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
@@ -23,6 +21,8 @@ from pipeline.stages.outputs import Outputs
 from pipeline.state import AdmissionResult, InboundAdmission, State
 from pipeline.state.markers import MarkerStore
 from pipeline.topics import SESSION_INPUT
+
+from .turns import round_trips
 
 
 class Recorder:
@@ -185,10 +185,6 @@ async def test_a_message_id_with_a_colon_is_not_taken_for_another_chats_message(
     assert await run(ingest, recorder, [console_message(bot, "g", "u2", "1:m", "@bot two", mentions=["bot"])]) == [
         False
     ]
-
-
-def round_trips() -> float:
-    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
 
 
 async def test_chatter_waits_to_share_the_next_turns_round_trip(redis_url: str, redis_prefix: str) -> None:

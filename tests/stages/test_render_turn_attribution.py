@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-from prometheus_client import REGISTRY
-
 from pipeline.records import Position, SessionEventRecord
 from pipeline.runtime import reply_policy
 from pipeline.segments.media import MediaChecker, MediaSettings
@@ -18,14 +16,10 @@ from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
 from pipeline.state import State, TurnRecord
 
-from .turns import Recorder
+from .turns import Recorder, round_trips
 
 CONVERSATION = "console:demo:chat-1"
 REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
-
-
-def round_trips() -> float:
-    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
 
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:

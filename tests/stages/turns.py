@@ -1,10 +1,17 @@
 """What dispatch records when it sends a user turn, for stage tests that start from a running turn;
-and a recorder of what a stage produces, at the producer seam."""
+a recorder of what a stage produces, at the producer seam; the Redis round trips counted."""
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from pipeline.records import OutboundMessage
 from pipeline.state import State, TurnRecord
+
+
+def round_trips() -> float:
+    """Redis round trips the process has sent so far (the client's counter)."""
+    return REGISTRY.get_sample_value("switchboard_redis_round_trips_total") or 0.0
 
 
 class Recorder:
