@@ -21,7 +21,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 Work = Callable[[], Awaitable[Any]]
-Ack = Callable[[], Any]  # may return an awaitable
+Ack = Callable[[], object]  # synchronous: run as the ticket is released
 
 
 @dataclass(eq=False, slots=True)
@@ -120,14 +120,13 @@ class KeyedExecutor:
             self._runners[key] = asyncio.create_task(self._drain(key), name=f"{self.name}:{key}")
         return ticket
 
-    async def submit_done(self, *, partition: Hashable = 0, offset: int = -1, ack: Ack | None = None) -> None:
-        """Record a message handled inline (no work): its ack still waits for earlier offsets."""
+    def submit_done(self, *, partition: Hashable = 0, offset: int = -1, ack: Ack | None = None) -> None:
+        """Record a message handled inline (no work): its ack still waits for earlier offsets.
+        Not a coroutine: most records of a batch take this path, and it never waits."""
         tickets = self._by_partition.get(partition)
         if not tickets:
             if ack is not None:
-                result = ack()
-                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                    await result
+                ack()
             return
         ticket = Ticket(key=None, partition=partition, offset=offset, work=_nothing, ack=ack, done=True)
         self._pending += 1
@@ -168,9 +167,7 @@ class KeyedExecutor:
             ticket = tickets.popleft()
             released += 1
             if ticket.ack is not None:
-                result = ticket.ack()
-                if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                    await result
+                ticket.ack()
         if released:
             self._pending -= released
             if self._blocked:  # a submitter waits for room (rare: the condition costs a lock per release)

@@ -19,7 +19,7 @@ from pipeline import metrics
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord
+from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord, context_entry_json
 
 from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
@@ -140,23 +140,40 @@ class _Plan:
     dedup_id: str
 
 
-def _settled(message: InboundMessage, result: AdmissionResult, now: float) -> None:
-    """Count a message that produces nothing (a duplicate, or chatter kept in the window)."""
-    if result.duplicate:
-        metrics.child(metrics.INBOUND_DEDUPLICATED, message.platform).inc()
-        return
-    message.hops["ingest"] = now
-    metrics.observe_hop("ingest", message.hops, "ingress", now)
-    metrics.child(metrics.INBOUND_FILTERED, message.platform).inc()
+class _Settled:
+    """Messages that produce nothing (duplicates, chatter kept in the window), counted per platform
+    and added to the counters once per batch: each increment takes a lock, which per message was a
+    tenth of ingest's own CPU for chatter."""
+
+    def __init__(self) -> None:
+        self.deduplicated: dict[str, int] = {}
+        self.filtered: dict[str, int] = {}
+
+    def duplicate(self, message: InboundMessage) -> None:
+        self.deduplicated[message.platform] = self.deduplicated.get(message.platform, 0) + 1
+
+    def add(self, message: InboundMessage, result: AdmissionResult, now: float) -> None:
+        if result.duplicate:
+            self.duplicate(message)
+            return
+        message.hops["ingest"] = now
+        metrics.observe_hop("ingest", message.hops, "ingress", now)
+        self.filtered[message.platform] = self.filtered.get(message.platform, 0) + 1
+
+    def count(self) -> None:
+        for platform, n in self.deduplicated.items():
+            metrics.child(metrics.INBOUND_DEDUPLICATED, platform).inc(n)
+        for platform, n in self.filtered.items():
+            metrics.child(metrics.INBOUND_FILTERED, platform).inc(n)
 
 
-def _context_entry(message: InboundMessage) -> ContextEntry:
-    return ContextEntry(
-        message_id=message.message_id,
-        user_id=message.sender.user_id,
-        name=message.sender.name,
-        text=message.text[:500],
-        at_ms=message.sent_at_ms or message.hops.get("ingress", 0.0),
+def _context_entry(message: InboundMessage) -> bytes:
+    return context_entry_json(
+        message.message_id,
+        message.sender.user_id,
+        message.sender.name,
+        message.text[:500],
+        message.sent_at_ms or message.hops.get("ingress", 0.0),
     )
 
 
@@ -211,7 +228,7 @@ class IngestStage:
             command = parse_chat_command(message.text)
             reason = trigger_reason(message, bot) if command is None else None
             in_window = message.chat_type == "group" and command is None
-            entry = _context_entry(message) if in_window else None
+            entry_json = _context_entry(message) if in_window else None
             # A message that produces nothing is marked seen at once. A user turn is marked by
             # dispatch when it starts or is held (in the same step); a chat command once the broker
             # has its output. A copy admitted before that produces again, and dispatch drops the
@@ -221,7 +238,7 @@ class IngestStage:
                 InboundAdmission(
                     dedup_id=dedup_id,
                     conversation=message.conversation_key,
-                    entry=entry,
+                    entry_json=entry_json,
                     want_window=in_window and reason is not None and size > 0,
                     mark=settles,
                 )
@@ -234,10 +251,11 @@ class IngestStage:
         elif items:  # (an empty batch sends nothing, and leaves deferred chatter to its linger)
             results = iter(await self.admissions.now(items))
         admitted = iter(items)
+        settled = _Settled()
         works: list[IngestWork | None] = []
         for message, plan in zip(messages, plans, strict=True):
             if plan is None:
-                metrics.child(metrics.INBOUND_DEDUPLICATED, message.platform).inc()
+                settled.duplicate(message)
                 works.append(None)
                 continue
             if plan.bot is None:
@@ -250,12 +268,13 @@ class IngestStage:
                 continue
             result = next(results)
             if result.duplicate or (plan.command is None and plan.reason is None):
-                _settled(message, result, now)
+                settled.add(message, result, now)
                 works.append(None)
                 continue
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
             works.append(functools.partial(self._produce, plan, result.window))
+        settled.count()
         return works
 
     async def _settle_deferred(
@@ -266,7 +285,9 @@ class IngestStage:
             (result,) = await self.admissions.now([item])
         else:
             result = await asyncio.shield(pending)  # a cancelled work leaves the shared call alone
-        _settled(message, result, now)
+        settled = _Settled()
+        settled.add(message, result, now)
+        settled.count()
 
     async def _unknown_bot(self, message: InboundMessage) -> None:
         await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())

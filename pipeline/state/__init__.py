@@ -37,6 +37,7 @@ from pipeline.state.models import (
     TurnEnd,
     TurnRecord,
     TurnStart,
+    context_entry_json,
 )
 from pipeline.state.redis_url import RedisPy, close_redis_py, parse_redis_url, pubsub, redis_py_client, redis_py_pool
 from pipeline.state.streams import StreamStore
@@ -118,6 +119,7 @@ __all__ = [
     "TurnRecord",
     "TurnStart",
     "close_redis_py",
+    "context_entry_json",
     "message_seq",
     "note_message",
     "parse_redis_url",

@@ -93,8 +93,8 @@ class MarkerStore:
         for item in (items[p] for p in positions):
             keys.append(self.keys.marker("in", item.dedup_id, item.conversation))
             keys.append(self.keys.window(item.conversation))
-            push = item.entry is not None and context_size > 0
+            push = item.entry_json is not None and context_size > 0
             read = item.want_window and context_size > 0
             args.append(("w" if read else "") + ("p" if push else "") + ("m" if item.mark else "") or "-")
-            args.append(item.entry.model_dump_json() if push and item.entry is not None else "")
+            args.append(item.entry_json if push and item.entry_json is not None else "")
         return list(await self.redis.run_script(_ADMIT_INBOUND, keys, args))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
 ConversationStatus = Literal["idle", "running", "requires_action"]
@@ -20,6 +21,15 @@ class ContextEntry(BaseModel):
     name: str = ""
     text: str = ""
     at_ms: float = 0.0
+
+
+def context_entry_json(message_id: str, user_id: str, name: str, text: str, at_ms: float) -> bytes:
+    """A `ContextEntry` as the window stores it, from fields already validated (an inbound
+    message's). Ingest writes one per group message: building and dumping the model cost about
+    four times as much."""
+    return pydantic_core.to_json(
+        {"message_id": message_id, "user_id": user_id, "name": name, "text": text, "at_ms": at_ms}
+    )
 
 
 class PendingAction(BaseModel):
@@ -74,7 +84,7 @@ class InboundAdmission:
 
     dedup_id: str
     conversation: str
-    entry: ContextEntry | None = None  # pushed onto the group-context window
+    entry_json: bytes | None = None  # pushed onto the group-context window (`context_entry_json`)
     want_window: bool = False  # return the window as it was before this message
     mark: bool = False  # set the de-duplication marker now
 

@@ -92,11 +92,11 @@ class StageRunner(Generic[R]):
         for message, parsed_record in zip(messages, parsed, strict=True):
             ack = functools.partial(self._ack, message)
             if parsed_record is None:
-                await executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
+                executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
                 continue
             work = next(planned) if planned is not None else self._alone(parsed_record, message)
             if work is None:
-                await executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
+                executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
                 continue
             dead_letter = functools.partial(self._dead_letter, message)
             await executor.submit(

@@ -217,11 +217,11 @@ async def test_inline_handled_messages_wait_for_earlier_offsets() -> None:
         await gate.wait()
 
     await executor.submit("k", slow, partition=0, offset=0, ack=lambda: acked.append(0))
-    await executor.submit_done(partition=0, offset=1, ack=lambda: acked.append(1))
+    executor.submit_done(partition=0, offset=1, ack=lambda: acked.append(1))
     await asyncio.sleep(0.02)
     assert acked == []
     gate.set()
     await executor.join()
     assert acked == [0, 1]
-    await executor.submit_done(partition=0, offset=2, ack=lambda: acked.append(2))
+    executor.submit_done(partition=0, offset=2, ack=lambda: acked.append(2))
     assert acked == [0, 1, 2]  # nothing ahead of it: acknowledged at once

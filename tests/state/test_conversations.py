@@ -6,12 +6,12 @@ import asyncio
 import json
 
 from pipeline.state import (
-    ContextEntry,
     InboundAdmission,
     LiveMessage,
     PendingAction,
     State,
     TurnRecord,
+    context_entry_json,
     note_message,
     redis_py_client,
 )
@@ -219,8 +219,8 @@ async def test_held_messages_are_taken_oldest_first(state: State) -> None:
 
 async def test_context_window_is_capped_and_oldest_first(state: State) -> None:
     for i in range(7):
-        entry = ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i))
-        await state.markers.admit_inbound([InboundAdmission(f"d{i}", "k", entry=entry, mark=True)], context_size=5)
+        entry = context_entry_json(f"m{i}", f"u{i}", "", str(i), 0.0)
+        await state.markers.admit_inbound([InboundAdmission(f"d{i}", "k", entry_json=entry, mark=True)], context_size=5)
     window = await state.conversations.context("k", 5)
     assert [e.message_id for e in window] == ["m2", "m3", "m4", "m5", "m6"]
     assert await state.conversations.context("k", 0) == []

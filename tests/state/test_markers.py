@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.state import ContextEntry, InboundAdmission, State
+from pipeline.state import ContextEntry, InboundAdmission, State, context_entry_json
 
 
-def _entry(i: int) -> ContextEntry:
-    return ContextEntry(message_id=f"m{i}", user_id=f"u{i}", text=str(i))
+def _entry(i: int) -> bytes:
+    return context_entry_json(f"m{i}", f"u{i}", "", str(i), 0.0)
 
 
 async def test_first_time_is_atomic_under_concurrency(state: State) -> None:
@@ -26,8 +26,8 @@ async def test_claim_send_tells_a_replay_from_a_first_attempt(state: State) -> N
 async def test_admit_inbound_keeps_the_window_in_batch_order(state: State) -> None:
     markers = state.markers
     # m0..m3 settle (pushed and marked); m4 triggers: it sees the window before itself.
-    items = [InboundAdmission(f"d{i}", "g", entry=_entry(i), mark=True) for i in range(4)]
-    items.append(InboundAdmission("d4", "g", entry=_entry(4), want_window=True))
+    items = [InboundAdmission(f"d{i}", "g", entry_json=_entry(i), mark=True) for i in range(4)]
+    items.append(InboundAdmission("d4", "g", entry_json=_entry(4), want_window=True))
     results = await markers.admit_inbound(items, context_size=3)
     assert [r.duplicate for r in results] == [False] * 5
     assert [e.message_id for e in results[4].window] == ["m1", "m2", "m3"]
@@ -35,7 +35,7 @@ async def test_admit_inbound_keeps_the_window_in_batch_order(state: State) -> No
     assert [e.message_id for e in await state.conversations.context("g", 3)] == ["m2", "m3", "m4"]
     # Settled messages are duplicates from now on; the triggering one is not (dispatch marks it).
     again = await markers.admit_inbound(
-        [InboundAdmission("d0", "g", entry=_entry(0), mark=True), InboundAdmission("d4", "g", want_window=True)],
+        [InboundAdmission("d0", "g", entry_json=_entry(0), mark=True), InboundAdmission("d4", "g", want_window=True)],
         context_size=3,
     )
     assert [r.duplicate for r in again] == [True, False]
@@ -47,7 +47,10 @@ async def test_admit_inbound_keeps_the_window_in_batch_order(state: State) -> No
 
 async def test_admit_inbound_without_a_window(state: State) -> None:
     results = await state.markers.admit_inbound(
-        [InboundAdmission("p1", "private", mark=True), InboundAdmission("g1", "g", entry=_entry(1), want_window=True)],
+        [
+            InboundAdmission("p1", "private", mark=True),
+            InboundAdmission("g1", "g", entry_json=_entry(1), want_window=True),
+        ],
         context_size=0,
     )
     assert [(r.duplicate, r.window) for r in results] == [(False, []), (False, [])]
@@ -58,5 +61,13 @@ async def test_admit_inbound_without_a_window(state: State) -> None:
 async def test_window_shows_a_replayed_message_once(state: State) -> None:
     # A triggering message replayed before dispatch marked it is pushed again.
     for _ in range(2):
-        await state.markers.admit_inbound([InboundAdmission("d7", "g", entry=_entry(7), want_window=True)], 5)
+        await state.markers.admit_inbound([InboundAdmission("d7", "g", entry_json=_entry(7), want_window=True)], 5)
     assert [e.message_id for e in await state.conversations.context("g", 5)] == ["m7"]
+
+
+def test_an_entry_written_without_the_model_reads_back_as_the_model() -> None:
+    written = context_entry_json("m:1", "u1", 'Zoë "z"', "hi\n😀", 1764657600123.5)
+    assert ContextEntry.model_validate_json(written) == ContextEntry(
+        message_id="m:1", user_id="u1", name='Zoë "z"', text="hi\n😀", at_ms=1764657600123.5
+    )
+    assert written == ContextEntry.model_validate_json(written).model_dump_json().encode()
