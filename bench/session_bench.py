@@ -28,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.session import Preview, RetryPolicy, SessionClient, SystemMessage, TextBlock, UserMessage
-from pipeline.session.models import parse_server_event_json
+from pipeline.session.models import ServerEvent, parse_server_event_json
 from pipeline.session.subscription import Subscription
 
 API_KEY = "bench-key"
@@ -317,7 +317,7 @@ async def bench_client_overhead(turns: int) -> dict[str, float]:
     await client.aclose()
 
     payloads = [json.dumps(f) for f in frames]
-    subscription = Subscription(client, "s", deltas=True)
+    subscription = Subscription[ServerEvent](client, "s", deltas=True)
     started = time.perf_counter()
     for payload in payloads:
         subscription._accept_live(parse_server_event_json(payload))

@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import httpx
 from httpx_sse import EventSource
@@ -451,6 +451,34 @@ class SessionClient:
         )
         return EventStream(pool, request, parse=parse)
 
+    @overload
+    def subscribe(
+        self,
+        session_id: str,
+        *,
+        after: str | None = None,
+        deltas: bool | Sequence[str] = False,
+        reconnect_base: float = 0.1,
+        reconnect_max: float = 5.0,
+        max_reconnects: int | None = None,
+        dedup_window: int = 512,
+        parse: None = None,
+    ) -> Subscription[ServerEvent]: ...
+
+    @overload
+    def subscribe(
+        self,
+        session_id: str,
+        *,
+        after: str | None = None,
+        deltas: bool | Sequence[str] = False,
+        reconnect_base: float = 0.1,
+        reconnect_max: float = 5.0,
+        max_reconnects: int | None = None,
+        dedup_window: int = 512,
+        parse: frozenset[str],
+    ) -> Subscription[ServerEvent | UnparsedEvent]: ...
+
     def subscribe(
         self,
         session_id: str,
@@ -462,12 +490,12 @@ class SessionClient:
         max_reconnects: int | None = None,
         dedup_window: int = 512,
         parse: frozenset[str] | None = None,
-    ) -> Subscription:
+    ) -> Subscription[ServerEvent] | Subscription[ServerEvent | UnparsedEvent]:
         """Resumable subscription (see :class:`pipeline.session.subscription.Subscription`). With
         ``parse``, live events of other known types come as `UnparsedEvent` (type and id)."""
         from pipeline.session.subscription import Subscription  # circular at import time
 
-        return Subscription(
+        return Subscription[ServerEvent | UnparsedEvent](
             self,
             session_id,
             after=after,

@@ -16,7 +16,7 @@ import logging
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 import httpx
 
@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SubscriptionItem = ServerEvent | UnparsedEvent | Preview
+# The events a subscription yields: `ServerEvent`, or with `parse` `ServerEvent | UnparsedEvent`.
+E = TypeVar("E", bound=ServerEvent | UnparsedEvent)
 
 # Failures after which the subscription reconnects; anything else (auth, 404, 400) is raised.
 _RECONNECTABLE = (TransportError, ServerError, RateLimitedError, ProtocolError, httpx.HTTPError)
 
 
-class Subscription:
+class Subscription(Generic[E]):
     """``async for item in client.subscribe(sid, after=cursor, deltas=True)``.
 
     Yields every server event once, in server order, and (when ``deltas``) :class:`Preview` snapshots
@@ -95,8 +97,10 @@ class Subscription:
     def cursor(self) -> str | None:
         return self._cursor
 
-    def __aiter__(self) -> AsyncIterator[SubscriptionItem]:
-        return self._run()
+    def __aiter__(self) -> AsyncIterator[E | Preview]:
+        # Which events may come unparsed is fixed by `parse`; `SessionClient.subscribe`'s overloads
+        # give the matching `E`.
+        return cast("AsyncIterator[E | Preview]", self._run())
 
     async def _run(self) -> AsyncIterator[SubscriptionItem]:
         failures = 0

@@ -16,7 +16,6 @@ from pipeline.session import (
     TextBlock,
     UserMessage,
 )
-from pipeline.session.models import UnparsedEvent
 
 
 def user_message(text: str, message_id: str | None = None) -> UserMessage:
@@ -48,7 +47,6 @@ async def collect_until(
     async def run() -> None:
         seen = 0
         async for item in client.subscribe(session_id, after=after, deltas=deltas):
-            assert not isinstance(item, UnparsedEvent)  # no `parse`: every event comes parsed
             items.append(
                 item if not isinstance(item, Preview) else Preview(item.event_id, item.event_type, list(item.parts))
             )

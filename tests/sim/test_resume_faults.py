@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 
 from pipeline.session import Preview, RetryPolicy, ServerEvent, SessionClient
-from pipeline.session.models import UnparsedEvent
 from pipeline.sim import SimServer
 
 from .conftest import make_client
@@ -34,7 +33,6 @@ async def _drive_turns(
     async for item in subscription:
         if isinstance(item, Preview):
             continue
-        assert not isinstance(item, UnparsedEvent)  # no `parse`: every event comes parsed
         seen.append(item)
         if item.type == "session.status_idle":
             if sent == turns:
@@ -87,7 +85,7 @@ async def test_explicit_drop_mid_turn(sim: SimServer, ark: SessionClient) -> Non
 
     async def consume() -> None:
         async for item in subscription:
-            assert not isinstance(item, (Preview, UnparsedEvent))
+            assert not isinstance(item, Preview)
             seen.append(item)
             if item.type == "session.status_idle":
                 return
@@ -130,7 +128,7 @@ async def test_resume_from_cursor_in_another_subscription(sim: SimServer, ark: S
     first_part: list[ServerEvent] = []
     subscription = ark.subscribe(sid)
     async for item in subscription:
-        assert not isinstance(item, (Preview, UnparsedEvent))
+        assert not isinstance(item, Preview)
         first_part.append(item)
         if len(first_part) == 9:
             break
@@ -139,7 +137,7 @@ async def test_resume_from_cursor_in_another_subscription(sim: SimServer, ark: S
     rest: list[ServerEvent] = []
     async with make_client(sim, "ark") as other_process:
         async for item in other_process.subscribe(sid, after=cursor):
-            assert not isinstance(item, (Preview, UnparsedEvent))
+            assert not isinstance(item, Preview)
             rest.append(item)
             if sum(1 for e in first_part + rest if e.type == "session.status_idle") == 3:
                 break
