@@ -220,8 +220,8 @@ class CutShort:
     or on Redis must not hold up the rebalance, and what it did not deliver is fetched again.
 
     Faust waits for the first of the delivery and the suspension (`wait_first`), which takes two
-    new tasks and an `asyncio.wait` per fetched batch: loop turns that every record of the batch
-    waits through. Here one task watches the flow for as long as it runs."""
+    new tasks and an `asyncio.wait` per fetched batch. Here one task watches the flow for as long
+    as it runs."""
 
     def __init__(self, suspended: asyncio.Event) -> None:
         self._suspended = suspended  # Faust's `suspend_flow`
