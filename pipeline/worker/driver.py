@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
@@ -183,27 +183,26 @@ class BatchConsumer(faust_aiokafka.Consumer):
         read_offset = self._read_offset
         acks_enabled_for = self.app.topics.acks_enabled_for
         commit_every = self._commit_every
-        cut_short = CutShort(self.suspend_flow)
-        try:
-            while not (self.should_stop or fetcher.should_stop):
-                batches: dict[str, list[Message]] = {}
-                async for tp, message in self.getmany(timeout=1.0):
-                    offset = message.offset
-                    last = read_offset[tp]
-                    if last is not None and offset < last:
-                        continue  # read before a seek back: its replay comes in order
-                    if last is not None and offset - last > 1 and acks_enabled_for(message.topic):
-                        await self._add_gap(tp, last + 1, offset)  # offsets that will never come
-                    read_offset[tp] = offset
-                    batches.setdefault(message.topic, []).append(message)
-                if not batches:
-                    continue
-                if commit_every is not None and self._n_acked >= commit_every:
-                    self._n_acked = 0
-                    await self.commit()
-                await cut_short.run(self._deliver(app, batches))
-        finally:
-            cut_short.close()
+        while not (self.should_stop or fetcher.should_stop):
+            batches: dict[str, list[Message]] = {}
+            await self.sleep(0)
+            if self.should_stop:
+                break
+            async for tp, message in self.getmany(timeout=1.0):
+                offset = message.offset
+                last = read_offset[tp]
+                if last is not None and offset < last:
+                    continue  # read before a seek back: its replay comes in order
+                if last is not None and offset - last > 1 and acks_enabled_for(message.topic):
+                    await self._add_gap(tp, last + 1, offset)  # offsets that will never come
+                read_offset[tp] = offset
+                batches.setdefault(message.topic, []).append(message)
+            if not batches:
+                continue
+            if commit_every is not None and self._n_acked >= commit_every:
+                self._n_acked = 0
+                await self.commit()
+            await self.wait_first(self._deliver(app, batches), self.suspend_flow.wait())
 
     async def _deliver(self, app: BatchApp, batches: Mapping[str, list[Message]]) -> None:
         for topic, messages in batches.items():
@@ -212,59 +211,6 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 log.warning("no stage for %d record(s) of %s; left unacknowledged", len(messages), topic)
                 continue
             await sink.deliver(messages)
-
-
-class CutShort:
-    """Runs each delivery in the fetch loop's own task, cancelled if a rebalance suspends the flow
-    meanwhile, as `asyncio.timeout` cancels at its deadline: a delivery blocked on a full executor
-    or on Redis must not hold up the rebalance, and what it did not deliver is fetched again.
-
-    Faust waits for the first of the delivery and the suspension (`wait_first`), which takes two
-    new tasks and an `asyncio.wait` per fetched batch. Here one task watches the flow for as long
-    as it runs."""
-
-    def __init__(self, suspended: asyncio.Event) -> None:
-        self._suspended = suspended  # Faust's `suspend_flow`
-        self._watch: asyncio.Task[bool] | None = None
-
-    async def run(self, delivery: Coroutine[Any, Any, None]) -> bool:
-        """Await `delivery`; False when the flow was suspended before or during it."""
-        if self._suspended.is_set():
-            delivery.close()
-            return False
-        watch = self._watch
-        if watch is None or watch.done():  # the first delivery, or the first after a resumed flow
-            watch = self._watch = asyncio.create_task(self._suspended.wait())
-        task = asyncio.current_task()
-        assert task is not None
-        delivering = cut = False
-
-        def on_suspended(_: asyncio.Task[bool]) -> None:
-            nonlocal cut
-            if delivering:  # a callback scheduled as the delivery ended finds it over
-                cut = True
-                task.cancel()
-
-        delivering = True
-        watch.add_done_callback(on_suspended)
-        try:
-            await delivery
-        except asyncio.CancelledError:
-            if cut and task.uncancel() == 0:
-                return False  # cut short by the rebalance, not stopped
-            raise
-        finally:
-            delivering = False
-            watch.remove_done_callback(on_suspended)
-        if cut:  # the delivery swallowed the cancellation: take it back
-            task.uncancel()
-            return False
-        return True
-
-    def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
 
 
 class Producer(faust_aiokafka.Producer):
