@@ -126,6 +126,12 @@ EVENT_LOOP_LAG = Histogram(
 )
 EVENT_LOOP_STALLS = Counter("switchboard_event_loop_stalls_total", "Times the event loop was held for 1 s or more")
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
+COMMITS_HELD = Counter(
+    "switchboard_commits_held_total",
+    "Offset commits held back because the record at the committed offset was never acknowledged; "
+    "the partition is read again from there",
+    ["topic"],
+)
 
 # Long connections (`pipeline.connections`). Bot ids are configuration, not user ids: a bounded label.
 CONNECTIONS_HELD = Gauge(

@@ -15,7 +15,9 @@ It differs from Faust's aiokafka driver in four ways:
 * The consumer runs on the app's event loop, not in a thread of its own (`ConsumerThread`).
 
 Offsets stay Faust's: a stage acknowledges each record with `Consumer.ack`, in offset order per
-partition, and Faust commits what is acknowledged (periodically, and when partitions are revoked).
+partition, and Faust commits what is acknowledged (periodically, and when partitions are revoked),
+with one correction: a commit never passes the record at the committed offset unless it was
+acknowledged or is not in the log (`skips_unacknowledged`).
 The driver is registered under the URL scheme `switchboard://` through the `faust.transports`
 entry point (pyproject.toml); `SwitchboardApp` uses it.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, cast
 
@@ -35,6 +37,8 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, Message
 from mode import ServiceT
+
+from pipeline import metrics
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +165,43 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         )
 
 
+class OffsetGaps(Protocol):
+    """Faust's per-partition record of offsets that will never come (an `IntervalTree`)."""
+
+    def overlaps_point(self, p: int) -> bool: ...
+
+
+def skips_unacknowledged(committed: int | None, acked: Set[int], gaps: OffsetGaps) -> bool:
+    """Whether committing what is acknowledged would pass the record at `committed` (the offset
+    read next, as Kafka commits it): later records are acknowledged, and that one neither was nor
+    is a gap in the log.
+
+    Faust checks this one offset too late (`min(acked) - committed > 1`, faust-streaming#606), so
+    a single record at the head that no stage acknowledged is committed past and never read again.
+    Stages acknowledge in offset order per partition, so here it means the record was handed to no
+    stage: a delivery cut short by a rebalance, not read again."""
+    return committed is not None and bool(acked) and committed not in acked and not gaps.overlaps_point(committed)
+
+
 class BatchConsumer(faust_aiokafka.Consumer):
     """Delivers each fetch to the stages as one batch per topic, in offset order per partition."""
+
+    # How long a partition read again is left to catch up before it may be read again once more:
+    # records redelivered from the committed offset queue behind the ones still running.
+    read_again_after: ClassVar[float] = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Partitions just sought to a committed offset: their next record says whether the records
+        # from that offset on are still in the log.
+        self._sought: set[TP] = set()
+        # Where each partition with nothing committed was first read from since its last seek: the
+        # offset its first commit must not pass unacknowledged.
+        self._first_read: dict[TP, int] = {}
+        # Partitions whose commit is held (`skips_unacknowledged`), to be read again from their
+        # committed offset; and when each was last read again.
+        self._held: set[TP] = set()
+        self._read_again_at: dict[TP, float] = {}
+        super().__init__(*args, **kwargs)
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -175,6 +214,56 @@ class BatchConsumer(faust_aiokafka.Consumer):
         """The offset last committed for `tp` (None before the first commit)."""
         return self._committed_offset.get(tp)
 
+    def _commit_start(self, tp: TP) -> int | None:
+        """The offset the next commit of `tp` starts from."""
+        committed = self._committed_offset[tp]
+        return committed if committed is not None else self._first_read.get(tp)
+
+    def _new_offset(self, tp: TP) -> int | None:
+        if skips_unacknowledged(self._commit_start(tp), self._acked_index[tp], self._gap[tp]):
+            if tp not in self._held:
+                self._held.add(tp)
+                metrics.COMMITS_HELD.labels(tp.topic).inc()
+            return None
+        return cast("int | None", super()._new_offset(tp))
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()
+        self._sought = {tp for tp, offset in self._read_offset.items() if offset is not None}
+        for tp, offset in self._read_offset.items():
+            if offset is None:  # nothing committed: read from the start again
+                self._first_read.pop(tp, None)
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        await super().on_partitions_revoked(revoked)  # its commit still guarded
+        for tp in revoked:
+            self._sought.discard(tp)
+            self._first_read.pop(tp, None)
+            self._held.discard(tp)
+
+    async def _read_held_again(self) -> None:
+        """Seek each partition whose commit is held back to its committed offset, so the record
+        no stage acknowledged is delivered again (and the ones after it, harmlessly)."""
+        now = self.loop.time()
+        assigned = self.assignment()
+        for tp in list(self._held):
+            start = self._commit_start(tp)
+            if tp not in assigned or start is None:
+                self._held.discard(tp)  # revoked: its next owner reads from the committed offset
+                continue
+            if now - self._read_again_at.get(tp, -self.read_again_after) < self.read_again_after:
+                continue
+            self._held.discard(tp)
+            self._read_again_at[tp] = now
+            log.warning(
+                "%s[%d]: offset %d was never acknowledged while later ones were; reading again from it",
+                tp.topic,
+                tp.partition,
+                start,
+            )
+            await self.seek(tp, start)
+            self._sought.add(tp)
+
     async def _drain_messages(self, fetcher: ServiceT) -> None:
         """Faust's fetch loop, delivering batches: read offsets, gaps and the commit bound are
         kept as Faust keeps them; a rebalance (`suspend_flow`) cuts a delivery short, and what was
@@ -183,17 +272,28 @@ class BatchConsumer(faust_aiokafka.Consumer):
         read_offset = self._read_offset
         acks_enabled_for = self.app.topics.acks_enabled_for
         commit_every = self._commit_every
+        first_read = self._first_read
         while not (self.should_stop or fetcher.should_stop):
             batches: dict[str, list[Message]] = {}
             await self.sleep(0)
             if self.should_stop:
                 break
+            if self._held:
+                await self._read_held_again()
             async for tp, message in self.getmany(timeout=1.0):
                 offset = message.offset
                 last = read_offset[tp]
                 if last is not None and offset < last:
                     continue  # read before a seek back: its replay comes in order
-                if last is not None and offset - last > 1 and acks_enabled_for(message.topic):
+                if last is None:
+                    first_read.setdefault(tp, offset)
+                elif tp in self._sought:
+                    # The first record since a seek, where `last` is the offset to read next (not
+                    # the last one read): offsets before this one are no longer in the log.
+                    self._sought.discard(tp)
+                    if offset > last and acks_enabled_for(message.topic):
+                        self._gap[tp].addi(last, offset)
+                elif offset - last > 1 and acks_enabled_for(message.topic):
                     await self._add_gap(tp, last + 1, offset)  # offsets that will never come
                 read_offset[tp] = offset
                 batches.setdefault(message.topic, []).append(message)
