@@ -17,7 +17,9 @@ from prometheus_client import REGISTRY
 from pipeline.embedded import ApacheKafka, TansuBroker
 from pipeline.kafka import TopicSpec, apply_topics
 from pipeline.worker.app import SwitchboardApp
-from pipeline.worker.driver import BatchConsumer, ConsumerTuning, broker_url, skips_unacknowledged
+from pipeline.worker.driver import BatchConsumer, skips_unacknowledged
+
+from .apps import driver_app
 
 
 def gaps(*spans: tuple[int, int]) -> IntervalTree:
@@ -52,10 +54,9 @@ def held(topic: str) -> float:
 class AckAllBut:
     """A stage that acknowledges every record except one offset, the first time it sees it."""
 
-    def __init__(self, app: SwitchboardApp, skip: int, total: int) -> None:
+    def __init__(self, app: SwitchboardApp, skip: int) -> None:
         self.app = app
         self.skip = skip
-        self.total = total
         self.seen: list[int] = []
         self.committed_at_redelivery: int | None = -1
         self.redelivered = asyncio.Event()
@@ -86,22 +87,9 @@ async def test_a_record_no_stage_acknowledged_is_read_again_not_committed_past(
     monkeypatch.setattr(BatchConsumer, "read_again_after", 0.0)
     topic = unique_name("guard")
     await apply_topics(kafka_broker.bootstrap, [TopicSpec(topic, 1)])
-    app = SwitchboardApp(
-        unique_name("guard"),
-        consumer_tuning=ConsumerTuning(fetch_max_wait_ms=20),
-        idempotent_producer=kafka_broker.supports_idempotence,
-        broker=broker_url(kafka_broker.bootstrap),
-        broker_commit_interval=0.2,
-        key_serializer="raw",
-        value_serializer="raw",
-        web_enabled=False,
-        datadir=str(tmp_path),
-        topic_allow_declare=False,
-        topic_disable_leader=True,
-        consumer_auto_offset_reset="earliest",
-    )
+    app = driver_app(unique_name("guard"), kafka_broker, tmp_path, broker_commit_interval=0.2)
     total = 5
-    sink = AckAllBut(app, skip=skip, total=total)
+    sink = AckAllBut(app, skip=skip)
     app.add_sink(topic, sink, partitions=1)
     before = held(topic)
     await app.start()

@@ -15,8 +15,9 @@ from faust.types import Message
 
 from pipeline.embedded import ApacheKafka, TansuBroker
 from pipeline.kafka import TopicSpec, apply_topics
-from pipeline.worker.app import SwitchboardApp
-from pipeline.worker.driver import BatchConsumer, ConsumerThread, ConsumerTuning, broker_url
+from pipeline.worker.driver import BatchConsumer, ConsumerThread
+
+from .apps import driver_app
 
 pytestmark = pytest.mark.integration
 
@@ -39,19 +40,7 @@ async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
 ) -> None:
     topic = unique_name("loop")
     await apply_topics(kafka_broker.bootstrap, [TopicSpec(topic, 2)])
-    app = SwitchboardApp(
-        unique_name("loop"),
-        consumer_tuning=ConsumerTuning(fetch_max_wait_ms=20),
-        idempotent_producer=kafka_broker.supports_idempotence,
-        broker=broker_url(kafka_broker.bootstrap),
-        key_serializer="raw",
-        value_serializer="raw",
-        web_enabled=False,
-        datadir=str(tmp_path),  # not Faust's default, the working directory
-        topic_allow_declare=False,
-        topic_disable_leader=True,
-        consumer_auto_offset_reset="earliest",
-    )
+    app = driver_app(unique_name("loop"), kafka_broker, tmp_path)
     sink = Collect()
     app.add_sink(topic, sink, partitions=2)
     threads_before = {t.ident for t in threading.enumerate()}
