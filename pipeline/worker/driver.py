@@ -285,8 +285,9 @@ class BatchConsumer(faust_aiokafka.Consumer):
                 last = read_offset[tp]
                 if last is not None and offset < last:
                     continue  # read before a seek back: its replay comes in order
-                if last is None:
+                if last is None:  # read from the start (nothing committed, or a seek to 0)
                     first_read.setdefault(tp, offset)
+                    self._sought.discard(tp)
                 elif tp in self._sought:
                     # The first record since a seek, where `last` is the offset to read next (not
                     # the last one read): offsets before this one are no longer in the log.
