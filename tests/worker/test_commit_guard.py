@@ -117,7 +117,10 @@ async def test_a_record_no_stage_acknowledged_is_read_again_not_committed_past(
                 break
             await asyncio.sleep(0.1)
         assert consumer.committed_offset(tp) == total
-        # Read again from the unacknowledged record: it and the ones after it came twice.
-        assert sink.seen[: total + 1] == [*range(total), skip]
+        # Every record was delivered, and the unacknowledged one again after its first time (how
+        # many came before the partition was read again depends on how the broker batches them).
+        assert set(sink.seen) == set(range(total))
+        first = sink.seen.index(skip)
+        assert skip in sink.seen[first + 1 :]
     finally:
         await app.stop()
