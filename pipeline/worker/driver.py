@@ -229,9 +229,11 @@ class BatchConsumer(faust_aiokafka.Consumer):
 
     async def perform_seek(self) -> None:
         await super().perform_seek()
-        self._sought = {tp for tp, offset in self._read_offset.items() if offset is not None}
+        self._sought = set()
         for tp, offset in self._read_offset.items():
-            if offset is None:  # nothing committed: read from the start again
+            if offset is not None:
+                self._sought.add(tp)
+            else:  # nothing committed: read from the start again
                 self._first_read.pop(tp, None)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
@@ -242,8 +244,8 @@ class BatchConsumer(faust_aiokafka.Consumer):
             self._held.discard(tp)
 
     async def _read_held_again(self) -> None:
-        """Seek each partition whose commit is held back to its committed offset, so the record
-        no stage acknowledged is delivered again (and the ones after it, harmlessly)."""
+        """Seek each partition whose commit is held back to where that commit starts (`_commit_start`),
+        so the record no stage acknowledged is delivered again (and the ones after it, harmlessly)."""
         now = self.loop.time()
         assigned = self.assignment()
         for tp in list(self._held):
@@ -265,9 +267,10 @@ class BatchConsumer(faust_aiokafka.Consumer):
             self._sought.add(tp)
 
     async def _drain_messages(self, fetcher: ServiceT) -> None:
-        """Faust's fetch loop, delivering batches: read offsets, gaps and the commit bound are
-        kept as Faust keeps them; a rebalance (`suspend_flow`) cuts a delivery short, and what was
-        not delivered is fetched again from the committed offsets afterwards."""
+        """Faust's fetch loop, delivering batches: read offsets and gaps are kept as Faust keeps
+        them, except that a seek's first record marks what the log no longer has as a gap; a
+        rebalance (`suspend_flow`) cuts a delivery short, and what was not delivered is fetched
+        again from the committed offsets afterwards."""
         app = cast(BatchApp, self.app)
         read_offset = self._read_offset
         acks_enabled_for = self.app.topics.acks_enabled_for
