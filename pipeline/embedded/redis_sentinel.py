@@ -2,9 +2,8 @@
 each a redis-server process.
 
 Fault tests and the chaos bench SIGKILL the current primary (`kill_primary`), wait until the sentinels
-have promoted the replica (`wait_promoted`) and bring the killed server back (`rejoin`): it starts as
-the primary it was, and the sentinels turn it into a replica of the new one, the way a crashed
-production primary comes back.
+have promoted the replica (`wait_promoted`) and bring the killed server back as the new primary's
+replica (`rejoin`), the way a supervised node restarts; `restart_as_primary` shows why it must.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -130,24 +130,32 @@ class SentinelTopology(ProcessGroup):
         )
 
     async def rejoin(self, server: RedisServer, timeout: float = 60.0) -> None:
-        """Start a killed server again on its port with its data, as production restarts a crashed
-        primary (no `--replicaof`: it comes back thinking it is a primary); wait until the sentinels
-        have made it a replica of the current primary, in sync and known to every sentinel, so a
-        later failover has a replica to promote."""
-        if "--replicaof" in server.extra_args:  # the replica at the start: drop `--replicaof HOST PORT`
-            at = server.extra_args.index("--replicaof")
-            del server.extra_args[at : at + 3]
+        """Start a killed server again on its port with its data, the way a supervised node restarts
+        (the compose file's start script, the Bitnami chart): as the replica of the primary the
+        sentinels name. Return once the sentinels list it as a healthy replica, in sync, so a later
+        failover has one to promote."""
+        _drop_replicaof(server)
+        host, port = await self.primary_address()
+        if (host, port) != (server.host, server.port):
+            server.extra_args += ["--replicaof", host, str(port)]
         await server.restart()
         await self.wait_until_ready(timeout)
 
+    async def restart_as_primary(self, server: RedisServer) -> None:
+        """Start a killed server again as the primary it was, without asking the sentinels, and return
+        at once: until the sentinels demote it (about 8 s later) it serves its old data, and a
+        failover in that window promotes it (`tests/state/test_sentinel.py` shows the writes lost)."""
+        _drop_replicaof(server)
+        await server.restart()
+
     # -- probes --------------------------------------------------------------------------------------
     async def primary_address(self) -> tuple[str, int]:
-        """The primary as the first sentinel that answers reports it."""
-        for sentinel in self.sentinels:
-            reported = await self._reported_primary(sentinel)
-            if reported is not None:
-                return reported
-        raise ServiceStartError(f"no sentinel of {self.master_name} answered")
+        """The primary most of the answering sentinels name (one that has not caught up with a
+        failover yet is outvoted)."""
+        reported = Counter(r for r in [await self._reported_primary(s) for s in self.sentinels] if r is not None)
+        if not reported:
+            raise ServiceStartError(f"no sentinel of {self.master_name} answered")
+        return reported.most_common(1)[0][0]
 
     async def wait_until_ready(self, timeout: float = 30.0) -> None:
         """Every sentinel agrees on the primary, knows the two other sentinels and every other live
@@ -238,6 +246,13 @@ async def _command(host: str, port: int, password: str | None, *args: str) -> An
         return await client.execute_command(*args)
     finally:
         await client.aclose()
+
+
+def _drop_replicaof(server: RedisServer) -> None:
+    """Forget the role of a previous start (`--replicaof HOST PORT`)."""
+    if "--replicaof" in server.extra_args:
+        at = server.extra_args.index("--replicaof")
+        del server.extra_args[at : at + 3]
 
 
 def _fields(reply: Any) -> dict[str, Any]:

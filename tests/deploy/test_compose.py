@@ -112,6 +112,12 @@ def test_the_sentinel_profile_replicates_redis_and_is_internal(compose: dict[str
     assert "--appendonly" in replica
     sentinels = [name for name in svcs if name.startswith("sentinel-")]
     assert len(sentinels) == 3
+    for name in ("redis", "redis-replica"):  # both start in the role the sentinels give them
+        command, env = svcs[name]["command"], env_of(svcs[name])
+        assert command[:4] == ["sh", "/usr/local/bin/start-server.sh", "docker-entrypoint.sh", "redis-server"], name
+        assert ("./deploy/redis/start-server.sh", "/usr/local/bin/start-server.sh") in bind_mounts(svcs[name])
+        assert env["REDIS_NAME"] == name, f"{name} must compare itself with the sentinels' answer by its name"
+        assert env["REDIS_SENTINELS"].split() == [f"{sentinel}:26379" for sentinel in sentinels], name
     for name in sentinels:
         svc = svcs[name]
         script = svc["command"][-1]
