@@ -259,6 +259,8 @@ async def test_holder_sigkilled_mid_traffic_a_survivor_dials_and_every_message_i
         assert {f"Ev{n:08d}" for n in sent} <= acked, "every event acknowledged once durable"
     else:
         again = standin.pushed_again
+        dropped = len(standin.open_api.repeated)
+        print(f"\nlark: {dropped} sends repeated with a uuid Lark already posted (Lark drops them)")
         answered = {a.message_id for s in standin.sockets for a in s.answers if a.code == 200}
         events = {s.events[m]["header"]["event_id"] for s in standin.sockets for m in s.events if m in answered}
         assert {f"ev-{n:08d}" for n in sent} <= events, "every event answered 200 once durable"

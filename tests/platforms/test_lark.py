@@ -303,6 +303,9 @@ class LarkStandIn:
     def __init__(self, api: FakeApi) -> None:
         self.api = api
         self.tokens_issued = 0
+        # Lark sends at most one message per `uuid` within an hour; a repeat is answered like the first.
+        self.sent: dict[str, Any] = {}
+        self.repeated: list[str] = []
         api.on("/open-apis/auth/v3/tenant_access_token/internal", self.token)
         api.on("/open-apis/im/v1/messages", self.create)
         api.on("/open-apis/im/v1/messages/om_parent/reply", self.create)
@@ -338,7 +341,12 @@ class LarkStandIn:
                 tags = [el["tag"] for el in para]
                 assert "md" not in tags or tags == ["md"], "md takes a paragraph of its own"
         assert len(seen.body or json.dumps(body).encode()) < 30 * 1024
-        return 200, {"code": 0, "msg": "success", "data": {"message_id": f"om_sent_{len(self.api.seen)}"}}
+        if body["uuid"] in self.sent:
+            self.repeated.append(body["uuid"])
+            return 200, self.sent[body["uuid"]]
+        answer = {"code": 0, "msg": "success", "data": {"message_id": f"om_sent_{len(self.api.seen)}"}}
+        self.sent[body["uuid"]] = answer
+        return 200, answer
 
     def image(self, seen: Seen) -> tuple[int, Any]:
         assert self._auth(seen) and seen.form == {"image_type": "message"} and seen.files["image"][1] == PNG
@@ -384,8 +392,8 @@ async def test_text_post_image_file_and_token_cache(api: FakeApi, http: httpx.As
         reply_to_message_id="om_parent",
     )
     calls = platform.render(bot, message)
-    for call in calls:
-        outcome = await platform.send(bot, call, http, load_media)
+    outcomes = [await platform.send(bot, call, http, load_media) for call in calls]
+    for outcome in outcomes:
         assert outcome.status == "delivered", outcome
         assert outcome.platform_message_id
     assert stand_in.tokens_issued == 1  # cached across sends
@@ -406,7 +414,11 @@ async def test_text_post_image_file_and_token_cache(api: FakeApi, http: httpx.As
     assert len({s.json["uuid"] for s in sent}) == len(sent)
     # A re-render gives the same uuids, so Lark drops a replayed send.
     uuids = [(c.json or {})["uuid"] for c in calls]
-    assert [(c.json or {})["uuid"] for c in platform.render(bot, message)] == uuids
+    again = platform.render(bot, message)
+    assert [(c.json or {})["uuid"] for c in again] == uuids
+    replayed = await platform.send(bot, again[0], http, load_media)
+    assert replayed.status == "delivered" and stand_in.repeated == [uuids[0]]
+    assert replayed.platform_message_id == outcomes[0].platform_message_id, "the first send's message"
 
 
 async def test_many_short_paragraphs_stay_under_the_body_limit(api: FakeApi, http: httpx.AsyncClient) -> None:
