@@ -50,67 +50,50 @@ def start_server(
 SENTINELS = "s1:1001 s2:1002 s3:1003"
 
 
+REPLICA = ("redis-replica", "redis-server --replicaof redis 6379")  # its name, its options (compose)
+PRIMARY = ("redis", "redis-server --appendonly yes")
+
+
 @pytest.mark.parametrize(
-    ("answers", "expected"),
+    ("server", "answers", "expected"),
     [
-        ({}, "redis-server --replicaof redis 6379 --replica-announce-ip redis-replica"),
+        (REPLICA, {}, "redis-server --replicaof redis 6379 --replica-announce-ip redis-replica"),
         (
+            REPLICA,
             {1001: "redis\n6379\n", 1002: "redis\n6379\n", 1003: "redis\n6379\n"},
             "redis-server --replicaof redis 6379 --replicaof redis 6379 --replica-announce-ip redis-replica",
         ),
+        (  # after a failover: the old primary comes back as the new one's replica
+            PRIMARY,
+            {1001: "redis-replica\n6379\n", 1003: "redis-replica\n6379\n"},
+            "redis-server --appendonly yes --replicaof redis-replica 6379 --replica-announce-ip redis",
+        ),
         (  # the sentinels name this server: the primary, whatever its options say
+            REPLICA,
             {1001: "redis-replica\n6379\n", 1002: "redis-replica\n6379\n"},
             "redis-server --replicaof redis 6379 --replicaof no one --replica-announce-ip redis-replica",
         ),
         (  # one sentinel has not caught up with the failover yet: the majority decides
+            REPLICA,
             {1001: "redis\n6379\n", 1002: "redis-replica\n6379\n", 1003: "redis-replica\n6379\n"},
             "redis-server --replicaof redis 6379 --replicaof no one --replica-announce-ip redis-replica",
         ),
         (  # errors and nil replies are no answer
+            REPLICA,
             {1001: "NOAUTH Authentication required.\n", 1002: "\n", 1003: "ERR No such master with that name\n"},
             "redis-server --replicaof redis 6379 --replica-announce-ip redis-replica",
         ),
     ],
-    ids=["no-sentinel-up", "primary-elsewhere", "primary-is-me", "majority", "bad-replies"],
+    ids=["no-sentinel-up", "primary-elsewhere", "old-primary-returns", "primary-is-me", "majority", "bad-replies"],
 )
-def test_the_role_the_sentinels_give_decides(tmp_path: Path, answers: dict[int, str], expected: str) -> None:
-    done = start_server(
-        tmp_path,
-        answers,
-        "redis-server",
-        "--replicaof",
-        "redis",
-        "6379",
-        REDIS_NAME="redis-replica",
-        REDIS_SENTINELS=SENTINELS,
-    )
+def test_the_role_the_sentinels_give_decides(
+    tmp_path: Path, server: tuple[str, str], answers: dict[int, str], expected: str
+) -> None:
+    name, options = server
+    done = start_server(tmp_path, answers, *options.split(), REDIS_NAME=name, REDIS_SENTINELS=SENTINELS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected
     assert "start-server:" in done.stderr, "it says which role it took and why"
-
-
-def test_a_primary_elsewhere_makes_the_old_primary_a_replica(tmp_path: Path) -> None:
-    done = start_server(
-        tmp_path,
-        {1001: "redis-replica\n6379\n", 1003: "redis-replica\n6379\n"},
-        "redis-server",
-        "--appendonly",
-        "yes",
-        REDIS_NAME="redis",
-        REDIS_SENTINELS=SENTINELS,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [
-        "redis-server",
-        "--appendonly",
-        "yes",
-        "--replicaof",
-        "redis-replica",
-        "6379",
-        "--replica-announce-ip",
-        "redis",
-    ]
-    assert "redis-replica:6379 the primary; starting as its replica" in done.stderr
 
 
 def test_without_a_name_it_refuses_to_start(tmp_path: Path) -> None:
