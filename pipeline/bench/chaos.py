@@ -185,8 +185,8 @@ async def _other_faults(bs: BenchStack, cfg: ChaosConfig, faults: FaultLog) -> N
 
 async def _sentinel_failover(topology: SentinelTopology, faults: FaultLog) -> None:
     """Behind Sentinel: the primary SIGKILLed, the replica promoted by the sentinels; the killed server
-    then started again in the background (the schedule goes on), where the sentinels make it the new
-    primary's replica, so a later fault has one to promote."""
+    then started again in the background (the schedule goes on) as the new primary's replica, as a
+    supervised node restarts, so a later fault has one to promote."""
     t = time.monotonic()
     victim = await topology.kill_primary()
     faults.add("redis_primary_sigkill", port=victim.port)
