@@ -148,6 +148,19 @@ class SentinelTopology(ProcessGroup):
         _drop_replicaof(server)
         await server.restart()
 
+    async def force_failover(self, timeout: float = 20.0) -> None:
+        """`SENTINEL FAILOVER` on the first sentinel, asked again while it has no replica it would
+        promote yet (it learns a restarted server's state from its next INFO)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self._sentinel_command(self.sentinels[0], "SENTINEL", "FAILOVER", self.master_name)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+
     # -- probes --------------------------------------------------------------------------------------
     async def primary_address(self) -> tuple[str, int]:
         """The primary most of the answering sentinels name (one that has not caught up with a

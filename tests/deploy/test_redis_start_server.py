@@ -8,7 +8,9 @@ import asyncio
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,9 +136,9 @@ async def test_the_killed_primary_comes_back_as_the_new_primarys_replica(tmp_pat
         try:
             client = RedisClient(f"redis://{killed.host}:{killed.port}/0", socket_timeout=5)
             try:
-                first_role = await _first_reply(client, "ROLE")
+                first_role = [str(part) for part in await _answer(client, "ROLE")]
                 assert first_role[0] == "slave" and int(first_role[2]) == promoted.port, first_role
-                assert await _eventually(client, "GET", "after-the-failover") == "1"
+                assert await _answer(client, "GET", "after-the-failover", accept=lambda r: r is not None) == "1"
             finally:
                 await client.aclose()
         finally:
@@ -146,29 +148,18 @@ async def test_the_killed_primary_comes_back_as_the_new_primarys_replica(tmp_pat
         assert "starting as its replica" in (tmp_path / "start-server.log").read_text()
 
 
-async def _first_reply(client: RedisClient, *command: str, timeout: float = 20.0) -> list[str]:
+async def _answer(
+    client: RedisClient, *command: str, accept: Callable[[Any], bool] = lambda _: True, timeout: float = 20.0
+) -> Any:
+    """The first reply to `command` that `accept`s, asked again while the server is not up yet."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             reply = await client.execute(*command)
         except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.02)
-            continue
-        assert isinstance(reply, list)
-        return [str(part) for part in reply]
-
-
-async def _eventually(client: RedisClient, *command: str, timeout: float = 20.0) -> object:
-    deadline = time.monotonic() + timeout
-    reply: object = None
-    while time.monotonic() < deadline:
-        try:
-            reply = await client.execute(*command)
-        except Exception:
             reply = None
-        if reply is not None:
-            return reply
+        else:
+            if accept(reply):
+                return reply
+        assert time.monotonic() < deadline, f"no accepted reply to {command} within {timeout:.0f} s (last: {reply!r})"
         await asyncio.sleep(0.05)
-    return reply

@@ -317,7 +317,7 @@ async def test_killed_primary_rejoins_as_replica_and_a_second_failover_promotes_
 
 @pytest.mark.parametrize("restart", ["as-replica", "as-primary"])
 async def test_a_failover_soon_after_the_killed_primary_restarts(tmp_path: Path, restart: str) -> None:
-    """Why a killed primary must come back as the new primary's replica (`rejoin`'s default, the
+    """Why a killed primary must come back as the new primary's replica (`rejoin`, the
     compose file's deploy/redis/start-server.sh). Started again as the primary it was, it serves its
     old data until the sentinels demote it (about 8 s), and a failover in that window promotes it:
     every write the new primary took since the first failover is thrown away. (A loaded new primary
@@ -336,7 +336,7 @@ async def test_a_failover_soon_after_the_killed_primary_restarts(tmp_path: Path,
                 await topology.rejoin(killed)
             else:
                 await topology.restart_as_primary(killed)
-            await _forced_failover(topology)
+            await topology.force_failover()
             assert await topology.wait_promoted(promoted) is killed
             await topology.wait_until_ready()  # the server demoted in turn is the new primary's replica
             got, _, _ = await _until_it_succeeds(lambda: client.execute("MGET", "before", "after"))
@@ -346,21 +346,3 @@ async def test_a_failover_soon_after_the_killed_primary_restarts(tmp_path: Path,
         assert got == ["1", "1"]
     else:
         assert got == ["1", None], "the stale server was promoted: the write made after the first failover is gone"
-
-
-async def _forced_failover(topology: SentinelTopology) -> None:
-    """`SENTINEL FAILOVER`, again while a sentinel has no replica it would promote yet (it learns of a
-    restarted server's state from its next INFO)."""
-    deadline = time.monotonic() + 20
-    while True:
-        sentinel = topology.sentinels[0]
-        probe = Redis(host=sentinel.host, port=sentinel.port, decode_responses=True)
-        try:
-            await probe.execute_command("SENTINEL", "FAILOVER", MASTER)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
-        finally:
-            await probe.aclose()
