@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from pipeline.embedded._kafka_probe import kafka_ready
+from pipeline.embedded._kafka_probe import brokers_listed_by_each_node
 from pipeline.embedded._process import free_port
 from pipeline.embedded.apache_kafka import DEFAULT_KAFKA_VERSION, ApacheKafka, random_cluster_id
 from pipeline.embedded.exceptions import ServiceStartError
@@ -119,15 +119,25 @@ class KafkaCluster:
         if errors:
             await self.stop()
             raise ServiceStartError(f"Kafka cluster did not start: {errors[0]}") from errors[0]
-        # Each node answers clients before the controller lists every broker: until then a topic
-        # asking for 3 replicas is created with fewer (seen on a slow machine).
+        # Each node answers clients before every node's metadata lists every broker: until then a
+        # topic asking for 3 replicas may be created with fewer (seen on a slow machine, also when
+        # one node already listed all three).
         deadline = time.monotonic() + _ALL_BROKERS_TIMEOUT
-        while not await kafka_ready(self.bootstrap, group_probe=None, brokers=len(self.nodes)):
+        listed: dict[int, int] = {}
+        while not self._all_brokers_listed(listed):
             if time.monotonic() > deadline:
                 await self.stop()
-                raise ServiceStartError(f"Kafka cluster: fewer than {len(self.nodes)} brokers registered")
+                raise ServiceStartError(
+                    f"Kafka cluster: not every node lists all {len(self.nodes)} brokers "
+                    f"(node id -> brokers listed: {listed})"
+                )
             await asyncio.sleep(0.2)
+            with contextlib.suppress(Exception):  # a node still booting refuses or times out
+                listed = await self.brokers_listed()
         return self
+
+    def _all_brokers_listed(self, listed: dict[int, int]) -> bool:
+        return set(listed) == set(self.nodes) and all(n == len(self.nodes) for n in listed.values())
 
     async def stop(self) -> None:
         await asyncio.gather(*(n.stop() for n in self.nodes.values()), return_exceptions=True)
@@ -165,6 +175,10 @@ class KafkaCluster:
             self.cleanup()
 
     # -- metadata ------------------------------------------------------------------------------
+    async def brokers_listed(self) -> dict[int, int]:
+        """Node id -> how many brokers that node's own metadata lists (each node keeps a copy)."""
+        return await brokers_listed_by_each_node(self.live_bootstrap)
+
     async def partitions(self, topics: Iterable[str]) -> list[PartitionReplicas]:
         """Leader, replicas and ISR of every partition of the named topics (that exist)."""
         async with admin_client(self.live_bootstrap, request_timeout_ms=5000) as admin:

@@ -67,6 +67,9 @@ async def test_production_topics_are_replicated_and_refuse_writes_below_two_in_s
     """The settings' defaults give every topic 3 replicas and min.insync.replicas=2 on the cluster;
     with two of the three brokers' replicas gone, an acks=all write is refused, not half-stored."""
     async with KafkaCluster(3, run_dir=tmp_path / "kafka") as cluster:
+        # Ready means every node's metadata lists all three: a node still listing two would create
+        # the topics below with two replicas.
+        assert await cluster.brokers_listed() == {1: 3, 2: 3, 3: 3}
         specs = cluster_specs(Settings(kafka_bootstrap=cluster.bootstrap, partitions=3))
         report = await apply_topics(cluster.bootstrap, specs)
         assert report.ok and not report.warnings, report.summary()
