@@ -1,7 +1,7 @@
 """Open-loop webhook load through the real ingress, and what the console platform delivered.
 
-The generator runs in its own thread (own event loop, raw aiohttp client, bodies serialised before
-the clock starts) so its CPU can be measured on its own. Sends are scheduled at fixed times and
+The generator runs in its own thread (own event loop, a minimal keep-alive HTTP client, bodies
+serialised before the clock starts) so its CPU can be measured on its own. Sends are scheduled at fixed times and
 fired whether or not earlier requests have been answered (open loop: a slow pipeline shows up as
 latency, not as a lower offered rate); latencies are taken from the *intended* send time.
 """
@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.bench._http import KeepAliveClient
 from pipeline.bench.measure import ThreadCpu, summary
 from pipeline.state import Keys
 
@@ -152,17 +153,13 @@ class Generator:
         return self.stats
 
     async def _main(self) -> None:
-        import aiohttp
-
         cpu = ThreadCpu()
         c0 = cpu.seconds()
         t_wall = time.monotonic()
-        connector = aiohttp.TCPConnector(limit=self.connections, force_close=False)
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
-        headers = {"Content-Type": "application/json"}
+        http = KeepAliveClient(limit=self.connections, headers={"Content-Type": "application/json"})
         pending: set[asyncio.Task[None]] = set()
         stats = self.stats
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as http:
+        try:
 
             async def post(sent: Sent) -> None:
                 for attempt in range(self.retries + 1):
@@ -170,14 +167,14 @@ class Generator:
                     url = urls[attempt % len(urls)] if urls else ""
                     sent.attempts += 1
                     try:
-                        async with http.post(f"{url}/webhooks/console/{self.plan.bot}", data=sent.body) as response:
-                            await response.read()
-                            sent.status = response.status
-                            if response.status == 200:
-                                sent.acked_ms = time.time() * 1000
-                                stats.acked += 1
-                                return
-                    except (TimeoutError, aiohttp.ClientError, OSError):
+                        async with asyncio.timeout(self.timeout):
+                            status = await http.post(f"{url}/webhooks/console/{self.plan.bot}", sent.body)
+                        sent.status = status
+                        if status == 200:
+                            sent.acked_ms = time.time() * 1000
+                            stats.acked += 1
+                            return
+                    except (TimeoutError, OSError, ValueError):  # ValueError: no worker URL right now
                         sent.status = -1
                     stats.errors += 1
                     if self._stop.is_set() and attempt >= 2:
@@ -202,6 +199,8 @@ class Generator:
                 task.add_done_callback(pending.discard)
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            await http.close()
         stats.cpu_seconds = cpu.seconds() - c0
         stats.wall_seconds = time.monotonic() - t_wall
         stats.done = True
