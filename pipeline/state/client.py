@@ -15,9 +15,13 @@ is `BusyLoadingError`, `-NOSCRIPT` `NoScriptError`, other error replies `Respons
 blocking commands and no pub/sub here.
 
 With a `redis+sentinel://` URL (`pipeline/state/redis_url.py`) every connection starts by asking
-the sentinels for the primary (`SENTINEL get-master-addr-by-name`, each sentinel in turn) and
-checks with `ROLE` that the server is one; so after a failover the next connection goes to the
-promoted replica, without a restart.
+the sentinels for the primary (`SENTINEL MASTER`, each sentinel in turn) and checks with `ROLE`
+that the server is one; so after a failover the next connection goes to the promoted replica,
+without a restart. An open connection is checked too: once a second the sentinels are asked again,
+and when they name another server under a newer failover epoch the connection is dropped. Without
+that, a primary the sentinels failed over from while it was unreachable (paused, partitioned, too
+slow to answer their pings) still says `master` when it comes back, takes this client's writes, and
+loses them all when the sentinels demote it seconds later (a chaos run lost 11 s of turn state so).
 
 With a `redis+cluster://` URL the calls go through a router (`pipeline/state/_cluster.py`) to one
 such client per primary, each call to the primary of its keys' slot.
@@ -49,6 +53,8 @@ Arg = str | bytes | int | float
 
 # Seconds at most between two connection attempts while Redis (or every sentinel) is unreachable.
 _CONNECT_BACKOFF_CAP = 0.5
+# Seconds between two checks that the sentinels still name the connected server as the primary.
+_PRIMARY_RECHECK = 1.0
 
 
 class _ErrorReply(Exception):
@@ -186,6 +192,8 @@ class RedisClient:
         self._next_connect = 0.0
         # Sentinels in the order they are asked (the last that answered first).
         self._sentinels = list(target.sentinels) if isinstance(target, SentinelTarget) else []
+        # The primary the open connection goes to, and the sentinels' failover epoch that named it.
+        self._primary_named: tuple[str, int, int] | None = None
         self._cluster: ClusterRouter | None = None
         if isinstance(target, ClusterTarget):
             self._cluster = ClusterRouter(target, self._node_client)
@@ -317,7 +325,9 @@ class RedisClient:
 
     async def _open(self) -> _Connection:
         target = self.target
-        endpoint = await self._primary(target) if isinstance(target, SentinelTarget) else target
+        named: tuple[Endpoint, int] | None = await self._primary(target) if isinstance(target, SentinelTarget) else None
+        endpoint = named[0] if named is not None else target
+        assert isinstance(endpoint, Endpoint)
         setup: list[tuple[Arg, ...]] = []
         if endpoint.password is not None:
             auth: tuple[Arg, ...] = ("AUTH", endpoint.password)
@@ -335,30 +345,60 @@ class RedisClient:
             raise RedisConnectionError(
                 f"Redis at {endpoint.address}, named primary of {target.master} by the sentinels, is a {replies[-1][0]}"
             )
+        if named is not None:
+            self._primary_named = (endpoint.host, endpoint.port, named[1])
         return connection
 
-    async def _primary(self, target: SentinelTarget) -> Endpoint:
-        """The primary's address from the first sentinel that knows it (the one that answered
-        last is asked first)."""
+    async def _primary(self, target: SentinelTarget) -> tuple[Endpoint, int]:
+        """The primary's address and the failover epoch that made it so, from the first sentinel
+        that knows it (the one that answered last is asked first)."""
         problems: list[str] = []
         for host, port in list(self._sentinels):
             try:
-                auth: list[tuple[Arg, ...]] = [("AUTH", target.sentinel_password)] if target.sentinel_password else []
-                connection, replies = await self._dial(
-                    host, port, [*auth, ("SENTINEL", "get-master-addr-by-name", target.master)], lambda _c: None
-                )
-                reply = replies[-1]
-                connection.fail(RedisConnectionError("sentinel asked"))
+                named = await self._ask_sentinel(target, host, port)
             except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
                 problems.append(f"{host}:{port}: {exc}")
                 continue
-            if reply is None:
-                problems.append(f"{host}:{port}: does not know {target.master!r}")
-                continue
             self._sentinels.remove((host, port))
             self._sentinels.insert(0, (host, port))
-            return target.primary(str(reply[0]), int(reply[1]))
+            return named
         raise RedisConnectionError(f"no sentinel named the primary of {target.address}: {'; '.join(problems)}")
+
+    async def _ask_sentinel(self, target: SentinelTarget, host: str, port: int) -> tuple[Endpoint, int]:
+        auth: list[tuple[Arg, ...]] = [("AUTH", target.sentinel_password)] if target.sentinel_password else []
+        try:
+            connection, replies = await self._dial(
+                host, port, [*auth, ("SENTINEL", "MASTER", target.master)], lambda _c: None
+            )
+        except ResponseError as exc:
+            if "no such master" in str(exc).lower():
+                raise ResponseError(f"does not know {target.master!r}") from None
+            raise
+        connection.fail(RedisConnectionError("sentinel asked"))
+        fields = dict(zip(replies[-1][::2], replies[-1][1::2], strict=True))
+        return target.primary(str(fields["ip"]), int(fields["port"])), int(fields.get("config-epoch", 0))
+
+    async def _check_primary(self, target: SentinelTarget, sentinel: tuple[str, int]) -> None:
+        """Drop the open connection when `sentinel` names another primary under a newer epoch (one
+        that has not caught up with a failover names an older epoch, and is not followed). The
+        watchdog asks each sentinel in turn, so one that is behind does not hide the others."""
+        connection, named = self._connection, self._primary_named
+        if connection is None or connection.closed or named is None:
+            return
+        try:
+            endpoint, epoch = await self._ask_sentinel(target, *sentinel)
+        except (RedisConnectionError, RedisTimeoutError, ResponseError):
+            return  # this sentinel cannot say; the next check asks another
+        if epoch <= named[2] or (endpoint.host, endpoint.port) == named[:2]:
+            return
+        if self._connection is connection:
+            log.warning(
+                "Redis: the sentinels now name %s as primary (epoch %d > %d): reconnecting",
+                endpoint.address,
+                epoch,
+                named[2],
+            )
+            connection.fail(RedisConnectionError(f"the sentinels now name {endpoint.address} as primary"))
 
     async def _dial(
         self, host: str, port: int, setup: Sequence[Sequence[Arg]], on_lost: Any
@@ -393,9 +433,16 @@ class RedisClient:
         loop = asyncio.get_running_loop()
         seen: asyncio.Future[Any] | None = None
         since = loop.time()
-        interval = min(1.0, self.socket_timeout / 4)
+        interval = min(_PRIMARY_RECHECK, self.socket_timeout / 4)
+        checked = loop.time()
+        turn = 0
         while True:
             await asyncio.sleep(interval)
+            target = self.target
+            if isinstance(target, SentinelTarget) and loop.time() - checked >= _PRIMARY_RECHECK:
+                checked = loop.time()
+                turn += 1
+                await self._check_primary(target, target.sentinels[turn % len(target.sentinels)])
             connection = self._connection
             oldest = connection.oldest_waiting if connection is not None else None
             if oldest is None or oldest is not seen:

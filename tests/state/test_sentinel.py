@@ -203,6 +203,49 @@ async def test_demoted_primary_answers_readonly_and_the_client_moves(
         await client.aclose()
 
 
+async def test_an_open_connection_leaves_a_primary_the_sentinels_failed_over_from(
+    topology: SentinelTopology, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The primary paused (SIGSTOP) long enough for the sentinels to promote the replica, then
+    resumed: for about 8 s, until the sentinels demote it, it still answers ROLE `master` and takes
+    writes, all of which its demotion throws away. A connection that was open to it must move to the
+    promoted replica: the client asks the sentinels again every second and follows a newer epoch."""
+    client = RedisClient(topology.url(), socket_timeout=30)
+    old = topology.primary
+    redis_old = Redis(host=old.host, port=old.port, password=PASSWORD, decode_responses=True)
+    try:
+        await client.execute("SET", "before", "1")
+        assert int(_info_field(await client.execute("INFO", "server"), "tcp_port")) == old.port
+        assert old.pid is not None
+        os.kill(old.pid, signal.SIGSTOP)
+        try:
+            promoted = await topology.wait_promoted(old)
+        finally:
+            os.kill(old.pid, signal.SIGCONT)
+        assert promoted is topology.replica
+        # The hazard is there: the old primary, back, still calls itself one.
+        assert (await redis_old.execute_command("ROLE"))[0] == "master"
+        with caplog.at_level(logging.WARNING, logger="pipeline.state.client"):
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 4.0:
+                try:
+                    port = int(_info_field(await client.execute("INFO", "server"), "tcp_port"))
+                except UNAVAILABLE:
+                    port = None  # the dropped connection: the stages retry this
+                if port == promoted.port:
+                    break
+                await asyncio.sleep(0.1)
+        print(f"\nan open connection to the paused primary moved {time.monotonic() - t0:.2f} s after it resumed")
+        assert port == promoted.port, "the client still writes to the primary the sentinels failed over from"
+        assert "now name" in caplog.text and PASSWORD not in caplog.text
+        await client.execute("SET", "after", "1")
+        assert (await redis_old.execute_command("ROLE"))[0] == "master"  # still within the window
+        assert await client.execute("GET", "after") == "1"
+    finally:
+        await redis_old.aclose()
+        await client.aclose()
+
+
 async def test_a_server_the_sentinels_wrongly_name_is_refused(topology: SentinelTopology) -> None:
     """The sentinels' answer is checked with ROLE: a replica named as primary (here: the sentinels
     are told the wrong address) is never written to."""
