@@ -141,9 +141,7 @@ def _chunked_end(buffer: bytearray, at: int) -> int | None:
 
 
 class _HostPool:
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
+    def __init__(self) -> None:
         self.idle: deque[_Connection] = deque()
         self.open: set[_Connection] = set()
 
@@ -182,7 +180,7 @@ class KeepAliveClient:
         ).encode("latin-1") + body
         pool = self._pools.get((host, port))
         if pool is None:
-            pool = self._pools[(host, port)] = _HostPool(host, port)
+            pool = self._pools[(host, port)] = _HostPool()
         async with self._limit:
             while pool.idle:
                 connection = pool.idle.popleft()

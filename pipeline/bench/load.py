@@ -1,9 +1,9 @@
 """Open-loop webhook load through the real ingress, and what the console platform delivered.
 
 The generator runs in its own thread (own event loop, a minimal keep-alive HTTP client, bodies
-serialised before the clock starts) so its CPU can be measured on its own. Sends are scheduled at fixed times and
-fired whether or not earlier requests have been answered (open loop: a slow pipeline shows up as
-latency, not as a lower offered rate); latencies are taken from the *intended* send time.
+serialised before the clock starts) so its CPU can be measured on its own. Sends are scheduled at
+fixed times and fired whether or not earlier requests have been answered (open loop: a slow pipeline
+shows up as latency, not as a lower offered rate); latencies are taken from the *intended* send time.
 """
 
 from __future__ import annotations
@@ -159,29 +159,29 @@ class Generator:
         http = KeepAliveClient(limit=self.connections, headers={"Content-Type": "application/json"})
         pending: set[asyncio.Task[None]] = set()
         stats = self.stats
+
+        async def post(sent: Sent) -> None:
+            for attempt in range(self.retries + 1):
+                urls = self.urls()
+                url = urls[attempt % len(urls)] if urls else ""
+                sent.attempts += 1
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        status = await http.post(f"{url}/webhooks/console/{self.plan.bot}", sent.body)
+                    sent.status = status
+                    if status == 200:
+                        sent.acked_ms = time.time() * 1000
+                        stats.acked += 1
+                        return
+                except (TimeoutError, OSError, ValueError):  # ValueError: no worker URL right now
+                    sent.status = -1
+                stats.errors += 1
+                if self._stop.is_set() and attempt >= 2:
+                    break
+                await asyncio.sleep(self.retry_delay)
+            stats.failed += 1
+
         try:
-
-            async def post(sent: Sent) -> None:
-                for attempt in range(self.retries + 1):
-                    urls = self.urls()
-                    url = urls[attempt % len(urls)] if urls else ""
-                    sent.attempts += 1
-                    try:
-                        async with asyncio.timeout(self.timeout):
-                            status = await http.post(f"{url}/webhooks/console/{self.plan.bot}", sent.body)
-                        sent.status = status
-                        if status == 200:
-                            sent.acked_ms = time.time() * 1000
-                            stats.acked += 1
-                            return
-                    except (TimeoutError, OSError, ValueError):  # ValueError: no worker URL right now
-                        sent.status = -1
-                    stats.errors += 1
-                    if self._stop.is_set() and attempt >= 2:
-                        break
-                    await asyncio.sleep(self.retry_delay)
-                stats.failed += 1
-
             start = time.monotonic()
             self.start_epoch_ms = time.time() * 1000 - (time.monotonic() - start) * 1000
             for sent, offset in zip(self.plan.messages, self.plan.offsets, strict=True):
