@@ -8,10 +8,9 @@ import logging
 from collections.abc import Iterator
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.client import AIOKafkaClient
-from aiokafka.protocol.metadata import MetadataRequest
 
 from pipeline.embedded._process import port_open
+from pipeline.kafka.admin import metadata_of_each_node
 
 
 @contextlib.contextmanager
@@ -53,20 +52,9 @@ async def brokers_listed_by_each_node(bootstrap: str) -> dict[int, int]:
     """Node id -> how many brokers that node's own metadata lists, for every node the bootstrap
     node knows of.
 
-    Each broker keeps its own copy of the cluster's metadata and learns of a new broker a little
-    after the controller does, so one node may list three brokers while another still lists two,
-    and a topic created through the second gets two replicas. A plain metadata call asks a random
-    node; this asks each one.
+    A node learns of a new broker a little after the controller does, so one node may list three
+    brokers while another still lists two, and a topic created through the second gets two replicas.
     """
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     with _aiokafka_quiet():
-        try:
-            await asyncio.wait_for(client.bootstrap(), 5)
-            listed = {}
-            for broker in client.cluster.brokers():
-                response = await asyncio.wait_for(client.send(broker.nodeId, MetadataRequest([])), 5)
-                listed[broker.nodeId] = len(response.to_object()["brokers"])
-            return listed
-        finally:
-            with contextlib.suppress(Exception):
-                await client.close()
+        answers = await metadata_of_each_node(bootstrap, [])
+    return {node: len(metadata["brokers"]) for node, metadata in answers.items()}

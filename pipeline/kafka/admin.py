@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from pipeline.kafka.exceptions import BrokerUnavailableError
 
@@ -102,27 +105,56 @@ async def describe_topic_configs(
     return out
 
 
-async def wait_for_topics(admin: AIOKafkaAdminClient, partitions: dict[str, int], *, timeout: float = 30.0) -> None:
-    """Wait until each topic is in metadata with at least N partitions, all with a leader.
+async def metadata_of_each_node(
+    bootstrap: str, topics: list[str], *, timeout: float = 5.0
+) -> dict[int, dict[str, Any]]:
+    """Node id -> that node's own metadata answer for ``topics`` (never auto-created), for every
+    node the bootstrap node knows of.
+
+    Each broker keeps its own copy of the cluster's metadata and learns of a new broker or topic a
+    little after the controller does. A plain metadata call asks one node at random, so a topic
+    one node lists may still be unknown to the next client's node; this asks each one.
+    """
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+        answers: dict[int, dict[str, Any]] = {}
+        for broker in client.cluster.brokers():
+            request = MetadataRequest(topics, allow_auto_topic_creation=False)
+            response = await asyncio.wait_for(client.send(broker.nodeId, request), timeout)
+            answers[broker.nodeId] = response.to_object()
+        return answers
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+def _lists_topics(metadata: dict[str, Any], partitions: dict[str, int]) -> bool:
+    """Whether one node's metadata has each topic with at least N partitions, each with a leader."""
+    listed = {t["topic"]: t for t in metadata.get("topics") or [] if not t.get("error_code")}
+    for name, wanted in partitions.items():
+        parts = (listed.get(name) or {}).get("partitions") or []
+        if len(parts) < wanted or any(p.get("leader", -1) < 0 for p in parts):
+            return False
+    return True
+
+
+async def wait_for_topics(bootstrap: str, partitions: dict[str, int], *, timeout: float = 30.0) -> None:
+    """Wait until every broker's metadata lists each topic with at least N partitions, all with a
+    leader.
 
     Apache Kafka creates topics asynchronously (CreateTopics returns before every partition has a
-    leader); producing right away would log "unknown topic" and retry.
+    leader, and before every broker has heard of the topic); producing, or checking the topics,
+    right away would find it unknown on some node.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    names = sorted(partitions)
     while True:
-        existing = await list_topics(admin)
-        present = [n for n in partitions if n in existing]
-        ok = len(present) == len(partitions)
-        if ok:
-            for meta in await admin.describe_topics(present):
-                parts = meta.get("partitions") or []
-                if meta.get("error_code") or len(parts) < partitions[meta["topic"]]:
-                    ok = False
-                elif any(p.get("leader", -1) < 0 for p in parts):
-                    ok = False
-        if ok:
-            return
+        with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            answers = await metadata_of_each_node(bootstrap, names)
+            if answers and all(_lists_topics(m, partitions) for m in answers.values()):
+                return
         if loop.time() > deadline:
-            raise TimeoutError(f"topics not ready after {timeout}s: {sorted(partitions)}")
+            raise TimeoutError(f"topics not ready on every broker after {timeout}s: {names}")
         await asyncio.sleep(0.05)

@@ -204,12 +204,12 @@ async def apply_topics(
             await _create(admin, missing, brokers, cap_replication_factor, report)
             created = {s.name: s.partitions for s in missing if s.name in report.created}
             if created:
-                await wait_for_topics(admin, created, timeout=wait_timeout)
+                await wait_for_topics(bootstrap, created, timeout=wait_timeout)
         for spec in specs:
             state = states.get(spec.name)
             if state is None:
                 continue
-            changed = await _update(admin, spec, state, brokers, report)
+            changed = await _update(admin, bootstrap, spec, state, brokers, report)
             if not changed and spec.name not in report.errors:
                 report.unchanged.append(spec.name)
     return report
@@ -248,7 +248,12 @@ async def _create(
 
 
 async def _update(
-    admin: AIOKafkaAdminClient, spec: TopicSpec, state: TopicState, brokers: int, report: ApplyReport
+    admin: AIOKafkaAdminClient,
+    bootstrap: str,
+    spec: TopicSpec,
+    state: TopicState,
+    brokers: int,
+    report: ApplyReport,
 ) -> bool:
     changed = False
     if spec.partitions > state.partitions:
@@ -263,7 +268,7 @@ async def _update(
             report.errors[spec.name] = f"create_partitions failed: {exc}"
         else:
             report.partitions_increased[spec.name] = (state.partitions, spec.partitions)
-            await wait_for_topics(admin, {spec.name: spec.partitions})
+            await wait_for_topics(bootstrap, {spec.name: spec.partitions})
             changed = True
     elif spec.partitions < state.partitions:
         report.degraded.append(

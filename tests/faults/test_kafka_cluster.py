@@ -24,6 +24,7 @@ from pipeline.bench.chaos import ChaosConfig
 from pipeline.bench.chaos_kafka import lag_recovery, parse_broker_faults
 from pipeline.embedded import KafkaCluster
 from pipeline.kafka import TopicSpec, admin_client, apply_topics, check_topics, describe_topic_states, produce
+from pipeline.kafka.admin import metadata_of_each_node
 from pipeline.settings import Settings
 from pipeline.topics import IM_INBOUND, cluster_specs
 from tests.conftest import enabled_brokers
@@ -73,6 +74,12 @@ async def test_production_topics_are_replicated_and_refuse_writes_below_two_in_s
         specs = cluster_specs(Settings(kafka_bootstrap=cluster.bootstrap, partitions=3))
         report = await apply_topics(cluster.bootstrap, specs)
         assert report.ok and not report.warnings, report.summary()
+        # Applied means every node knows the topics, not only the one the create went through: a
+        # check (or a producer) asking another node right after must not find them missing.
+        names = sorted(s.name for s in specs)
+        answers = await metadata_of_each_node(cluster.bootstrap, names)
+        listed = {node: sorted(t["topic"] for t in m["topics"] if not t["error_code"]) for node, m in answers.items()}
+        assert listed == {1: names, 2: names, 3: names}
         assert await check_topics(cluster.bootstrap, specs) == []
         async with admin_client(cluster.bootstrap) as admin:
             states = await describe_topic_states(admin, [s.name for s in specs])
