@@ -72,7 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ramp-start", type=float, default=50.0)
     p.add_argument("--ramp-factor", type=float, default=1.5)
-    p.add_argument("--ramp-steps", type=int, default=8)
+    p.add_argument(
+        "--ramp-steps",
+        type=int,
+        default=10,
+        help="at most this many steps; the ramp stops at the first failing one (10 steps of 1.5x from 50 reach "
+        "1,922 msg/s: 8, to 854 msg/s, no longer found the pipeline's or the bare turn's ceiling)",
+    )
     p.add_argument("--step-seconds", type=float, default=10.0)
     p.add_argument("--max-p99-ms", type=float, default=3000.0, help="ramp stops above this end-to-end p99")
     p.add_argument("--scale", action="store_true", help="1 vs 2 workers (ramp) and rebalance under load")
