@@ -105,6 +105,27 @@ async def describe_topic_configs(
     return out
 
 
+@contextlib.asynccontextmanager
+async def _node_client(bootstrap: str, timeout: float) -> AsyncIterator[AIOKafkaClient]:
+    """A client that can address each broker by node id (the admin client cannot)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await asyncio.wait_for(client.bootstrap(), timeout)
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+async def _ask_each_node(client: AIOKafkaClient, topics: list[str], timeout: float) -> dict[int, dict[str, Any]]:
+    request = MetadataRequest(topics, allow_auto_topic_creation=False)
+    answers: dict[int, dict[str, Any]] = {}
+    for broker in client.cluster.brokers():
+        response = await asyncio.wait_for(client.send(broker.nodeId, request), timeout)
+        answers[broker.nodeId] = response.to_object()
+    return answers
+
+
 async def metadata_of_each_node(
     bootstrap: str, topics: list[str], *, timeout: float = 5.0
 ) -> dict[int, dict[str, Any]]:
@@ -115,18 +136,8 @@ async def metadata_of_each_node(
     little after the controller does. A plain metadata call asks one node at random, so a topic
     one node lists may still be unknown to the next client's node; this asks each one.
     """
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
-    try:
-        await asyncio.wait_for(client.bootstrap(), timeout)
-        answers: dict[int, dict[str, Any]] = {}
-        for broker in client.cluster.brokers():
-            request = MetadataRequest(topics, allow_auto_topic_creation=False)
-            response = await asyncio.wait_for(client.send(broker.nodeId, request), timeout)
-            answers[broker.nodeId] = response.to_object()
-        return answers
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
+    async with _node_client(bootstrap, timeout) as client:
+        return await _ask_each_node(client, topics, timeout)
 
 
 def _lists_topics(metadata: dict[str, Any], partitions: dict[str, int]) -> bool:
@@ -150,11 +161,12 @@ async def wait_for_topics(bootstrap: str, partitions: dict[str, int], *, timeout
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     names = sorted(partitions)
-    while True:
-        with contextlib.suppress(KafkaError, OSError, TimeoutError):
-            answers = await metadata_of_each_node(bootstrap, names)
-            if answers and all(_lists_topics(m, partitions) for m in answers.values()):
-                return
-        if loop.time() > deadline:
-            raise TimeoutError(f"topics not ready on every broker after {timeout}s: {names}")
-        await asyncio.sleep(0.05)
+    async with _node_client(bootstrap, min(timeout, 5.0)) as client:  # one connection per node, polled
+        while True:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                answers = await _ask_each_node(client, names, min(timeout, 5.0))
+                if answers and all(_lists_topics(m, partitions) for m in answers.values()):
+                    return
+            if loop.time() > deadline:
+                raise TimeoutError(f"topics not ready on every broker after {timeout}s: {names}")
+            await asyncio.sleep(0.05)
