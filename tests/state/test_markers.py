@@ -71,3 +71,17 @@ def test_an_entry_written_without_the_model_reads_back_as_the_model() -> None:
         message_id="m:1", user_id="u1", name='Zoë "z"', text="hi\n😀", at_ms=1764657600123.5
     )
     assert written == ContextEntry.model_validate_json(written).model_dump_json().encode()
+
+
+async def test_a_busy_chat_in_one_call_keeps_a_trimmed_window_with_its_ttl(state: State) -> None:
+    markers = state.markers
+    items = [InboundAdmission(f"b{i}", "busy", entry_json=_entry(i), mark=True) for i in range(10)]
+    items.insert(6, InboundAdmission("t", "busy", entry_json=_entry(99), want_window=True))
+    results = await markers.admit_inbound(items, context_size=4)
+    assert [e.message_id for e in results[6].window] == ["m2", "m3", "m4", "m5"]  # the newest 4 before it
+    assert await markers.redis.execute("LLEN", state.keys.window("busy")) == 4
+    assert [e.message_id for e in await state.conversations.context("busy", 4)] == ["m6", "m7", "m8", "m9"]
+    assert 0 < await markers.redis.execute("TTL", state.keys.window("busy")) <= markers.mapping_ttl
+    # Marked at once: every settled one is a duplicate in the next call.
+    again = await markers.admit_inbound(items[:3], context_size=4)
+    assert [r.duplicate for r in again] == [True, True, True]

@@ -4,10 +4,20 @@
 -- ARGV[1..3]: marker TTL, window size, window TTL. Returns per item {0} (a duplicate) or {1, window…}.
 local marker_ttl, size, window_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
+-- Windows pushed onto: trimmed and their TTL renewed once, after the loop (a busy chat's messages
+-- share one call). A read in between takes only the newest `size` entries, so it sees what a
+-- trimmed window would hold.
+local pushed = {}
 for i = 1, #KEYS / 2 do
   local marker, window = KEYS[2 * i - 1], KEYS[2 * i]
   local flags, entry = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
-  if redis.call('EXISTS', marker) == 1 then
+  local fresh
+  if string.find(flags, 'm', 1, true) then
+    fresh = redis.call('SET', marker, '1', 'NX', 'EX', marker_ttl) -- false when the marker exists
+  else
+    fresh = redis.call('EXISTS', marker) == 0
+  end
+  if not fresh then
     out[i] = {0}
   else
     local reply = {1}
@@ -16,13 +26,13 @@ for i = 1, #KEYS / 2 do
     end
     if string.find(flags, 'p', 1, true) then
       redis.call('LPUSH', window, entry)
-      redis.call('LTRIM', window, 0, size - 1)
-      redis.call('EXPIRE', window, window_ttl)
-    end
-    if string.find(flags, 'm', 1, true) then
-      redis.call('SET', marker, '1', 'EX', marker_ttl)
+      pushed[window] = true
     end
     out[i] = reply
   end
+end
+for window in pairs(pushed) do
+  redis.call('LTRIM', window, 0, size - 1)
+  redis.call('EXPIRE', window, window_ttl)
 end
 return out
