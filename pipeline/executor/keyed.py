@@ -63,6 +63,7 @@ class KeyedExecutor:
         max_pending: int | None = None,
         on_error: Callable[[Ticket, BaseException], Any] | None = None,
         name: str = "executor",
+        max_groups: int = 4,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
@@ -81,6 +82,9 @@ class KeyedExecutor:
         self._blocked = 0  # submitters waiting for room
         self._in_flight = 0
         self._closed = False
+        # Works that settle a group of held tickets (`settle_group`), and how many may run at once.
+        self._groups: set[asyncio.Task[None]] = set()
+        self.max_groups = max_groups
 
     # -- introspection (metrics) ------------------------------------------------------------
     @property
@@ -132,6 +136,41 @@ class KeyedExecutor:
         self._pending += 1
         tickets.append(ticket)
 
+    def hold(self, *, partition: Hashable = 0, offset: int = -1, ack: Ack | None = None) -> Ticket:
+        """Record a message whose work runs with others' (`settle_group`): its ack, and every later
+        one of its partition, waits until that work is done. Not a coroutine, like `submit_done`."""
+        ticket = Ticket(key=None, partition=partition, offset=offset, work=_nothing, ack=ack)
+        self._pending += 1
+        self._by_partition.setdefault(partition, deque()).append(ticket)
+        return ticket
+
+    async def settle_group(self, tickets: list[Ticket], work: Work) -> None:
+        """Run `work` for the held `tickets` in a task of its own, outside any key's order, then
+        release them (a failed work is logged and released, as a key's work is: a stage handles its
+        own errors). Waits while `max_groups` such works are running: the stage's consumer then
+        stops fetching, as it does when too much is pending."""
+        while len(self._groups) >= self.max_groups:
+            await asyncio.wait(self._groups, return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.create_task(self._settle(tickets, work), name=f"{self.name}:group")
+        self._groups.add(task)
+        task.add_done_callback(self._groups.discard)
+
+    async def _settle(self, tickets: list[Ticket], work: Work) -> None:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # never stall the partitions behind
+            log.exception("%s: unhandled error in a group's work", self.name)
+            for ticket in tickets:
+                ticket.error = exc
+        partitions: dict[Hashable, None] = {}  # in order, once each
+        for ticket in tickets:
+            ticket.done = True
+            partitions[ticket.partition] = None
+        for partition in partitions:
+            await self._release(partition)
+
     async def _drain(self, key: Hashable) -> None:
         queue = self._queues[key]
         try:
@@ -179,8 +218,8 @@ class KeyedExecutor:
     # -- lifecycle --------------------------------------------------------------------------
     async def join(self) -> None:
         """Wait until everything submitted so far has finished and been released."""
-        while self._runners:
-            await asyncio.gather(*list(self._runners.values()), return_exceptions=True)
+        while self._runners or self._groups:
+            await asyncio.gather(*list(self._runners.values()), *list(self._groups), return_exceptions=True)
 
     def drop_partitions(self, partitions: set[Hashable]) -> int:
         """Forget unreleased tickets of revoked partitions: their acks must not run any more.
@@ -209,8 +248,9 @@ class KeyedExecutor:
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._runners.values()):
+        tasks = [*self._runners.values(), *self._groups]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*list(self._runners.values()), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         async with self._space:
             self._space.notify_all()

@@ -7,6 +7,11 @@ cost a Redis round trip of its own. A small batch of only such messages waits in
 the same script call and before it, so a turn's window still has every message that came before
 it. Their records are acknowledged only once their admission is in Redis: a crash before that
 replays them, and their markers keep the replay from counting twice.
+
+A large batch of only such messages (a backlog of chatter) is started and not waited for
+(`start`): ingest goes on with its next batch while Redis runs this one's script. Calls still go
+one after another, each once the one before it is answered, so a turn's window is never read
+before the chatter ahead of it is in.
 """
 
 from __future__ import annotations
@@ -32,13 +37,41 @@ class CoalescedAdmissions:
         self._deferred: list[tuple[InboundAdmission, asyncio.Future[AdmissionResult]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
+        # The last call started and not waited for: the next call goes once it is answered.
+        self._started: asyncio.Task[list[AdmissionResult]] | None = None
 
     def deferrable(self, items: list[InboundAdmission]) -> bool:
         """Whether the batch may wait: a small one whose messages all settle at admission."""
-        return 0 < len(items) < DEFER_BELOW and self._linger > 0 and all(i.mark and not i.want_window for i in items)
+        return 0 < len(items) < DEFER_BELOW and self._linger > 0 and _settle(items)
+
+    def startable(self, items: list[InboundAdmission]) -> bool:
+        """Whether the batch may be started and not waited for: a large one whose messages all
+        settle at admission (nothing of the batch needs its result to go on)."""
+        return len(items) >= DEFER_BELOW and _settle(items)
+
+    def start(self, items: list[InboundAdmission]) -> asyncio.Task[list[AdmissionResult]]:
+        """Admit `items` (after every deferred admission, in the same call) once the call started
+        before is answered; the caller need not wait. Per item, the task gives its result."""
+        task = asyncio.get_running_loop().create_task(self._after(self._started, items))
+        self._started = task
+        return task
 
     async def now(self, items: list[InboundAdmission]) -> list[AdmissionResult]:
-        """Admit `items` at once, after every deferred admission (in the same script call)."""
+        """Admit `items` at once (once a started call is answered), after every deferred
+        admission (in the same script call)."""
+        started = self._started
+        if started is not None and not started.done():
+            await asyncio.wait([started])
+        return await self._call(items)
+
+    async def _after(
+        self, started: asyncio.Task[list[AdmissionResult]] | None, items: list[InboundAdmission]
+    ) -> list[AdmissionResult]:
+        if started is not None and not started.done():
+            await asyncio.wait([started])  # its outcome is its own callers'
+        return await self._call(items)
+
+    async def _call(self, items: list[InboundAdmission]) -> list[AdmissionResult]:
         deferred, self._deferred = self._deferred, []
         if self._timer is not None:
             self._timer.cancel()
@@ -81,3 +114,7 @@ class CoalescedAdmissions:
             await self.now([])
         except Exception as exc:  # each waiting work has it too, and admits its message again alone
             log.warning("ingest: a coalesced admission failed: %s", type(exc).__name__)
+
+
+def _settle(items: list[InboundAdmission]) -> bool:
+    return all(i.mark and not i.want_window for i in items)

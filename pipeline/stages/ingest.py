@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,6 +25,7 @@ from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
 from .notify import Notifier
 from .outputs import Outputs
+from .work import Remaining, SharedWork
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,6 @@ def _is_word_char(char: str) -> bool:
 
 
 PromptBuilder = Callable[[BotConfig, InboundMessage, list[ContextEntry]], str | None]
-IngestWork = Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -198,18 +198,20 @@ class IngestStage:
     async def handle(self, message: InboundMessage) -> None:
         """One message (the batch path with a batch of one)."""
         (work,) = await self.admit([message])
-        if work is not None:
+        if isinstance(work, SharedWork):
+            await work.run()
+        elif work is not None:
             await work()
 
-    async def admit(
-        self, messages: list[InboundMessage], positions: Sequence[Position] = ()
-    ) -> list[IngestWork | None]:
+    async def admit(self, messages: list[InboundMessage], positions: Sequence[Position] = ()) -> list[Remaining]:
         """Admit a batch of messages in offset order, with one Redis round trip for all of them:
         drop duplicates, keep the group-context window, and settle every message that produces
         nothing (most group messages). Returns, per message, the work that remains (a user turn or
-        a chat command, which produce records) or None when the message is settled. A small batch
-        of messages that all produce nothing waits to share the next batch's round trip (see
-        `CoalescedAdmissions`): each then has a work that ends once it is admitted."""
+        a chat command, which produce records) or None when the message is settled. A batch of
+        messages that all produce nothing is not waited for (see `CoalescedAdmissions`): a small
+        one waits to share the next batch's round trip, and each of its messages has a work that
+        ends once it is admitted; a large one is started at once, and its messages share one work
+        that ends once they are admitted."""
         now = now_ms()
         plans: list[_Plan | None] = []
         items: list[InboundAdmission] = []
@@ -246,13 +248,19 @@ class IngestStage:
             plans.append(_Plan(message, bot, command, reason, dedup_id))
         pending: Iterator[asyncio.Future[AdmissionResult]] | None = None
         results: Iterator[AdmissionResult] = iter(())
+        settle_all = all(p is None or (p.bot is not None and p.command is None and p.reason is None) for p in plans)
+        if settle_all and self.admissions.startable(items):
+            shared = SharedWork(
+                functools.partial(self._settle_started, messages, plans, self.admissions.start(items), now)
+            )
+            return [None if plan is None else shared for plan in plans]
         if self.admissions.deferrable(items):
             pending = iter(self.admissions.later(items))
         elif items:  # (an empty batch sends nothing, and leaves deferred chatter to its linger)
             results = iter(await self.admissions.now(items))
         admitted = iter(items)
         settled = _Settled()
-        works: list[IngestWork | None] = []
+        works: list[Remaining] = []
         for message, plan in zip(messages, plans, strict=True):
             if plan is None:
                 settled.duplicate(message)
@@ -276,6 +284,22 @@ class IngestStage:
             works.append(functools.partial(self._produce, plan, result.window))
         settled.count()
         return works
+
+    async def _settle_started(
+        self,
+        messages: list[InboundMessage],
+        plans: list[_Plan | None],
+        started: asyncio.Task[list[AdmissionResult]],
+        now: float,
+    ) -> None:
+        results = iter(await started)
+        settled = _Settled()
+        for message, plan in zip(messages, plans, strict=True):
+            if plan is None:
+                settled.duplicate(message)  # twice in the batch
+            else:
+                settled.add(message, next(results), now)
+        settled.count()
 
     async def _settle_deferred(
         self, message: InboundMessage, item: InboundAdmission, pending: asyncio.Future[AdmissionResult], now: float

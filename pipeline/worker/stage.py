@@ -10,6 +10,7 @@ offset never passes unfinished work.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -19,22 +20,19 @@ from typing import Any, Generic, TypeVar
 from faust.types import Message
 from pydantic import BaseModel, ValidationError
 
-from pipeline.executor import KeyedExecutor
+from pipeline.executor import KeyedExecutor, Ticket
 from pipeline.records import Position
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.work import Remaining, SharedWork, Work
 
 from .handling import Handling
 
 log = logging.getLogger(__name__)
 
-Work = Callable[[], Awaitable[None]]
-
-
 R = TypeVar("R", bound=BaseModel)
 
-# A stage's batch step, given the records and where each came from: per record, the work that
-# remains (None: settled).
-BatchStep = Callable[[list[R], list[Position]], Awaitable[list[Work | None]]]
+# A stage's batch step, given the records and where each came from: per record, what remains.
+BatchStep = Callable[[list[R], list[Position]], Awaitable[Sequence[Remaining]]]
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class StageRunner(Generic[R]):
             parsed.append(record)
             records.append(record)
             positions.append(Position(message.topic, message.partition, message.offset))
-        works: list[Work | None] | None = None
+        works: Sequence[Remaining] | None = None
         if records:
             try:
                 works = await self.handling.retrying(lambda: stage.step(records, positions))
@@ -89,6 +87,7 @@ class StageRunner(Generic[R]):
                 works = None
         planned = iter(works) if works is not None else None
         executor = self.executor
+        groups: dict[SharedWork, list[tuple[Ticket, R, Message]]] = {}
         for message, parsed_record in zip(messages, parsed, strict=True):
             ack = functools.partial(self._ack, message)
             if parsed_record is None:
@@ -98,6 +97,10 @@ class StageRunner(Generic[R]):
             if work is None:
                 executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
                 continue
+            if isinstance(work, SharedWork):
+                ticket = executor.hold(partition=message.tp, offset=message.offset, ack=ack)
+                groups.setdefault(work, []).append((ticket, parsed_record, message))
+                continue
             dead_letter = functools.partial(self._dead_letter, message)
             await executor.submit(
                 getattr(parsed_record, "conversation_key", None) or message.partition,
@@ -106,6 +109,23 @@ class StageRunner(Generic[R]):
                 offset=message.offset,
                 ack=ack,
             )
+        for shared, members in groups.items():
+            await executor.settle_group([t for t, _, _ in members], functools.partial(self._shared, shared, members))
+
+    async def _shared(self, shared: SharedWork, members: list[tuple[Ticket, R, Message]]) -> None:
+        """The group's work; should it fail, each of its records goes through the step again alone
+        (retried while Redis is away, dead-lettered if it breaks the step), in offset order."""
+        try:
+            await shared.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "%s: a shared work failed (%s); handling its records one at a time", self.stage.name, type(exc).__name__
+            )
+        for _, record, message in members:
+            await self.handling.run(self._alone(record, message), functools.partial(self._dead_letter, message))
 
     def _alone(self, record: R, message: Message) -> Work:
         """The batch step for one record, run in its conversation's turn (after a batch failed:
@@ -114,7 +134,9 @@ class StageRunner(Generic[R]):
 
         async def work() -> None:
             (remaining,) = await self.stage.step([record], [position])
-            if remaining is not None:
+            if isinstance(remaining, SharedWork):
+                await remaining.run()
+            elif remaining is not None:
                 await remaining()
 
         return work

@@ -225,3 +225,66 @@ async def test_inline_handled_messages_wait_for_earlier_offsets() -> None:
     assert acked == [0, 1]
     executor.submit_done(partition=0, offset=2, ack=lambda: acked.append(2))
     assert acked == [0, 1, 2]  # nothing ahead of it: acknowledged at once
+
+
+async def test_held_records_are_acked_in_offset_order_once_their_group_work_is_done() -> None:
+    executor = KeyedExecutor(max_in_flight=8)
+    acked: list[int] = []
+    gate = asyncio.Event()
+
+    def ack(i: int) -> Ack:
+        return cast(Ack, lambda: acked.append(i))
+
+    # Offsets 0..4 of one partition: 0 and 3 handled inline, 1, 2 and 4 settled by one group work.
+    executor.submit_done(partition=0, offset=0, ack=ack(0))
+    held = [executor.hold(partition=0, offset=1, ack=ack(1)), executor.hold(partition=0, offset=2, ack=ack(2))]
+    executor.submit_done(partition=0, offset=3, ack=ack(3))
+    held.append(executor.hold(partition=0, offset=4, ack=ack(4)))
+    assert executor.pending == 4
+    await executor.settle_group(held, gate.wait)  # returns at once: the work runs in a task
+    await asyncio.sleep(0.05)
+    assert acked == [0]  # nothing past the held offset 1
+    gate.set()
+    await executor.join()  # joins the group work too
+    assert acked == [0, 1, 2, 3, 4]
+    assert executor.pending == 0
+
+
+async def test_a_failing_group_work_is_logged_and_still_releases_its_records(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    executor = KeyedExecutor(max_in_flight=8, name="grp")
+    acked: list[int] = []
+
+    async def fails() -> None:
+        raise RuntimeError("a bug")
+
+    held = [executor.hold(partition=0, offset=i, ack=cast(Ack, lambda i=i: acked.append(i))) for i in range(3)]
+    await executor.settle_group(held, fails)
+    await executor.join()
+    assert acked == [0, 1, 2]
+    assert all(isinstance(t.error, RuntimeError) for t in held)
+    assert "grp: unhandled error in a group's work" in caplog.text
+
+
+async def test_group_works_are_bounded_and_a_revoked_group_acks_nothing() -> None:
+    executor = KeyedExecutor(max_in_flight=8, max_groups=2)
+    acked: list[tuple[int, int]] = []
+    gates = [asyncio.Event() for _ in range(3)]
+    for g in range(3):
+        held = [
+            executor.hold(partition=g, offset=i, ack=cast(Ack, lambda g=g, i=i: acked.append((g, i)))) for i in range(2)
+        ]
+        submitting = asyncio.ensure_future(executor.settle_group(held, gates[g].wait))
+        await asyncio.sleep(0.02)
+        # The third waits until one of the two running finishes: the stage stops fetching meanwhile.
+        assert submitting.done() == (g < 2)
+    assert executor.drop_partitions({0}) == 2
+    gates[0].set()
+    await asyncio.sleep(0.02)
+    assert submitting.done()  # room again
+    gates[1].set()
+    gates[2].set()
+    await executor.join()
+    assert sorted(acked) == [(1, 0), (1, 1), (2, 0), (2, 1)]  # partition 0's new owner replays its two
+    assert executor.pending == 0

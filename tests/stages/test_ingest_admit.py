@@ -10,6 +10,8 @@ import asyncio
 import json
 from typing import Any
 
+from prometheus_client import REGISTRY
+
 from pipeline.platforms import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
@@ -18,11 +20,16 @@ from pipeline.stages._ids import inbound_dedup_id
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.work import SharedWork
 from pipeline.state import AdmissionResult, InboundAdmission, State
 from pipeline.state.markers import MarkerStore
 from pipeline.topics import SESSION_INPUT
 
 from .turns import round_trips
+
+
+def metric_value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 class Recorder:
@@ -62,9 +69,14 @@ async def run(ingest: IngestStage, recorder: Recorder, batch: list[InboundMessag
     """Admit a batch and run what remains: per message, whether it produced a record (a turn, a
     command's output, a dead letter)."""
     produced = []
+    shared: set[SharedWork] = set()
     for work in await ingest.admit(batch):
         before = len(recorder.records)
-        if work is not None:
+        if isinstance(work, SharedWork):
+            if work not in shared:
+                shared.add(work)
+                await work.run()
+        elif work is not None:
             await work()
         produced.append(len(recorder.records) > before)
     return produced
@@ -191,7 +203,8 @@ async def test_chatter_waits_to_share_the_next_turns_round_trip(redis_url: str, 
     ingest, recorder = stage(redis_url, redis_prefix, ingest_admission_linger_ms=1000)
     before = round_trips()
     (chatter,) = await ingest.admit([msg(1)])
-    assert chatter is not None  # its record is acknowledged once it is admitted, not before
+    # its record is acknowledged once it is admitted, not before
+    assert chatter is not None and not isinstance(chatter, SharedWork)
     waiting = asyncio.ensure_future(chatter())
     await asyncio.sleep(0.05)
     assert not waiting.done() and round_trips() == before  # nothing sent yet
@@ -209,7 +222,7 @@ async def test_chatter_alone_is_admitted_when_the_linger_is_over(redis_url: str,
     before = round_trips()
     first = await ingest.admit([msg(1)])
     second = await ingest.admit([msg(2), msg(1)])  # a second batch joins the first's wait
-    works = [w for w in first + second if w is not None]
+    works = [w for w in first + second if w is not None and not isinstance(w, SharedWork)]
     assert len(works) == 3
     await asyncio.wait_for(asyncio.gather(*(w() for w in works)), 2)
     assert round_trips() - before == 1
@@ -218,12 +231,24 @@ async def test_chatter_alone_is_admitted_when_the_linger_is_over(redis_url: str,
     assert await ingest.state.markers.marker("in", inbound_dedup_id("console", "demo", "g", "m2"), "console:demo:g")
 
 
-async def test_a_large_batch_of_chatter_goes_at_once_and_settles(redis_url: str, redis_prefix: str) -> None:
-    ingest, _ = stage(redis_url, redis_prefix, ingest_admission_linger_ms=1000)
+async def test_a_large_batch_of_chatter_is_started_and_settles_with_one_shared_work(
+    redis_url: str, redis_prefix: str
+) -> None:
+    ingest, recorder = stage(redis_url, redis_prefix, ingest_admission_linger_ms=1000, group_context_size=30)
     before = round_trips()
-    assert await ingest.admit([msg(i) for i in range(20)]) == [None] * 20
-    assert round_trips() - before == 1
-    assert len(await ingest.state.conversations.context("console:demo:g", 50)) == 20
+    filtered = metric_value("switchboard_inbound_filtered_total", platform="console")
+    works = await ingest.admit([msg(i) for i in range(20)] + [msg(3)])  # m3 twice in the batch
+    (shared,) = set(works[:20])
+    assert isinstance(shared, SharedWork) and works[20] is None
+    assert round_trips() == before  # started, not waited for
+    # The next batch goes on before Redis answers; a turn's admission goes after the chatter's.
+    assert await run(ingest, recorder, [msg(20, "@bot what was said?", mentions_bot=True)]) == [True]
+    (turn,) = recorder.turns()
+    assert "u19" in turn.known_ids  # its window has the chatter before it
+    await asyncio.wait_for(shared.run(), 2)
+    window = await ingest.state.conversations.context("console:demo:g", 50)
+    assert [e.message_id for e in window] == [f"m{i}" for i in range(21)]
+    assert metric_value("switchboard_inbound_filtered_total", platform="console") - filtered == 20
 
 
 async def test_without_a_linger_chatter_settles_in_its_own_round_trip(redis_url: str, redis_prefix: str) -> None:
@@ -253,7 +278,7 @@ async def test_chatter_whose_shared_call_failed_is_admitted_alone_on_retry(redis
         linger=0.02,
     )
     (work,) = await ingest.admit([msg(1)])
-    assert work is not None
+    assert work is not None and not isinstance(work, SharedWork)
     try:
         await asyncio.wait_for(work(), 1)
     except ConnectionError:  # what the worker's handling retries

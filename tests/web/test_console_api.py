@@ -286,9 +286,7 @@ async def test_is_admin_in_the_body_is_ignored_and_configured_admins_may_answer(
         return InboundMessage.model_validate_json(worker.produced.on(IM_INBOUND)[-1])
 
     async def ingest(message: InboundMessage) -> None:
-        for work in await runtime.ingest.admit([message]):
-            if work is not None:
-                await work()
+        await runtime.ingest.handle(message)
 
     claimed = await post("mallory", "/allow", is_admin=True)
     assert claimed.sender.is_admin is False

@@ -14,8 +14,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from pipeline.executor import KeyedExecutor
 from pipeline.records import DeadLetter, Position
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.work import Remaining, SharedWork, Work
 from pipeline.worker.handling import Handling
-from pipeline.worker.stage import Stage, StageRunner, Work
+from pipeline.worker.stage import Stage, StageRunner
 
 TOPIC = "t.in"
 
@@ -173,3 +174,56 @@ async def test_a_step_returning_the_wrong_number_of_results_is_handled_record_by
     await executor.join()
     assert acked == [0, 1, 2]
     assert produced.dead_letters() == []
+
+
+async def test_records_of_a_shared_work_ack_once_it_is_done_and_the_next_batch_goes_on() -> None:
+    acked: list[int] = []
+    admitted = asyncio.Event()
+    runs = 0
+
+    async def admission() -> None:
+        nonlocal runs
+        runs += 1
+        await admitted.wait()
+
+    shared = SharedWork(admission)
+
+    async def step(records: list[Item], positions: list[Position]) -> list[Remaining]:
+        return [shared if r.n < 3 else None for r in records]
+
+    stage_runner, _, executor = runner(step, acked)
+    # The deliveries return while the shared work waits: the next batch is not held up by it.
+    await asyncio.wait_for(stage_runner.deliver([item(0, "a"), item(1, "b"), item(2, "a")]), 1)
+    await asyncio.wait_for(stage_runner.deliver([item(3, "a"), item(4, "c")]), 1)
+    await asyncio.sleep(0.02)
+    assert acked == [] and runs == 1  # run once for the three; no ack passes them
+    assert executor.pending == 5
+    admitted.set()
+    await executor.join()
+    assert acked == [0, 1, 2, 3, 4]
+
+
+async def test_a_failed_shared_work_sends_its_records_through_the_step_one_at_a_time() -> None:
+    acked: list[int] = []
+    alone: list[list[int]] = []
+
+    async def fails() -> None:
+        raise ConnectionError("the connection dropped mid-call")
+
+    shared = SharedWork(fails)
+
+    async def step(records: list[Item], positions: list[Position]) -> list[Remaining]:
+        if len(records) > 1:
+            return [shared for _ in records]
+        alone.append([r.n for r in records])
+        if records[0].n == 1:
+            raise ValueError("record 1 breaks the step")
+        return [None]
+
+    stage_runner, produced, executor = runner(step, acked)
+    await stage_runner.deliver([item(0, "a"), item(1, "b"), item(2, "a")])
+    await executor.join()
+    assert alone == [[0], [1], [2]]  # in offset order
+    assert acked == [0, 1, 2]
+    (letter,) = produced.dead_letters()
+    assert (letter.reason, letter.offset) == ("handler_error", 1)
