@@ -148,6 +148,9 @@ async def filtered_drain_phase(
             produced_s = time.monotonic() - started
         finally:
             await producer.stop()
+        # The rate from here on is the worker's alone on a backlog: the producer no longer takes CPU.
+        produced_at = time.monotonic()
+        ingested_when_produced = (await worker_counters(bs, http))["ingested"] - base
         first_at: float | None = None
         done_at: float | None = None
         count = base
@@ -163,6 +166,8 @@ async def filtered_drain_phase(
             await asyncio.sleep(0.1)
         cpu = sum(proc_cpu_seconds(p) for p in pids) - cpu0
     took = (done_at or time.monotonic()) - started
+    tail_s = (done_at or time.monotonic()) - produced_at
+    tail = count - base - ingested_when_produced
     d: dict[str, Any] = {
         "messages": n,
         "ingested": int(count - base),
@@ -171,12 +176,16 @@ async def filtered_drain_phase(
         "ingest_msgs_per_s": round((count - base) / took, 1) if took > 0 else None,
         "worker_cpu_us_per_msg": round(cpu / max(count - base, 1) * 1e6, 1),
         "complete": done_at is not None,
+        # After the producer finished: how many were left, and how fast the worker took them.
+        "left_when_produced": int(n - ingested_when_produced),
+        "after_produced_msgs_per_s": round(tail / tail_s, 1) if tail > 0 and tail_s > 0 else None,
     }
     if one_hop and one_hop.get("msgs_per_s") and d["ingest_msgs_per_s"]:
         d["ratio_to_bare_one_hop"] = round(d["ingest_msgs_per_s"] / one_hop["msgs_per_s"], 4)
     log(
         f"filtered backlog: {d['ingested']}/{n} ingested in {d['drain_s']} s = {d['ingest_msgs_per_s']} msg/s, "
-        f"{d['worker_cpu_us_per_msg']} µs worker CPU each; ratio to bare one hop {d.get('ratio_to_bare_one_hop')}"
+        f"{d['worker_cpu_us_per_msg']} µs worker CPU each; ratio to bare one hop {d.get('ratio_to_bare_one_hop')}; "
+        f"after the producer was done: {d['left_when_produced']} left, taken at {d['after_produced_msgs_per_s']} msg/s"
     )
     return d
 
