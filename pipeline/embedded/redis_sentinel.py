@@ -36,10 +36,15 @@ class SentinelTopology(ProcessGroup):
         sentinel_password: str | None = None,
         aof: bool = False,
         master_name: str = MASTER,
+        down_after_ms: int = 2000,
         run_dir: str | os.PathLike[str] | None = None,
         keep_run_dir: bool | None = None,
     ) -> None:
         self.password = password
+        # A primary silent this long is down. 1 s was too short on a loaded 2-core machine: a just
+        # promoted primary with `appendfsync always`, doing a replica's full sync, went unanswered
+        # for about 1 s, and all three sentinels failed it over again.
+        self.down_after_ms = down_after_ms
         self.sentinel_password = sentinel_password
         self.master_name = master_name
         self._run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="sb-rsentinel-"))
@@ -68,7 +73,7 @@ class SentinelTopology(ProcessGroup):
         return f"redis+sentinel://{auth}{members}/{self.master_name}/{db}{option}"
 
     async def start(self) -> SentinelTopology:
-        """Primary, replica and three sentinels (down after 1 s, failover timeout 5 s), settled."""
+        """Primary, replica and three sentinels (down after `down_after_ms`, failover timeout 5 s), settled."""
         try:
             await self.primary.start()
             self.replica.extra_args = ["--replicaof", self.primary.host, str(self.primary.port)]
@@ -77,6 +82,7 @@ class SentinelTopology(ProcessGroup):
                 sentinel = RedisSentinel(
                     self.master_name,
                     (self.primary.host, self.primary.port),
+                    down_after_ms=self.down_after_ms,
                     auth_pass=self.password,
                     requirepass=self.sentinel_password,
                     run_dir=self._run_dir / f"sentinel{i}",
