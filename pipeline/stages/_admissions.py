@@ -59,10 +59,7 @@ class CoalescedAdmissions:
     async def now(self, items: list[InboundAdmission]) -> list[AdmissionResult]:
         """Admit `items` at once (once a started call is answered), after every deferred
         admission (in the same script call)."""
-        started = self._started
-        if started is not None and not started.done():
-            await asyncio.wait([started])
-        return await self._call(items)
+        return await self._after(self._started, items)
 
     async def _after(
         self, started: asyncio.Task[list[AdmissionResult]] | None, items: list[InboundAdmission]

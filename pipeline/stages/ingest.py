@@ -25,7 +25,7 @@ from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
 from .notify import Notifier
 from .outputs import Outputs
-from .work import Remaining, SharedWork
+from .work import Remaining, SharedWork, run_remaining
 
 log = logging.getLogger(__name__)
 
@@ -198,10 +198,7 @@ class IngestStage:
     async def handle(self, message: InboundMessage) -> None:
         """One message (the batch path with a batch of one)."""
         (work,) = await self.admit([message])
-        if isinstance(work, SharedWork):
-            await work.run()
-        elif work is not None:
-            await work()
+        await run_remaining(work)
 
     async def admit(self, messages: list[InboundMessage], positions: Sequence[Position] = ()) -> list[Remaining]:
         """Admit a batch of messages in offset order, with one Redis round trip for all of them:

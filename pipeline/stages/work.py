@@ -20,3 +20,11 @@ class SharedWork:
 
 # Per record: its work, the shared work that settles it, or None (settled already).
 Remaining = Work | SharedWork | None
+
+
+async def run_remaining(remaining: Remaining) -> None:
+    """Run what a step left for one record, shared or its own; None is settled already."""
+    if isinstance(remaining, SharedWork):
+        await remaining.run()
+    elif remaining is not None:
+        await remaining()

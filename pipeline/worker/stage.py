@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from pipeline.executor import KeyedExecutor, Ticket
 from pipeline.records import Position
 from pipeline.stages.outputs import Outputs
-from pipeline.stages.work import Remaining, SharedWork, Work
+from pipeline.stages.work import Remaining, SharedWork, Work, run_remaining
 
 from .handling import Handling
 
@@ -134,10 +134,7 @@ class StageRunner(Generic[R]):
 
         async def work() -> None:
             (remaining,) = await self.stage.step([record], [position])
-            if isinstance(remaining, SharedWork):
-                await remaining.run()
-            elif remaining is not None:
-                await remaining()
+            await run_remaining(remaining)
 
         return work
 
