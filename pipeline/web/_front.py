@@ -404,7 +404,13 @@ class WebhookFrontSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._front, self._host, self._port, reuse_address=True)
+        # asyncio's default backlog of 100 drops the SYNs of a burst of new connections (a platform
+        # opening its pool, clients reconnecting after a restart): each then waits 1 s or more for
+        # its retransmit. The queue holds as many as the worker admits (the kernel caps it at
+        # net.core.somaxconn).
+        self._server = await loop.create_server(
+            self._front, self._host, self._port, reuse_address=True, backlog=self._front.runner.limits.max_connections
+        )
         self._front.start()
 
     async def stop(self) -> None:

@@ -129,7 +129,7 @@ class WebServer:
         if s.web_webhook_front:
             site = front_site(self._runner, self.deps, host, port)
         else:
-            site = web.TCPSite(self._runner, host, port, reuse_address=True)
+            site = web.TCPSite(self._runner, host, port, reuse_address=True, backlog=s.web_max_connections)
         await site.start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else port

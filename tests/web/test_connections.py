@@ -1,14 +1,20 @@
 """The worker's web server against misbehaving clients, on raw sockets: half-sent requests are
-closed after the request timeout, connections beyond the cap are closed at once, and a webhook
-body that does not parse is dead-lettered as an excerpt and a digest, not kept whole."""
+closed after the request timeout, connections beyond the cap are closed at once, a burst of new
+connections waits in the listen queue, and a webhook body that does not parse is dead-lettered as
+an excerpt and a digest, not kept whole."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import select
+import socket
+import time
+from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client import REGISTRY
 
 from pipeline.records import DeadLetter
@@ -17,6 +23,12 @@ from pipeline.topics import DEADLETTER
 from tests.platforms import test_discord as discord_fx
 
 from .conftest import TOKEN, StartWorker, Worker
+
+BURST = 300
+
+
+def listen_queue_cap() -> int:
+    return int(Path("/proc/sys/net/core/somaxconn").read_text())
 
 
 def closed_total(reason: str) -> float:
@@ -116,6 +128,43 @@ async def test_connections_beyond_the_cap_are_closed_at_once(start_worker: Start
         assert r.status == 200
     for _, w in [*held, (extra_reader, extra_writer)]:
         w.close()
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["front", "aiohttp"])
+async def test_a_burst_of_new_connections_is_queued_by_the_kernel_not_dropped(
+    start_worker: StartWorker, front: bool
+) -> None:
+    """A platform opening its pool, or every client reconnecting after a restart: the connections
+    arrive faster than the worker accepts them. Their handshakes must complete in the listen queue;
+    a dropped SYN costs its client a retransmit, 1 s and then 3 s later. Here the worker cannot
+    accept at all: the connects and the wait for them run on its own (blocked) event loop."""
+    if listen_queue_cap() < BURST:
+        pytest.skip(f"net.core.somaxconn is below {BURST}: the kernel caps every listen queue under the burst")
+    worker = await start_worker(web_webhook_front=front)
+    clients = []
+    for _ in range(BURST):
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", worker.port))
+        clients.append(client)
+    try:
+        waiting = {c.fileno(): c for c in clients}
+        deadline = time.monotonic() + 2.5  # past the first SYN retransmit, short of the second
+        while waiting and time.monotonic() < deadline:
+            _, writable, _ = select.select([], list(waiting), [], 0.1)
+            for fd in writable:
+                assert waiting.pop(fd).getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+        assert not waiting, f"{len(waiting)} of {BURST} handshakes did not complete while the worker was busy"
+        # Once the loop runs again, the queued connections are accepted and served.
+        last = clients[-1]
+        last.setblocking(True)
+        last.settimeout(10)
+        await asyncio.sleep(0)
+        await asyncio.to_thread(last.sendall, b"GET /healthz HTTP/1.1\r\nHost: worker\r\nConnection: close\r\n\r\n")
+        assert (await asyncio.to_thread(last.recv, 64)).startswith(b"HTTP/1.1 200")
+    finally:
+        for client in clients:
+            client.close()
 
 
 async def test_a_malformed_webhook_is_dead_lettered_as_an_excerpt_and_a_digest(start_worker: StartWorker) -> None:
