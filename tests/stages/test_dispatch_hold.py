@@ -4,6 +4,8 @@ produces goes to a recorder at the producer seam."""
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from pipeline.records import SessionCommand
 from pipeline.session import SessionClient, StaticPoolProvisioner
 from pipeline.settings import Settings
@@ -65,6 +67,50 @@ async def test_a_message_to_a_busy_session_is_held_in_one_round_trip(redis_url: 
         await stage.handle(command("m-B"), 0)
         assert len(await state.conversations.peek_held(CONVERSATION)) == 1
         assert [t for t, _ in recorder.records] == []  # nothing produced: no notice, no dead letter
+    finally:
+        await client.aclose()
+        await state.redis.aclose()
+
+
+async def test_a_copy_of_a_message_merged_into_a_sent_turn_is_skipped(redis_url: str, redis_prefix: str) -> None:
+    """Both copies of m-B passed ingest before dispatch marked either (a platform's redelivery).
+    The first was held, and the flush sent it merged with m-C under another id: the copy is a
+    replay, neither held again nor sent."""
+    settings = Settings(redis_prefix=redis_prefix, console_enabled=True)
+    state = State.connect(redis_url, settings.redis_prefix)
+    recorder = Recorder()
+    outputs = Outputs(recorder)
+    client = SessionClient(api_key="unused", base_url="http://127.0.0.1:9")  # never called: nothing is sent
+    stage = DispatchStage(
+        settings,
+        state,
+        client,
+        StaticPoolProvisioner(["s1"]),
+        StreamRegistry(state.streams, client, outputs),
+        outputs,
+        Notifier(settings),
+    )
+    running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+    await running_turn(state, CONVERSATION, running, "msg-A", session_id="s1")
+    try:
+        await stage.handle(command("m-B"), 0)
+        await stage.handle(command("m-C"), 0)
+        assert len(await state.conversations.peek_held(CONVERSATION)) == 2
+        # The flush's merged turn, recorded as dispatch records it, and its held commands dropped.
+        merged = TurnRecord(trace_id="t-BC", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, merged, "msg-BC", session_id="s1")
+        await state.conversations.drop_held(CONVERSATION, 2)
+        skipped = REGISTRY.get_sample_value(
+            "switchboard_session_calls_total", {"call": "user_turn", "outcome": "replay_skipped"}
+        )
+        await stage.handle(command("m-B"), 0)
+        assert await state.conversations.peek_held(CONVERSATION) == []
+        assert (await state.conversations.conversation(CONVERSATION)).held == 0
+        after = REGISTRY.get_sample_value(
+            "switchboard_session_calls_total", {"call": "user_turn", "outcome": "replay_skipped"}
+        )
+        assert (after or 0.0) - (skipped or 0.0) == 1
+        assert [t for t, _ in recorder.records] == []
     finally:
         await client.aclose()
         await state.redis.aclose()

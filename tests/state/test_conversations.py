@@ -139,6 +139,31 @@ async def test_busy_session_holds_the_turn_once_and_its_end_flushes_it(state: St
     assert await begin(state, "t4") == "start"  # after the end: a new turn starts
 
 
+async def test_a_copy_of_a_message_merged_into_another_turn_is_not_sent_again(state: State) -> None:
+    """A platform sends m2 again (its first socket closed before the acknowledgement) and both
+    copies pass ingest before dispatch marks either. The first is held, then merged with m3 into
+    one turn by the flush; the copy comes with a turn id that was never sent under that id."""
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1", markers=["in-1"]) == "start"
+    assert await begin(state, "t2", markers=["in-2"]) == "held"
+    assert await begin(state, "t3", markers=["in-3"]) == "held"
+    await conversations.bind_turn_end("k", "idle-1", bind=True)
+    assert await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-1", turn_id="t1") == 2
+    assert await begin(state, "t23", "flush", markers=["in-2", "in-3"]) == "start"
+    await conversations.drop_held("k", 2)
+    assert await begin(state, "t2", markers=["in-2"]) == "done"  # busy with t23: not held again
+    assert await conversations.peek_held("k") == []
+    await state.markers.set_marker("sent", "t23", "k")
+    await conversations.bind_turn_end("k", "idle-2", bind=True)
+    await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-2", turn_id="t23")
+    assert await begin(state, "t2", markers=["in-2"]) == "done"  # idle: not started again
+    assert await begin(state, "t3", "interrupt", markers=["in-3"]) == "done"
+    assert await conversations.turns_in_session("k") == []  # t1 and t23 ended; nothing new
+    # A turn with one message not seen before is a turn of its own.
+    assert await begin(state, "t34", markers=["in-3", "in-4"]) == "start"
+
+
 async def test_interrupt_policy_starts_at_once_and_says_to_interrupt(state: State) -> None:
     await state.conversations.map_session("k", "s1")
     assert await begin(state, "t1", "interrupt") == "start"

@@ -6,7 +6,8 @@
 -- 5 in-flight entry, 6 state TTL, 7 marker TTL, 8 a channel ('' for none) and 9 a status note to
 -- PUBLISH on it when the turn is newly held, or started by a flush (the console's live notes), 10 a
 -- session just created after a 'no_session' ('' for none): mapped here unless one is mapped already.
--- Returns {decision, session id, cursor, interrupt}: 'done' (sent before: a replay), 'resume' (a
+-- Returns {decision, session id, cursor, interrupt}: 'done' (sent before, or every message it
+-- carries already started, held or merged: a replay), 'resume' (a
 -- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'hold' (busy,
 -- and no held entry was given: call again with one; most turns never need it), 'busy' (a flush while
 -- another turn runs), 'no_session' (create one, then call again), 'start' (recorded; send it now).
@@ -29,6 +30,16 @@ if sent == '1' then
   return {'done', session or '', cursor, '0'}
 end
 if sent == 'sending' and mode ~= 'resume' then return {'resume', session or '', cursor, '0'} end
+-- Every message of this turn already marked: a copy of messages that were started, held or merged
+-- into another turn under another id (a platform's redelivery that passed ingest before the first
+-- copy got here). A flush carries held messages, marked when they were held: it is not a copy.
+if mode ~= 'flush' and mode ~= 'resume' and #KEYS >= 8 then
+  local copy = true
+  for i = 8, #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 0 then copy = false break end
+  end
+  if copy then return {'done', session or '', cursor, '0'} end
+end
 local busy = status and status ~= 'idle' and session
 if busy and mode == 'flush' then return {'busy', session, cursor, '0'} end
 if busy and (mode == 'merge' or mode == 'queue') then
