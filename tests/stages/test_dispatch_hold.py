@@ -4,6 +4,9 @@ produces goes to a recorder at the producer seam."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from prometheus_client import REGISTRY
 
 from pipeline.records import SessionCommand
@@ -35,47 +38,9 @@ def command(inbound: str) -> SessionCommand:
     )
 
 
-async def test_a_message_to_a_busy_session_is_held_in_one_round_trip(redis_url: str, redis_prefix: str) -> None:
-    settings = Settings(redis_prefix=redis_prefix, console_enabled=True)  # `demo` merges while busy
-    state = State.connect(redis_url, settings.redis_prefix)
-    recorder = Recorder()
-    outputs = Outputs(recorder)
-    client = SessionClient(api_key="unused", base_url="http://127.0.0.1:9")  # never called: nothing is sent
-    stage = DispatchStage(
-        settings,
-        state,
-        client,
-        StaticPoolProvisioner(["s1"]),
-        StreamRegistry(state.streams, client, outputs),
-        outputs,
-        Notifier(settings),
-    )
-    running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
-    await running_turn(state, CONVERSATION, running, "msg-A", session_id="s1")
-    try:
-        held = command("m-B")
-        before = round_trips()
-        await stage.handle(held, 0)
-        assert round_trips() - before == 1  # decided and held together: no second call for the command
-        ((turn_id, raw),) = await state.conversations.peek_held(CONVERSATION)
-        assert turn_id == turn_message_id(held)
-        kept = SessionCommand.model_validate_json(raw)
-        assert kept.events == held.events and kept.inbound_ids == ["m-B"]
-        assert "held" in kept.hops  # the busy wait is measured from here
-        assert (await state.conversations.conversation(CONVERSATION)).held == 1
-        # A replay of the same message is recognised, not held twice.
-        await stage.handle(command("m-B"), 0)
-        assert len(await state.conversations.peek_held(CONVERSATION)) == 1
-        assert [t for t, _ in recorder.records] == []  # nothing produced: no notice, no dead letter
-    finally:
-        await client.aclose()
-        await state.redis.aclose()
-
-
-async def test_a_copy_of_a_message_merged_into_a_sent_turn_is_skipped(redis_url: str, redis_prefix: str) -> None:
-    """Both copies of m-B passed ingest before dispatch marked either (a platform's redelivery).
-    The first was held, and the flush sent it merged with m-C under another id: the copy is a
-    replay, neither held again nor sent."""
+@asynccontextmanager
+async def busy_dispatch(redis_url: str, redis_prefix: str) -> AsyncIterator[tuple[DispatchStage, State, Recorder]]:
+    """Dispatch for bot `demo` (merges while busy), its conversation's session running turn msg-A."""
     settings = Settings(redis_prefix=redis_prefix, console_enabled=True)
     state = State.connect(redis_url, settings.redis_prefix)
     recorder = Recorder()
@@ -93,6 +58,35 @@ async def test_a_copy_of_a_message_merged_into_a_sent_turn_is_skipped(redis_url:
     running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
     await running_turn(state, CONVERSATION, running, "msg-A", session_id="s1")
     try:
+        yield stage, state, recorder
+    finally:
+        await client.aclose()
+        await state.redis.aclose()
+
+
+async def test_a_message_to_a_busy_session_is_held_in_one_round_trip(redis_url: str, redis_prefix: str) -> None:
+    async with busy_dispatch(redis_url, redis_prefix) as (stage, state, recorder):
+        held = command("m-B")
+        before = round_trips()
+        await stage.handle(held, 0)
+        assert round_trips() - before == 1  # decided and held together: no second call for the command
+        ((turn_id, raw),) = await state.conversations.peek_held(CONVERSATION)
+        assert turn_id == turn_message_id(held)
+        kept = SessionCommand.model_validate_json(raw)
+        assert kept.events == held.events and kept.inbound_ids == ["m-B"]
+        assert "held" in kept.hops  # the busy wait is measured from here
+        assert (await state.conversations.conversation(CONVERSATION)).held == 1
+        # A replay of the same message is recognised, not held twice.
+        await stage.handle(command("m-B"), 0)
+        assert len(await state.conversations.peek_held(CONVERSATION)) == 1
+        assert [t for t, _ in recorder.records] == []  # nothing produced: no notice, no dead letter
+
+
+async def test_a_copy_of_a_message_merged_into_a_sent_turn_is_skipped(redis_url: str, redis_prefix: str) -> None:
+    """Both copies of m-B passed ingest before dispatch marked either (a platform's redelivery).
+    The first was held, and the flush sent it merged with m-C under another id: the copy is a
+    replay, neither held again nor sent."""
+    async with busy_dispatch(redis_url, redis_prefix) as (stage, state, recorder):
         await stage.handle(command("m-B"), 0)
         await stage.handle(command("m-C"), 0)
         assert len(await state.conversations.peek_held(CONVERSATION)) == 2
@@ -111,6 +105,3 @@ async def test_a_copy_of_a_message_merged_into_a_sent_turn_is_skipped(redis_url:
         )
         assert (after or 0.0) - (skipped or 0.0) == 1
         assert [t for t, _ in recorder.records] == []
-    finally:
-        await client.aclose()
-        await state.redis.aclose()
