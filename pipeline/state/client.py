@@ -45,7 +45,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
 from pipeline.state._cluster import ClusterRouter, slot_of
-from pipeline.state.redis_url import ClusterTarget, Endpoint, RedisTarget, SentinelTarget, parse_redis_url
+from pipeline.state.redis_url import (
+    PRIMARY_RECHECK,
+    ClusterTarget,
+    Endpoint,
+    RedisTarget,
+    SentinelTarget,
+    newer_primary,
+    parse_redis_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +61,6 @@ Arg = str | bytes | int | float
 
 # Seconds at most between two connection attempts while Redis (or every sentinel) is unreachable.
 _CONNECT_BACKOFF_CAP = 0.5
-# Seconds between two checks that the sentinels still name the connected server as the primary.
-_PRIMARY_RECHECK = 1.0
 
 
 class _ErrorReply(Exception):
@@ -389,7 +395,7 @@ class RedisClient:
             endpoint, epoch = await self._ask_sentinel(target, *sentinel)
         except (RedisConnectionError, RedisTimeoutError, ResponseError):
             return  # this sentinel cannot say; the next check asks another
-        if epoch <= named[2] or (endpoint.host, endpoint.port) == named[:2]:
+        if not newer_primary(named, endpoint.host, endpoint.port, epoch):
             return
         if self._connection is connection:
             log.warning(
@@ -433,13 +439,13 @@ class RedisClient:
         loop = asyncio.get_running_loop()
         seen: asyncio.Future[Any] | None = None
         since = loop.time()
-        interval = min(_PRIMARY_RECHECK, self.socket_timeout / 4)
+        interval = min(PRIMARY_RECHECK, self.socket_timeout / 4)
         checked = loop.time()
         turn = 0
         while True:
             await asyncio.sleep(interval)
             target = self.target
-            if isinstance(target, SentinelTarget) and loop.time() - checked >= _PRIMARY_RECHECK:
+            if isinstance(target, SentinelTarget) and loop.time() - checked >= PRIMARY_RECHECK:
                 checked = loop.time()
                 turn += 1
                 await self._check_primary(target, target.sentinels[turn % len(target.sentinels)])

@@ -20,14 +20,23 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pipeline import preflight
-from pipeline.embedded import SentinelTopology, free_port
+from pipeline.embedded import RedisServer, SentinelTopology, free_port
 from pipeline.embedded.redis_sentinel import MASTER
 from pipeline.runtime import deployment_secrets
 from pipeline.settings import Settings
 from pipeline.state import InboundAdmission, RateWindow, State
 from pipeline.state.client import RedisClient
 from pipeline.state.exceptions import UNAVAILABLE
-from pipeline.state.redis_url import Endpoint, SentinelTarget, parse_redis_url, redis_py_pool
+from pipeline.state.redis_url import (
+    Endpoint,
+    SentinelPrimaryPool,
+    SentinelTarget,
+    close_redis_py,
+    parse_redis_url,
+    pubsub,
+    redis_py_client,
+    redis_py_pool,
+)
 from pipeline.worker.handling import Handling
 
 T = TypeVar("T")
@@ -203,6 +212,38 @@ async def test_demoted_primary_answers_readonly_and_the_client_moves(
         await client.aclose()
 
 
+async def _paused_until_failed_over(topology: SentinelTopology, redis_old: Redis) -> RedisServer:
+    """SIGSTOP the primary until the sentinels have promoted the replica, then SIGCONT it; the
+    promoted server. The hazard is then there: the old primary, back, still calls itself one."""
+    old = topology.primary
+    assert old.pid is not None
+    os.kill(old.pid, signal.SIGSTOP)
+    try:
+        promoted = await topology.wait_promoted(old)
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+    assert promoted is topology.replica
+    assert (await redis_old.execute_command("ROLE"))[0] == "master"
+    return promoted
+
+
+async def _port_once_moved(port_of: Callable[[], Awaitable[int]], promoted: RedisServer, what: str) -> int | None:
+    """The server port `port_of()` reports, asked every 0.1 s until it is the promoted server's or
+    4 s have passed since the paused primary resumed (the sentinels demote it only after that)."""
+    t0 = time.monotonic()
+    port: int | None = None
+    while time.monotonic() - t0 < 4.0:
+        try:
+            port = await port_of()
+        except UNAVAILABLE:
+            port = None  # the dropped connection: the stages retry this
+        if port == promoted.port:
+            break
+        await asyncio.sleep(0.1)
+    print(f"\n{what} to the paused primary moved {time.monotonic() - t0:.2f} s after it resumed")
+    return port
+
+
 async def test_an_open_connection_leaves_a_primary_the_sentinels_failed_over_from(
     topology: SentinelTopology, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -216,26 +257,13 @@ async def test_an_open_connection_leaves_a_primary_the_sentinels_failed_over_fro
     try:
         await client.execute("SET", "before", "1")
         assert int(_info_field(await client.execute("INFO", "server"), "tcp_port")) == old.port
-        assert old.pid is not None
-        os.kill(old.pid, signal.SIGSTOP)
-        try:
-            promoted = await topology.wait_promoted(old)
-        finally:
-            os.kill(old.pid, signal.SIGCONT)
-        assert promoted is topology.replica
-        # The hazard is there: the old primary, back, still calls itself one.
-        assert (await redis_old.execute_command("ROLE"))[0] == "master"
+        promoted = await _paused_until_failed_over(topology, redis_old)
+
+        async def port_of() -> int:
+            return int(_info_field(await client.execute("INFO", "server"), "tcp_port"))
+
         with caplog.at_level(logging.WARNING, logger="pipeline.state.client"):
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 4.0:
-                try:
-                    port = int(_info_field(await client.execute("INFO", "server"), "tcp_port"))
-                except UNAVAILABLE:
-                    port = None  # the dropped connection: the stages retry this
-                if port == promoted.port:
-                    break
-                await asyncio.sleep(0.1)
-        print(f"\nan open connection to the paused primary moved {time.monotonic() - t0:.2f} s after it resumed")
+            port = await _port_once_moved(port_of, promoted, "an open connection")
         assert port == promoted.port, "the client still writes to the primary the sentinels failed over from"
         assert "now name" in caplog.text and PASSWORD not in caplog.text
         await client.execute("SET", "after", "1")
@@ -244,6 +272,77 @@ async def test_an_open_connection_leaves_a_primary_the_sentinels_failed_over_fro
     finally:
         await redis_old.aclose()
         await client.aclose()
+
+
+async def test_redis_py_leaves_a_primary_the_sentinels_failed_over_from(
+    topology: SentinelTopology, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same pause for redis-py's client of the URL (`redis_py_client`, a `SentinelPrimaryPool`):
+    its connections move to the promoted replica, whether idle in the pool (reused by the next call)
+    or in use (a blocking wait: closed when given back), and its subscription is told (a
+    `ConnectionError`) and subscribes again on the promoted replica."""
+    name = "redis-py-recheck"
+    redis_py = redis_py_client(topology.url(), decode_responses=True, socket_timeout=30, client_name=name)
+    assert isinstance(redis_py, Redis) and isinstance(redis_py.connection_pool, SentinelPrimaryPool)
+    old = topology.primary
+    redis_old = Redis(host=old.host, port=old.port, password=PASSWORD, decode_responses=True)
+    redis_new: Redis | None = None
+    subscription = await pubsub(redis_py)
+    try:
+        # A subscription, and two connections open to the primary, idle in the pool: no call after
+        # the pause opens a new connection (a new one asks the sentinels, and redis-py then closes
+        # the idle ones if the primary changed).
+        await subscription.subscribe("live")
+        await asyncio.gather(redis_py.blpop(["none"], timeout=0.1), redis_py.blpop(["none"], timeout=0.1))
+        await redis_py.set("before", "1")
+        assert int((await redis_py.info("server"))["tcp_port"]) == old.port
+        assert len([c for c in await redis_old.client_list() if c.get("name") == name]) == 3
+        promoted = await _paused_until_failed_over(topology, redis_old)
+        redis_new = Redis(host=promoted.host, port=promoted.port, password=PASSWORD, decode_responses=True)
+
+        async def port_of() -> int:
+            return int((await redis_py.info("server"))["tcp_port"])
+
+        async def blocking_wait() -> object:
+            return await redis_py.blpop(["none"], timeout=1)
+
+        with caplog.at_level(logging.WARNING, logger="pipeline.state.redis_url"):
+            waiting = asyncio.create_task(blocking_wait())  # in use on the old primary
+            port = await _port_once_moved(port_of, promoted, "redis-py's pooled connection")
+            assert await waiting is None
+        assert port == promoted.port, "redis-py still writes to the primary the sentinels failed over from"
+        assert f"now name {promoted.host}:{promoted.port} as primary" in caplog.text
+        assert PASSWORD not in caplog.text
+        await redis_py.set("after", "1")
+        assert (await redis_old.execute_command("ROLE"))[0] == "master"  # still within the window
+        assert await redis_new.get("after") == "1"
+        assert await redis_old.get("after") is None
+        # The subscription learns it is on the old primary at its next read.
+        with pytest.raises(RedisConnectionError, match=f"now name {promoted.host}:{promoted.port}"):
+            await subscription.get_message(timeout=0.1)
+        await subscription.aclose()
+        subscription = await pubsub(redis_py)
+        await subscription.subscribe("live")
+        assert await redis_new.publish("live", "on the new primary") == 1
+        message = None
+        for _ in range(20):  # a read that only takes the subscription's confirmation returns None
+            if (message := await subscription.get_message(timeout=0.1)) is not None:
+                break
+        assert message is not None and message["data"] == "on the new primary"
+        # None of the client's connections is left on the old primary, the one in use then included.
+        left: list[object] = []
+        for _ in range(20):
+            left = [c for c in await redis_old.client_list() if c.get("name") == name]
+            if not left:
+                break
+            await asyncio.sleep(0.05)
+        assert left == []
+    finally:
+        await subscription.aclose()
+        await close_redis_py(redis_py)
+        await redis_old.aclose()
+        if redis_new is not None:
+            await redis_new.aclose()
 
 
 async def test_a_server_the_sentinels_wrongly_name_is_refused(topology: SentinelTopology) -> None:
