@@ -129,7 +129,7 @@ def _is_word_char(char: str) -> bool:
 PromptBuilder = Callable[[BotConfig, InboundMessage, list[ContextEntry]], str | None]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Plan:
     """What ingest decided for one message before its Redis round trip."""
 
@@ -214,8 +214,13 @@ class IngestStage:
         items: list[InboundAdmission] = []
         seen: set[str] = set()
         size = self.settings.group_context_size
+        bots: dict[tuple[str, str], BotConfig | None] = {}  # `Settings.bot` scans every bot
         for message in messages:
-            bot = self.settings.bot(message.platform, message.bot_id)
+            bot_key = (message.platform, message.bot_id)
+            if bot_key in bots:
+                bot = bots[bot_key]
+            else:
+                bot = bots[bot_key] = self.settings.bot(*bot_key)
             if bot is None:
                 plans.append(_Plan(message, None, None, None, "unknown_bot"))
                 continue

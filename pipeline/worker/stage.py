@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from faust.types import Message
@@ -33,6 +33,14 @@ R = TypeVar("R", bound=BaseModel)
 
 # A stage's batch step, given the records and where each came from: per record, what remains.
 BatchStep = Callable[[list[R], list[Position]], Awaitable[Sequence[Remaining]]]
+
+
+@dataclass(eq=False)
+class _Group(Generic[R]):
+    """The records a shared work settles, and the tickets that hold them."""
+
+    tickets: list[Ticket] = field(default_factory=list)
+    members: list[tuple[R, Message]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,32 +95,54 @@ class StageRunner(Generic[R]):
                 works = None
         planned = iter(works) if works is not None else None
         executor = self.executor
-        groups: dict[SharedWork, list[tuple[Ticket, R, Message]]] = {}
+        groups: dict[SharedWork, _Group[R]] = {}
+        # Per partition, the records held for one shared work since that partition's last other
+        # record: they share one ticket, acknowledged together. A backlog of chatter is one run per
+        # partition and batch; a ticket of its own for each record cost measurably more CPU.
+        runs: dict[Any, tuple[SharedWork, list[Message]]] = {}
         for message, parsed_record in zip(messages, parsed, strict=True):
-            ack = functools.partial(self._ack, message)
-            if parsed_record is None:
-                executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
-                continue
-            work = next(planned) if planned is not None else self._alone(parsed_record, message)
-            if work is None:
-                executor.submit_done(partition=message.tp, offset=message.offset, ack=ack)
-                continue
+            tp = message.tp
+            work = None
+            if parsed_record is not None:
+                work = next(planned) if planned is not None else self._alone(parsed_record, message)
             if isinstance(work, SharedWork):
-                ticket = executor.hold(partition=message.tp, offset=message.offset, ack=ack)
-                groups.setdefault(work, []).append((ticket, parsed_record, message))
+                assert parsed_record is not None
+                group = groups.get(work)
+                if group is None:
+                    group = groups[work] = _Group()
+                group.members.append((parsed_record, message))
+                run = runs.get(tp)
+                if run is not None and run[0] is work:
+                    run[1].append(message)
+                    continue
+                held = [message]
+                runs[tp] = (work, held)
+                group.tickets.append(
+                    executor.hold(partition=tp, offset=message.offset, ack=functools.partial(self._ack_each, held))
+                )
                 continue
+            runs.pop(tp, None)
+            ack = functools.partial(self._ack, message)
+            if work is None:
+                executor.submit_done(partition=tp, offset=message.offset, ack=ack)
+                continue
+            assert parsed_record is not None
             dead_letter = functools.partial(self._dead_letter, message)
             await executor.submit(
                 getattr(parsed_record, "conversation_key", None) or message.partition,
                 functools.partial(self.handling.run, work, dead_letter),
-                partition=message.tp,
+                partition=tp,
                 offset=message.offset,
                 ack=ack,
             )
-        for shared, members in groups.items():
-            await executor.settle_group([t for t, _, _ in members], functools.partial(self._shared, shared, members))
+        for shared, group in groups.items():
+            await executor.settle_group(group.tickets, functools.partial(self._shared, shared, group.members))
 
-    async def _shared(self, shared: SharedWork, members: list[tuple[Ticket, R, Message]]) -> None:
+    def _ack_each(self, messages: list[Message]) -> None:
+        for message in messages:
+            self._ack(message)
+
+    async def _shared(self, shared: SharedWork, members: list[tuple[R, Message]]) -> None:
         """The group's work; should it fail, each of its records goes through the step again alone
         (retried while Redis is away, dead-lettered if it breaks the step), in offset order."""
         try:
@@ -124,7 +154,7 @@ class StageRunner(Generic[R]):
             log.warning(
                 "%s: a shared work failed (%s); handling its records one at a time", self.stage.name, type(exc).__name__
             )
-        for _, record, message in members:
+        for record, message in members:
             await self.handling.run(self._alone(record, message), functools.partial(self._dead_letter, message))
 
     def _alone(self, record: R, message: Message) -> Work:

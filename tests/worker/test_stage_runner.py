@@ -4,6 +4,7 @@ order per partition, one dead-letter path."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -52,7 +53,9 @@ async def no_sleep(_: float) -> None:
     await asyncio.sleep(0)
 
 
-def runner(step: Any, acked: list[int]) -> tuple[StageRunner[Item], Produced, KeyedExecutor]:
+def runner(
+    step: Any, acked: list[int], ack: Callable[[Message], Any] | None = None
+) -> tuple[StageRunner[Item], Produced, KeyedExecutor]:
     produced = Produced()
     executor = KeyedExecutor(8, name="test")
     stage = Stage("test", TOPIC, Item, step)
@@ -61,7 +64,7 @@ def runner(step: Any, acked: list[int]) -> tuple[StageRunner[Item], Produced, Ke
             stage,
             executor,
             Outputs(produced),
-            lambda m: acked.append(m.offset),
+            ack or (lambda m: acked.append(m.offset)),
             handling=Handling("test", sleep=no_sleep),
         ),
         produced,
@@ -197,10 +200,46 @@ async def test_records_of_a_shared_work_ack_once_it_is_done_and_the_next_batch_g
     await asyncio.wait_for(stage_runner.deliver([item(3, "a"), item(4, "c")]), 1)
     await asyncio.sleep(0.02)
     assert acked == [] and runs == 1  # run once for the three; no ack passes them
-    assert executor.pending == 5
+    assert executor.pending == 3  # the three held records share one ticket; then 3 and 4
     admitted.set()
     await executor.join()
     assert acked == [0, 1, 2, 3, 4]
+
+
+async def test_held_records_share_a_ticket_per_run_and_still_ack_in_offset_order() -> None:
+    """Records of one shared work held back to back on a partition share a ticket; a record of the
+    same partition with another fate in between starts a new run, and acks stay in offset order."""
+    acked: list[tuple[int, int]] = []
+    admitted = asyncio.Event()
+
+    async def admission() -> None:
+        await admitted.wait()
+
+    shared = SharedWork(admission)
+
+    async def step(records: list[Item], positions: list[Position]) -> list[Remaining]:
+        return [None if r.conversation_key == "settled" else shared for r in records]
+
+    stage_runner, _, executor = runner(step, [], lambda m: acked.append((m.partition, m.offset)))
+    batch = [
+        item(0, "a", partition=0),
+        item(0, "a", partition=1),
+        item(1, "b", partition=0),
+        item(2, "settled", partition=0),  # ends partition 0's first run
+        item(1, "c", partition=1),
+        item(3, "a", partition=0),
+        item(4, "b", partition=0),
+    ]
+    await stage_runner.deliver(batch)
+    # Partition 0: a run of 0-1, the settled 2, a run of 3-4; partition 1: one run of 0-1.
+    assert executor.pending == 4
+    await asyncio.sleep(0.01)
+    assert acked == []  # the settled record waits behind the run before it
+    admitted.set()
+    await executor.join()
+    assert [o for p, o in acked if p == 0] == [0, 1, 2, 3, 4]
+    assert [o for p, o in acked if p == 1] == [0, 1]
+    assert executor.pending == 0
 
 
 async def test_a_failed_shared_work_sends_its_records_through_the_step_one_at_a_time() -> None:
