@@ -244,6 +244,9 @@ class DiscordGateway(Connection):
     async def _new_session(self, link: Link) -> None:
         """Forget the session: the next connection IDENTIFYs."""
         self._session = None
+        # A new session numbers its events from 1: a heartbeat between the IDENTIFY and its READY
+        # carries null, not the last sequence of the session given up.
+        self._seen_seq = None
         self._pending.clear()
         await link.commit_resume_state("{}")
 

@@ -141,6 +141,9 @@ async def test_reconnect_and_invalid_session(
         assert discord_gateway.resumes[0]["session_id"] == first
         await until(lambda: len(discord_gateway.open_sockets()) == 1, "one socket")
         await discord_gateway.send_op(9, False)  # INVALID_SESSION, not resumable: IDENTIFY again
+        # Discord asks for a heartbeat: read after the new IDENTIFY, its sequence must be the new
+        # session's (null before READY), never the old session's (the stand-in refuses that).
+        await discord_gateway.send_op(1)
         await until(lambda: len(discord_gateway.identifies) == 2, "identified again")
         await until(lambda: len(discord_gateway.sessions) == 2, "a new session")
         second = list(discord_gateway.sessions)[1]
