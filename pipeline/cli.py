@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.errors import SwitchboardError
+
 if TYPE_CHECKING:
     from pipeline.settings import BotConfig, Settings
     from pipeline.stack import Stack
@@ -29,7 +31,7 @@ STAGES = "ingest,dispatch,render,egress"
 EXIT_SETTINGS, EXIT_ENVIRONMENT = 2, 1
 
 
-class Refused(Exception):
+class Refused(SwitchboardError):
     """A command cannot start; each of `problems` is one plain line for the terminal."""
 
     def __init__(self, problems: list[str], code: int = EXIT_ENVIRONMENT) -> None:
@@ -314,14 +316,9 @@ def _onebot_ws_bot(settings: Settings) -> OneBotWs:
     not_loopback = f"--onebot-ws serves on loopback only; unset {env_name('web_host')} (now {host})"
     _check(
         None if is_loopback(host) else not_loopback,
-        next(
-            (
-                f"--onebot-ws adds the bot onebot/{ONEBOT_WS_BOT}, which the bots file has already"
-                for b in settings.bots
-                if (b.platform, b.bot_id) == ("onebot", ONEBOT_WS_BOT)
-            ),
-            None,
-        ),
+        f"--onebot-ws adds the bot onebot/{ONEBOT_WS_BOT}, which the bots file has already"
+        if settings.bot("onebot", ONEBOT_WS_BOT) is not None
+        else None,
         code=EXIT_SETTINGS,
     )
     token = secrets.token_urlsafe(24)
@@ -358,7 +355,10 @@ async def _run_stack(
     stack = Stack(settings_env=settings_env, web_port=web_port, think=think, run_dir=run_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too: a closed terminal or a dropped SSH connection hangs up the process group, and the
+    # parts run in sessions of their own (they do not get it), so an `up` that simply died would
+    # leave them all running, holding the ports.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     say(f"starting the embedded stack (logs in {run_dir})…")
@@ -382,17 +382,45 @@ async def _run_stack(
         except EmbeddedServiceError as exc:
             _print_problems(*_start_failure(str(exc)))
             return EXIT_ENVIRONMENT
+        _write_pid_file(stack, run_dir)
         _banner(stack, run_dir, onebot)
         code = await _watch(stack, stop)
     finally:
         say("stopping…")
         await stack.stop()
+        _remove_pid_file(run_dir)
         say(f"stopped; logs kept in {run_dir}")
     return code
 
 
+def _write_pid_file(stack: Stack, run_dir: Path) -> None:
+    """This run's pids, for a later `up` refused the port: it names this run and how to stop it."""
+    from pipeline.preflight import UP_PID_FILE
+
+    parts = {name: part.pid for name, part in stack.parts() if part.pid is not None}
+    with contextlib.suppress(OSError):
+        (run_dir / UP_PID_FILE).write_text(json.dumps({"pid": os.getpid(), "parts": parts}))
+
+
+def _remove_pid_file(run_dir: Path) -> None:
+    from pipeline.preflight import UP_PID_FILE
+
+    with contextlib.suppress(OSError):
+        (run_dir / UP_PID_FILE).unlink()
+
+
 def say(line: str) -> None:
-    print(f"switchboard: {line}", flush=True)
+    out(f"switchboard: {line}")
+
+
+def out(line: str) -> None:
+    """A line for the terminal. Once the terminal is gone (hung up: EIO; a closed pipe: EPIPE) the
+    lines go nowhere: a failed write must not cut the stop of the stack short."""
+    try:
+        print(line, flush=True)
+    except OSError:
+        # Later writes, and the interpreter's flush at exit, go to /dev/null instead of failing.
+        sys.stdout = open(os.devnull, "w")
 
 
 def _start_failure(message: str, tail_lines: int = 15) -> tuple[str, list[str]]:
@@ -402,26 +430,24 @@ def _start_failure(message: str, tail_lines: int = 15) -> tuple[str, list[str]]:
 
 
 def _banner(stack: Stack, run_dir: Path, onebot: OneBotWs | None = None) -> None:
-    print("switchboard is up:", flush=True)
+    out("switchboard is up:")
     for name, where in stack.describe():
-        print(f"  {name:<12} {where}", flush=True)
+        out(f"  {name:<12} {where}")
     if onebot is not None:
         url = stack.workers[0].url.replace("http://", "ws://") + f"/onebot/ws/{ONEBOT_WS_BOT}"
-        print(f"  {'onebot ws':<12} {url}  (reverse WebSocket of bot onebot/{ONEBOT_WS_BOT})", flush=True)
-        print(f"  {'':<12} access token {onebot.token}", flush=True)
-        print(
+        out(f"  {'onebot ws':<12} {url}  (reverse WebSocket of bot onebot/{ONEBOT_WS_BOT})")
+        out(f"  {'':<12} access token {onebot.token}")
+        out(
             f"  {'':<12} NapCat: network.websocketClients += "
-            f'{{"url": "{url}", "token": "<the access token>", "messagePostFormat": "array"}}',
-            flush=True,
+            f'{{"url": "{url}", "token": "<the access token>", "messagePostFormat": "array"}}'
         )
-    print(f"  {'logs':<12} {run_dir}", flush=True)
+    out(f"  {'logs':<12} {run_dir}")
     for name, part in stack.parts():
-        print(f"  {'':<12}   {name:<9} {part.log_path}", flush=True)
-    print(
+        out(f"  {'':<12}   {name:<9} {part.log_path}")
+    out(
         "One line per delivered message appears below (no message bodies); the full worker log:\n"
         f"  tail -f {stack.workers[0].log_path}\n"
-        "Ctrl-C stops everything.",
-        flush=True,
+        "Ctrl-C stops everything."
     )
 
 
@@ -430,17 +456,17 @@ async def _watch(stack: Stack, stop: asyncio.Event) -> int:
     follower = LogFollower(stack.workers[0].log_path)
     while not stop.is_set():
         for line in follower.new_lines():
-            print(line, flush=True)
+            out(line)
         for name, part in stack.parts():
             if not part.is_running:
                 say(f"the {name} exited (code {part.exit_code}); last lines of {part.log_path}:")
                 for line in part.log_tail(15).splitlines():
-                    print(f"  {line}", flush=True)
+                    out(f"  {line}")
                 return EXIT_ENVIRONMENT
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=0.25)
     for line in follower.new_lines():
-        print(line, flush=True)
+        out(line)
     return 0
 
 

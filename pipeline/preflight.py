@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import time
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 DEFAULT_TIMEOUT = 3.0
@@ -29,9 +31,9 @@ def port_problem(host: str, port: int, how_to_change: str) -> str | None:
             sock.bind((host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                holder = "another Switchboard" if _is_switchboard(host, port) else "another program"
+                holder = switchboard_holder(port) if _is_switchboard(host, port) else "another program holds it"
                 # "address already in use": the phrase process supervisors look for (pipeline.embedded).
-                return f"port {port} on {host}: address already in use ({holder} holds it); {how_to_change}"
+                return f"port {port} on {host}: address already in use ({holder}); {how_to_change}"
             return f"cannot listen on {host}:{port}: {exc.strerror or exc}; {how_to_change}"
     return None
 
@@ -45,6 +47,92 @@ def _is_switchboard(host: str, port: int) -> bool:
     except Exception:  # not HTTP, not JSON, no answer: someone else
         return False
     return isinstance(body, dict) and body.get("status") == "ok" and "instance" in body
+
+
+# What `switchboard up` writes into its run directory while it runs (pipeline.cli): its own pid and
+# each part's, so a later `up` refused the port can say which run holds it and how to stop it.
+UP_PID_FILE = "switchboard-up.json"
+
+
+def switchboard_holder(port: int) -> str:
+    """Which Switchboard listens on `port` and how to stop it, as far as this machine tells: the
+    worker's pid from /proc (Linux), its run directory (a worker of `switchboard up` runs in
+    `<run dir>/worker0`) and, from that run's pid file, the `up` that owns it."""
+    pids = _listening_pids(port)
+    if not pids:
+        return "another Switchboard holds it"
+    worker = pids[0]
+    for run_dir in _candidate_run_dirs(worker):
+        try:
+            record = json.loads((run_dir / UP_PID_FILE).read_text())
+            up_pid = int(record["pid"])
+            parts = [int(p) for p in record.get("parts", {}).values()]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(up_pid):
+            return (
+                f"the Switchboard of `switchboard up` pid {up_pid}, run directory {run_dir}, holds it; "
+                f"stop it with Ctrl-C in its terminal or `kill {up_pid}`"
+            )
+        left = [str(p) for p in dict.fromkeys([*parts, worker]) if _alive(p)]
+        return (
+            f"a worker left by a `switchboard up` that is gone (pid {up_pid}), run directory {run_dir}, "
+            f"holds it; stop what that run left with `kill {' '.join(left)}`"
+        )
+    return f"another Switchboard, pid {worker}, holds it; stop it with `kill {worker}`"
+
+
+def _candidate_run_dirs(pid: int) -> list[Path]:
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return []
+    return [cwd.parent, cwd]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _listening_pids(port: int) -> list[int]:
+    """Pids of the processes holding a listening TCP socket on `port` (Linux /proc; [] elsewhere or
+    when the processes belong to another user)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local_address is HEXIP:HEXPORT; state 0A is LISTEN; the inode is the tenth field.
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return []
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in wanted:
+                    found.append(int(entry.name))
+                    break
+            except OSError:
+                continue
+    return sorted(found)
 
 
 def kafka_problem(bootstrap: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> str | None:

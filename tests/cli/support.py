@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -34,3 +37,65 @@ def worker_env(kafka: str, redis: str, web_port: int, **more: str) -> dict[str, 
         "SWITCHBOARD_KAFKA_IDEMPOTENCE": "false",  # the tests' broker is Tansu (no InitProducerId)
         **more,
     }
+
+
+BANNER = "switchboard is up"
+
+
+class Up:
+    """A `switchboard up` child whose output goes to a pipe the test reads (as a terminal would)."""
+
+    def __init__(self, port: int, run_dir: Path) -> None:
+        self.port = port
+        self.run_dir = run_dir
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "up", "--web-port", str(port), "--run-dir", str(run_dir)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the "terminal" the test hangs up
+        )
+        self.output = ""
+
+    def wait_for_banner(self, timeout: float = 180) -> float:
+        """Read the output until the banner is complete; the monotonic time it appeared."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        seen_at = None
+        while "Ctrl-C stops everything" not in self.output:
+            assert time.monotonic() < deadline, self.output
+            line = self.proc.stdout.readline().decode(errors="replace")
+            if not line:
+                raise AssertionError(f"`up` ended before its banner (code {self.proc.wait()}):\n{self.output}")
+            if BANNER in line:
+                seen_at = time.monotonic()
+            self.output += line
+        assert seen_at is not None
+        return seen_at
+
+    def descendants(self) -> set[int]:
+        """Every process started under `up` (the parts run in sessions of their own, so the process
+        group does not find them: the kernel's child lists do)."""
+        found: set[int] = set()
+        todo = [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    children = (task / "children").read_text().split()
+                except OSError:
+                    continue
+                for child in map(int, children):
+                    if child not in found:
+                        found.add(child)
+                        todo.append(child)
+        return found
+
+    def kill(self) -> None:
+        """After a failed test: this run's processes only (each part leads its own group)."""
+        for pid in [*self.descendants(), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -94,9 +95,17 @@ def other_worker(tansu_broker: TansuBroker, redis_server: RedisServer, tmp_path:
 
 
 def test_port_held_by_another_switchboard(other_worker: int, tmp_path: Path) -> None:
+    """A worker not started by `up` (no run's pid file beside it): named by its pid, with how to stop it."""
     result = run("up", "--web-port", str(other_worker), "--run-dir", str(tmp_path / "run"))
-    assert "(another Switchboard holds it)" in _refusal(result, other_worker)
+    line = _refusal(result, other_worker)
+    holder = re.search(r"\(another Switchboard, pid (\d+), holds it; stop it with `kill (\d+)`\)", line)
+    assert holder is not None, line
+    assert holder[1] == holder[2] and _cmdline(int(holder[1])).endswith("pipeline.cli worker --stages ingest"), line
     assert not (tmp_path / "run").exists()
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
 
 
 def test_worker_log_keeps_the_configured_format(other_worker: int, tmp_path: Path) -> None:
