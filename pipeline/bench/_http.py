@@ -15,8 +15,10 @@ import asyncio
 from collections import deque
 from urllib.parse import urlsplit
 
+from pipeline.errors import SwitchboardError
 
-class HttpClientError(OSError):
+
+class HttpClientError(SwitchboardError, OSError):
     """The connection failed or the answer was not HTTP/1.1 this client understands."""
 
 

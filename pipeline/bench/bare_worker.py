@@ -40,6 +40,8 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from pipeline.errors import SwitchboardError
+
 
 def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
@@ -49,7 +51,7 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
-class TurnFailed(Exception):
+class TurnFailed(SwitchboardError):
     """The session call of a turn did not end in an idle (counted; the turn gets no reply)."""
 
 

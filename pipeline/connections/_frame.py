@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .exceptions import FrameError
+
 CONTROL, DATA = 0, 1  # `method`
 
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
-
-
-class FrameError(ValueError):
-    """Bytes that are not a `Frame`."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from pipeline.settings import BotConfig
 
 from ._acks import Acknowledgements
 from .base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
+from .exceptions import StreamOpenFailed
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,6 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 _OPEN_TIMEOUT = 10.0
 _ACK_OK = 200
 _ACK_UNKNOWN = 404
-
-
-class StreamOpenFailed(Exception):
-    """connections/open refused (wrong credentials, no Stream mode for the app): the dial fails, and
-    after a few the lease goes to another worker. Its text never holds the secret or the ticket."""
 
 
 class DingTalkStream(Connection):

@@ -47,6 +47,7 @@ import aiohttp
 
 from pipeline import metrics
 from pipeline.connections.base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
+from pipeline.connections.exceptions import GatewayFailed
 from pipeline.platforms._common import base_url
 from pipeline.platforms.discord import DEFAULT_API_BASE
 from pipeline.settings import BotConfig
@@ -75,10 +76,6 @@ _HELLO_TIMEOUT = 10.0
 # Discord asks for a random wait of 1 to 5 seconds after INVALID_SESSION before identifying again.
 INVALID_SESSION_WAIT = (1.0, 5.0)
 _COMMIT_GRACE = 5.0
-
-
-class GatewayFailed(Exception):
-    """A failure no reconnect cures (a wrong token, intents not enabled): its text names the fix."""
 
 
 @dataclass

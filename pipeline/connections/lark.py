@@ -41,8 +41,9 @@ from pipeline.settings import BotConfig
 
 from . import _frame
 from ._acks import Acknowledgements
-from ._frame import CONTROL, DATA, Frame, FrameError
+from ._frame import CONTROL, DATA, Frame
 from .base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
+from .exceptions import EndpointFailed, FrameError
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,6 @@ class ClientConfig:
             value = raw.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value >= low:
                 setattr(self, name, int(value) if name == "reconnect_count" else float(value))
-
-
-class EndpointFailed(Exception):
-    """The endpoint request gave no URL: Lark's code and message (never the secret)."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from pipeline.platforms.onebot import DEFAULT_WS_URL, response_outcome
 from pipeline.settings import BotConfig
 
 from .base import API, EVENT, ActionAnswer, Connection, DialContext, Link, Transport
+from .exceptions import ConnectionsError, Refused
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ ROLES: dict[str, frozenset[str]] = {
 }
 
 
-class _Closed(Exception):
+class _Closed(ConnectionsError):
     """The socket closed before the action's response came."""
 
 
@@ -194,15 +195,6 @@ class OneBotReverse(Transport):
     platform: ClassVar[str] = "onebot"
     name: ClassVar[str] = "ws-reverse"
     dialed: ClassVar[bool] = False
-
-
-class Refused(Exception):
-    """An incoming connection refused: the HTTP status and a short reason (a metric label)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(f"{status} {reason}")
-        self.status = status
-        self.reason = reason
 
 
 def reverse_handshake(

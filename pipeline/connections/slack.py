@@ -34,6 +34,7 @@ from pipeline.settings import BotConfig
 
 from ._acks import Acknowledgements
 from .base import EVENT, Connection, DialContext, FrameOutcome, Link, Transport
+from .exceptions import SocketOpenFailed
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,6 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 _RETIRE_SECONDS = 15.0
 _DISCONNECT_REASONS = frozenset({"refresh_requested", "warning", "link_disabled", "socket_mode_disabled"})
 _UNHANDLED = frozenset({"slash_commands", "interactive"})
-
-
-class SocketOpenFailed(Exception):
-    """`apps.connections.open` gave no URL: Slack's error code (never the token)."""
 
 
 async def open_socket(bot: BotConfig, http: aiohttp.ClientSession) -> aiohttp.ClientWebSocketResponse:

@@ -31,6 +31,7 @@ from pipeline.platforms.telegram import DEFAULT_API_BASE
 from pipeline.settings import BotConfig
 
 from .base import EVENT, Connection, DialContext, Link, Transport
+from .exceptions import ConnectionsError, PollFailed
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,7 @@ _MAX_BACKOFF = 30.0
 _WEBHOOK_BACKOFF = 60.0  # a webhook set stays set until someone acts: ask less often
 
 
-class PollFailed(Exception):
-    """A call to the Bot API failed in a way polling again cannot fix (a wrong token): the dial
-    fails, and after a few the lease goes to another worker. Its text never holds the token."""
-
-
-class _Refused(Exception):
+class _Refused(ConnectionsError):
     """A poll that failed and may be tried again after `backoff`; `reason` is a metric label."""
 
     def __init__(self, reason: str, detail: str, backoff: float | None = None) -> None:

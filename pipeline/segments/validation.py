@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.segments.exceptions import ReplyInvalid
+from pipeline.segments.exceptions import ReplyInvalid, SegmentsError
 from pipeline.segments.models import SEGMENT_TYPES, Reply, reply_adapter
 
 # Names that may appear in a reason: field names of the contract and the segment tags. Anything else
@@ -68,8 +68,8 @@ def invalid_reason(error: ValidationError) -> str:
     return f"schema:{_location_text(tuple(first.get('loc', ())))}:{kind}"
 
 
-class _DuplicateKey(ValueError):
-    pass
+class _DuplicateKey(SegmentsError, ValueError):
+    """A JSON object with a key twice (control flow inside `_has_duplicate_keys`)."""
 
 
 def _pairs_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

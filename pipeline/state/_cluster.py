@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from pipeline.state.exceptions import StateError
 from pipeline.state.redis_url import ClusterTarget, Endpoint
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ class ClusterRouter:
         raise RedisConnectionError(f"no node of {self.target.address} gave the slot map: {'; '.join(problems)}")
 
 
-class _Moved(RedisConnectionError):
+class _Moved(StateError, RedisConnectionError):
     """A `MOVED` reply: the slot map was stale (a `ConnectionError` to the stages)."""
 
 

@@ -45,6 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline import metrics
 from pipeline.state._cluster import ClusterRouter, slot_of
+from pipeline.state.exceptions import StateError
 from pipeline.state.redis_url import (
     PRIMARY_RECHECK,
     ClusterTarget,
@@ -63,7 +64,7 @@ Arg = str | bytes | int | float
 _CONNECT_BACKOFF_CAP = 0.5
 
 
-class _ErrorReply(Exception):
+class _ErrorReply(StateError):
     """An error reply as hiredis hands it over (turned into redis-py's types by `_error`)."""
 
 

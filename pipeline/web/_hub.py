@@ -19,6 +19,7 @@ from typing import Any
 from redis.asyncio.client import PubSub
 
 from pipeline import metrics
+from pipeline.errors import SwitchboardError
 from pipeline.state import ConsoleStore, LiveMessage, RedisPy, pubsub
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ KEEPALIVE_SECONDS = 15.0
 KEEPALIVE_FRAME = b": keep-alive\n\n"
 
 
-class ViewerLimit(Exception):
+class ViewerLimit(SwitchboardError):
     """The worker already has its cap of console viewers."""
 
 
