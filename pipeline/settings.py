@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidatorFunctionWrapHandler,
@@ -239,6 +240,9 @@ class Settings(BaseSettings):
 
     bots: list[BotConfig] = Field(default_factory=list)
 
+    # (the bots list it indexes, bot by (platform, bot_id)): see `bot`.
+    _bot_index: tuple[list[BotConfig], dict[tuple[str, str], BotConfig]] | None = PrivateAttr(default=None)
+
     @field_validator("redis_prefix")
     @classmethod
     def _prefix_ends_with_colon(cls, value: str) -> str:
@@ -297,10 +301,18 @@ class Settings(BaseSettings):
         return self
 
     def bot(self, platform: str, bot_id: str) -> BotConfig | None:
-        for bot in self.bots:
-            if bot.platform == platform and bot.bot_id == bot_id:
-                return bot
-        return None
+        """The bot `platform`/`bot_id`, or None: one dict look-up (every message of every stage
+        asks, and a deployment may have hundreds of bots)."""
+        return self._bots_by_key().get((platform, bot_id))
+
+    def _bots_by_key(self) -> dict[tuple[str, str], BotConfig]:
+        # Built once per bots list. A list put in its place afterwards (an assignment, or
+        # `model_copy(update={"bots": …})`, which validates nothing) is a different object, so it
+        # gets an index of its own instead of a stale one.
+        index = self._bot_index
+        if index is None or index[0] is not self.bots:
+            index = self._bot_index = (self.bots, {(b.platform, b.bot_id): b for b in self.bots})
+        return index[1]
 
     @property
     def platforms(self) -> list[str]:

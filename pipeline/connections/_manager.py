@@ -142,6 +142,7 @@ class Connections:
             for bot in settings.bots
             if bot.transport != "webhook"
         ]
+        self._by_key = {(entry.bot.platform, entry.bot.bot_id): entry for entry in self.bots}
         self.router = ActionRouter(store, settings.connection_action_timeout_seconds)
         # A holder waits for a response as long as egress keeps asking again (each ask joins it).
         self.hold_timeout = settings.connection_action_timeout_seconds * max(2, settings.egress_max_attempts)
@@ -189,10 +190,7 @@ class Connections:
         task.add_done_callback(self._tasks.discard)
 
     def bot(self, platform: str, bot_id: str) -> LongConnectionBot | None:
-        for entry in self.bots:
-            if entry.bot.platform == platform and entry.bot.bot_id == bot_id:
-                return entry
-        return None
+        return self._by_key.get((platform, bot_id))
 
     # -- accepted connections (the platform's side dialled this worker) ---------------------------
     async def accept(self, bot: BotConfig, connection: Connection) -> None:

@@ -24,11 +24,11 @@ from typing import Any, ClassVar, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.addressing import parse_chat_command, trigger_reason
 from pipeline.records import InboundMessage, OutboundMessage, conversation_key, new_trace_id, now_ms
 from pipeline.segments import SEGMENT_TYPES
 from pipeline.segments.models import MentionData, MentionSegment, TextData, TextSegment
 from pipeline.settings import BotConfig
-from pipeline.stages.ingest import parse_chat_command, trigger_reason
 
 from .base import (
     MediaLoader,

@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from pipeline import metrics
+from pipeline.addressing import ChatCommand, TriggerReason, parse_chat_command, strip_trigger, trigger_reason
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
@@ -28,52 +27,6 @@ from .outputs import Outputs
 from .work import Remaining, SharedWork, run_remaining
 
 log = logging.getLogger(__name__)
-
-TriggerReason = Literal["private", "mention", "reply_to_bot", "command", "keyword"]
-CommandName = Literal["stop", "reset", "allow", "deny"]
-_COMMAND_RE = re.compile(r"^\s*/(stop|reset|allow|deny)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
-
-
-@dataclass(frozen=True)
-class ChatCommand:
-    name: CommandName
-    argument: str = ""
-
-
-def parse_chat_command(text: str) -> ChatCommand | None:
-    """`/stop`, `/reset`, `/allow [tool id]`, `/deny [reason]` (Telegram's `/stop@botname` too)."""
-    match = _COMMAND_RE.match(text)
-    if match is None:
-        return None
-    return ChatCommand(name=match.group(1).lower(), argument=(match.group(2) or "").strip())  # type: ignore[arg-type]
-
-
-def trigger_reason(message: InboundMessage, bot: BotConfig) -> TriggerReason | None:
-    """Why this message should start a turn, or None. Private: always; group: per policy."""
-    if message.chat_type == "private":
-        return "private"
-    policy = bot.trigger
-    if policy.mention and (message.mentions_bot or (bot.self_id is not None and bot.self_id in message.mentions)):
-        return "mention"
-    if policy.reply_to_bot and message.reply_to is not None and message.reply_to.is_bot:
-        return "reply_to_bot"
-    text = message.text.lstrip()
-    if policy.command_prefix and text.startswith(policy.command_prefix):
-        return "command"
-    if policy.keywords:
-        lowered = text.lower()
-        if any(keyword.lower() in lowered for keyword in policy.keywords):
-            return "keyword"
-    return None
-
-
-def strip_trigger(text: str, bot: BotConfig) -> str:
-    """Remove the command prefix a message was triggered with (the agent needs the question)."""
-    prefix = bot.trigger.command_prefix
-    stripped = text.lstrip()
-    if prefix and stripped.startswith(prefix):
-        return stripped[len(prefix) :].lstrip()
-    return text
 
 
 def member_names(message: InboundMessage, window: list[ContextEntry]) -> dict[str, str]:
@@ -214,13 +167,8 @@ class IngestStage:
         items: list[InboundAdmission] = []
         seen: set[str] = set()
         size = self.settings.group_context_size
-        bots: dict[tuple[str, str], BotConfig | None] = {}  # `Settings.bot` scans every bot
         for message in messages:
-            bot_key = (message.platform, message.bot_id)
-            if bot_key in bots:
-                bot = bots[bot_key]
-            else:
-                bot = bots[bot_key] = self.settings.bot(*bot_key)
+            bot = self.settings.bot(message.platform, message.bot_id)
             if bot is None:
                 plans.append(_Plan(message, None, None, None, "unknown_bot"))
                 continue

@@ -69,14 +69,15 @@ def _console_bots(settings: Settings) -> list[BotConfig]:
 def _authorized_bot(request: web.Request) -> BotConfig:
     """The console bot named by `bot_id` (or the only one), if the request carries its token."""
     settings: Settings = request.app[DEPS].settings
-    bots = _console_bots(settings)
     bot_id = request.query.get("bot_id")
+    bot: BotConfig | None
     if bot_id:
-        bot = next((b for b in bots if b.bot_id == bot_id), None)
-    elif len(bots) == 1:
-        bot = bots[0]
+        bot = settings.bot("console", bot_id)
     else:
-        raise _reject(400, "bad_request", "bot_id is required (several console bots are configured)")
+        bots = _console_bots(settings)
+        if len(bots) != 1:
+            raise _reject(400, "bad_request", "bot_id is required (several console bots are configured)")
+        bot = bots[0]
     # An unknown bot and a wrong token look the same to a caller without a token.
     if bot is None or not bearer_ok(bot.secret("token"), request.headers.get("Authorization")):
         raise _reject(401, "unauthorized", "a console bot's token is required: Authorization: Bearer <token>")

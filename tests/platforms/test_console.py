@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
+from pipeline.addressing import trigger_reason
 from pipeline.platforms.base import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform, mention_segments
 from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import InboundMessage, OutboundMessage
 from pipeline.segments.models import MentionData, MentionSegment, TextData, TextSegment
 from pipeline.settings import BotConfig
-from pipeline.stages.ingest import content_blocks, trigger_reason
+from pipeline.stages.ingest import content_blocks
 
 BOT = BotConfig.model_validate({"platform": "console", "bot_id": "demo", "self_id": "bot", "language": "en"})
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from telegram import Chat, Message, MessageEntity, PhotoSize, Update, User
 
+from pipeline.addressing import trigger_reason
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms._richtext import utf16_len
 from pipeline.platforms.telegram import TelegramPlatform
@@ -22,7 +23,7 @@ from pipeline.segments import segment_list_adapter
 from pipeline.segments.context import Member
 from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
-from pipeline.stages.ingest import content_blocks, trigger_reason
+from pipeline.stages.ingest import content_blocks
 
 from .conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media, rejected_count
 

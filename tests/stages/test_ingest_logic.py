@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.addressing import parse_chat_command, trigger_reason
 from pipeline.records import InboundMessage, ReplyRef, Sender
 from pipeline.segments.models import MentionData, MentionSegment, TextData, TextSegment
 from pipeline.settings import BotConfig, TriggerPolicy
-from pipeline.stages.ingest import content_blocks, may_answer, parse_chat_command, trigger_reason
+from pipeline.stages.ingest import content_blocks, may_answer
 
 
 def bot(**overrides: object) -> BotConfig:
