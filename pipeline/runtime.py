@@ -39,9 +39,9 @@ from pipeline.segments import (
     OutputMode,
     ReplyPolicy,
     SafeFetcher,
+    TurnContext,
     build_im_prompt,
 )
-from pipeline.segments import TurnContext as ReplyContext
 from pipeline.segments.context import Member, RepliedMessage
 from pipeline.segments.leaks import MIN_CONFIGURED_SECRET_LENGTH, Secret
 from pipeline.session import (
@@ -125,7 +125,7 @@ def reply_policy(bot: BotConfig, settings: Settings, scanner: LeakScanner | None
     )
 
 
-def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> ReplyContext:
+def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> TurnContext:
     """The turn context of the prompt. Its members: everyone the message mentions (first, so the
     prompt's member cap never drops them, even when they never spoke in the window), then the
     window's speakers; each with the name the platform or the window gave, to mention them back."""
@@ -142,7 +142,7 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
     not_members = {message.sender.user_id, bot.self_id}
     ids = [i for i in (*message.mentions, *(e.user_id for e in window)) if i and i not in not_members]
     members = tuple(Member(user_id=i, name=names.get(i, "")) for i in dict.fromkeys(ids))
-    return ReplyContext(
+    return TurnContext(
         bot_id=bot.bot_id,
         platform=bot.platform,
         chat_type=message.chat_type,

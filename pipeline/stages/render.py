@@ -30,8 +30,7 @@ from pipeline.records import (
     parse_conversation_key,
 )
 from pipeline.segments import finalize as contract
-from pipeline.segments.context import Capabilities, Member, ReplyPolicy
-from pipeline.segments.context import TurnContext as ReplyContext
+from pipeline.segments.context import Capabilities, Member, ReplyPolicy, TurnContext
 from pipeline.segments.leaks import REDACTION_MARKER
 from pipeline.segments.media import rejection_label
 from pipeline.segments.models import Segment, TextData, TextSegment
@@ -369,7 +368,7 @@ class RenderStage:
             await self._notice(bot, record, state, "stopped")
             return
         turn = state.turn
-        ctx = ReplyContext(
+        ctx = TurnContext(
             bot_id=bot.bot_id,
             platform=bot.platform,
             chat_type=turn.chat_type if turn else "private",
