@@ -12,6 +12,8 @@ from pipeline.session.provisioning import ArkOpenAPIProvisioner
 
 
 def test_sign_then_verify_and_tamper_detection() -> None:
+    # A round trip through volc_sign's own sign and verify: it shows tampering is caught, not that the
+    # signature is Volcengine's. That is checked against the official SDK in test_volc_sign_sdk.py.
     body = b'{"AgentId":"a"}'
     query = {"Action": "CreateSession", "Version": "2024-01-01"}
     headers = volc_sign.sign(
@@ -82,6 +84,8 @@ async def test_ark_openapi_provisioner_request_shape() -> None:
     request = seen[0]
     assert request.url.params["Action"] == "CreateSession" and request.url.params["Version"] == "2024-01-01"
     assert json.loads(request.content) == {"AgentId": "agent-7"}
+    # Accepted by the simulator's verifier; that the header is what Volcengine computes is checked
+    # against the official SDK in test_volc_sign_sdk.py.
     assert (
         volc_sign.verify(
             credentials={"AK": "SK"},
