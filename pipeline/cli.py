@@ -362,9 +362,18 @@ async def _run_stack(
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     say(f"starting the embedded stack (logs in {run_dir})…")
+
+    async def bring_up() -> None:
+        await stack.start()
+        # The worker serves as soon as it started, but its stages consume only once its consumer
+        # group's join is done (seconds): "up" is announced when a message sent then is answered
+        # as fast as the ones after it.
+        say("waiting for the worker to join its consumer group…")
+        await stack.workers[0].wait_consuming()
+
     code = 0
     try:
-        start = asyncio.ensure_future(stack.start())
+        start = asyncio.ensure_future(bring_up())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not start.done():  # Ctrl-C while starting

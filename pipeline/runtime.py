@@ -156,8 +156,18 @@ def reply_context(bot: BotConfig, message: InboundMessage, window: list[ContextE
 
 
 class Runtime:
-    def __init__(self, settings: Settings, send: Send, *, produce_acked: Send | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        send: Send,
+        *,
+        produce_acked: Send | None = None,
+        consuming: Callable[[], bool] | None = None,
+    ) -> None:
         self.settings = settings
+        # Whether the worker's stages are consuming (the Faust app's first rebalance has ended);
+        # a `ready()` check when given.
+        self._consuming = consuming
         self._send = send
         self.outputs = Outputs(send)
         self._produce_acked = produce_acked or send
@@ -335,7 +345,11 @@ class Runtime:
         self.started = False
 
     async def ready(self) -> dict[str, bool]:
+        """`/readyz`: the runtime started, Redis answers and, in a worker, the stages consume (a
+        message accepted now is answered without waiting for the consumer group's join)."""
         checks = {"started": self.started}
+        if self._consuming is not None:
+            checks["consuming"] = self._consuming()
         try:
             checks["redis"] = (await self.state.redis.execute("PING")) == "PONG" if self.started else False
         except Exception:

@@ -11,6 +11,7 @@ import asyncio
 import os
 import secrets
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from pipeline.embedded import ManagedProcess, RedisServer, TansuBroker, free_port
+from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka import apply_topics
 from pipeline.settings import Settings
 from pipeline.topics import cluster_specs
@@ -112,6 +114,33 @@ class WorkerProcess(_HttpProcess):
         async with httpx.AsyncClient(timeout=2.0) as client:
             response = await client.get(self.url + self.health_path)
             return response.status_code == 200 and response.json().get("instance") == self.instance_id
+
+    async def wait_consuming(self, timeout: float = 120.0) -> None:
+        """Until `/readyz` says ready: the worker's stages consume (its consumer group's join is
+        done), so a message sent now is answered as fast as later ones. A started worker serves
+        before that; the join takes seconds (a broker's initial rebalance delay, other members)."""
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                if not self.is_running:
+                    raise ServiceStartError(
+                        f"{self.name} exited while joining its consumer group (code {self.exit_code}); "
+                        f"log {self.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    response = await client.get(self.url + "/readyz")
+                    if response.status_code == 200:
+                        return
+                    last = response.text
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                if time.monotonic() > deadline:
+                    raise ServiceStartError(
+                        f"{self.name} not consuming after {timeout:.0f} s (last /readyz: {last}); "
+                        f"log {self.log_path}:\n{self.log_tail()}"
+                    )
+                await asyncio.sleep(0.1)
 
 
 @dataclass

@@ -46,6 +46,12 @@ class SwitchboardApp(faust.App):
     drain: Callable[[], Awaitable[None]] | None = None
     # Set by `create_app`: the service that owns the runtime and serves the worker's HTTP surface.
     serving: type[mode.Service] | None = None
+    # True once the first rebalance has ended: the stages' partitions are assigned, sought to their
+    # committed offsets and fetched. Webhooks are served before (they need only the producer), but
+    # a record produced then waits for the join (seconds), so readiness waits for this. It stays
+    # true through later rebalances: every worker rebalances at once, and taking them all out of
+    # the load balancer for it would refuse every webhook.
+    consuming = False
 
     def __init__(
         self, id: str, *, consumer_tuning: ConsumerTuning, idempotent_producer: bool = True, **options: Any
@@ -67,6 +73,11 @@ class SwitchboardApp(faust.App):
         if self.serving is not None and self._serving is None:
             self._serving = await self.on_init_extra_service(self.serving)
         await super().on_started()
+
+    def on_rebalance_end(self) -> None:
+        # Faust calls this once the flow is resumed and the fetcher runs ("Worker ready").
+        super().on_rebalance_end()
+        self.consuming = True
 
     def add_sink(self, topic: str, sink: BatchSink, *, partitions: int) -> None:
         """Subscribe to `topic` and deliver its records to `sink`."""
@@ -131,7 +142,12 @@ def create_app(
         broker_heartbeat_interval=min(3.0, settings.kafka_session_timeout_seconds / 3),
         broker_rebalance_timeout=max(settings.kafka_session_timeout_seconds, 10.0),
     )
-    runtime = Runtime(settings, send=_producer_send(app), produce_acked=_producer_send(app, acked=True))
+    runtime = Runtime(
+        settings,
+        send=_producer_send(app),
+        produce_acked=_producer_send(app, acked=True),
+        consuming=lambda: app.consuming,
+    )
     app.switchboard_runtime = runtime  # type: ignore[attr-defined]
     executors: dict[str, KeyedExecutor] = {}
 

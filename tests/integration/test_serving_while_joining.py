@@ -5,7 +5,8 @@ member busy finishing its fetched records (or a SIGKILLed one, until its session
 everyone's join. Faust starts an app's services only after the first rebalance, so a worker used to
 serve nothing all that while, and a supervisor's probe would give up on it. Here a member of the
 worker's group blocks in its revocation; the new worker must be up (its own /healthz) while the
-rebalance is still held, and take its partitions once the member lets go.
+rebalance is still held (its /readyz saying it does not consume yet), and take its partitions once
+the member lets go.
 
 Apache Kafka only: Tansu (0.6) completes a rebalance without the member still in its revocation,
 so nothing holds the join there.
@@ -97,15 +98,17 @@ async def test_a_worker_serves_while_a_member_holds_the_groups_rebalance(stack: 
         await asyncio.sleep(2 * settings.kafka_session_timeout_seconds)  # long past a heartbeat
         assert not listener.release.is_set()
         assert await _assigned(joining.url) == 0  # still joining…
-        async with httpx.AsyncClient() as http:  # …and serving
+        async with httpx.AsyncClient() as http:  # …and serving, while saying it does not consume yet
             assert (await http.get(joining.url + "/healthz")).json()["instance"] == joining.instance_id
-            assert (await http.get(joining.url + "/readyz")).status_code == 200
+            readyz = await http.get(joining.url + "/readyz")
+            assert readyz.status_code == 503 and readyz.json()["checks"]["consuming"] is False, readyz.text
 
         listener.release.set()
         deadline = asyncio.get_running_loop().time() + 90
         while await _assigned(joining.url) == 0:  # once the member lets go, the join completes
             assert asyncio.get_running_loop().time() < deadline, "the worker never got partitions"
             await asyncio.sleep(0.5)
+        await joining.wait_consuming(timeout=60)  # and /readyz says ready
     finally:
         listener.release.set()
         polling.cancel()
