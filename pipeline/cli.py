@@ -130,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(argv)
-    from pipeline.settings import SettingsError
+    from pipeline.errors import ConfigurationError
+    from pipeline.settings import unknown_variables
 
+    # Before anything else: a misspelt variable is otherwise ignored without a word.
+    for warning in unknown_variables() if args.command in ("up", "worker", "topics") else []:
+        print(f"switchboard: warning: {warning}", file=sys.stderr)
     try:
         if args.command == "up":
             return _up(args)
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             return _worker(args)
         if args.command == "topics":
             return asyncio.run(_topics(args.action))
-    except SettingsError as exc:
+    except ConfigurationError as exc:
         count = len(exc.problems)
         _print_problems(f"bad settings ({count} problem{'s' if count > 1 else ''}):", exc.problems)
         return EXIT_SETTINGS
@@ -169,7 +173,9 @@ def _check(*problems: str | None, code: int = EXIT_ENVIRONMENT) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from pipeline import preflight
     from pipeline.platforms import known_platforms
+    from pipeline.platforms.checks import bot_problems
     from pipeline.settings import env_name, load_settings
+    from pipeline.web import worker_problems
     from pipeline.worker import ALL_STAGES
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -183,7 +189,7 @@ def _worker(args: argparse.Namespace) -> int:
         ),
         code=EXIT_SETTINGS,
     )
-    settings = load_settings("worker")
+    settings = load_settings("worker", bots_check=bot_problems, settings_check=worker_problems)
     assert settings.kafka_bootstrap and settings.redis_url  # load_settings("worker") requires them
     _check(
         preflight.port_problem(
@@ -246,13 +252,14 @@ def _use_uvloop() -> None:
 async def _topics(action: str) -> int:
     from pipeline import preflight, topics
     from pipeline.kafka import apply_topics, check_topics
+    from pipeline.platforms.checks import bot_problems
     from pipeline.settings import env_name, load_settings
 
     if action == "schemas":
         for path in topics.write_schemas():
             print(f"wrote {path}")
         return 0
-    settings = load_settings("topics")
+    settings = load_settings("topics", bots_check=bot_problems)
     assert settings.kafka_bootstrap  # load_settings("topics") requires it
     _check(preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")))
     specs = topics.cluster_specs(settings)
@@ -272,9 +279,10 @@ async def _topics(action: str) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from pipeline import preflight
+    from pipeline.platforms.checks import bot_problems
     from pipeline.settings import env_name, load_settings
 
-    settings = load_settings("up")
+    settings = load_settings("up", bots_check=bot_problems)
     web_port = args.web_port if args.web_port is not None else settings.web_port
     onebot = _onebot_ws_bot(settings) if args.onebot_ws else None
     other = _suggest(web_port)

@@ -14,4 +14,9 @@ class SwitchboardError(Exception):
 
 
 class ConfigurationError(SwitchboardError, ValueError):
-    """A setting or the bots file is wrong; the message names what and how to fix it."""
+    """A setting or the bots file is wrong; the message names what and how to fix it. A check that
+    finds several problems reports them all at once: `problems` holds one line per problem."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)

@@ -4,15 +4,21 @@
 Bad settings fail fast: `load_settings` reports every problem at once, each naming what the user
 set (the variable, or the bots file and entry: `bots[2].credentials.signing_secret`), and what a
 command needs that is not set.
+
+The settings are plain data: they know no platform and no web surface. What a platform asks of
+its bots (`pipeline.platforms.checks`) and what a worker may not serve (`pipeline.web`) are
+checks the command passes to `load_settings`, which reports them in the same list.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, get_args
 
 from pydantic import (
     BaseModel,
@@ -21,17 +27,18 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
-    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from pipeline.errors import ConfigurationError
 
 BusyPolicy = Literal["merge", "queue", "interrupt"]
 SessionScope = Literal["chat", "user"]
 Language = Literal["zh", "en"]
 ConfirmPolicy = Literal["starter_and_admins", "admins", "anyone"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class TriggerPolicy(BaseModel):
@@ -236,12 +243,19 @@ class Settings(BaseSettings):
     loop_stall_dump_seconds: float = Field(default=5.0, ge=0, le=600)
 
     log_format: Literal["json", "text"] = "text"
-    log_level: str = "INFO"
+    # Checked here, with every other setting: an unknown level would otherwise stop the worker
+    # only once the broker, Redis and the simulator are already up.
+    log_level: LogLevel = "INFO"
 
     bots: list[BotConfig] = Field(default_factory=list)
 
     # (the bots list it indexes, bot by (platform, bot_id)): see `bot`.
     _bot_index: tuple[list[BotConfig], dict[tuple[str, str], BotConfig]] | None = PrivateAttr(default=None)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_capitals(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("redis_prefix")
     @classmethod
@@ -253,25 +267,6 @@ class Settings(BaseSettings):
     def _empty_token_is_none(cls, value: SecretStr | None) -> SecretStr | None:
         # `SWITCHBOARD_CONSOLE_TOKEN=` (an unset compose variable) means no token, not "".
         return value if value is not None and value.get_secret_value() else None
-
-    @field_validator("bots", mode="wrap")
-    @classmethod
-    def _bots_complete(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[BotConfig]:
-        """Every entry checked and every problem reported together: the fields' own errors plus the
-        platform's name and the credentials that platform declares it needs."""
-        problems: list[InitErrorDetails] = []
-        bots: list[BotConfig] = []
-        try:
-            bots = handler(value)
-        except ValidationError as exc:
-            problems.extend(exc.errors())  # type: ignore[arg-type]  # the same keys, re-raised below
-        if isinstance(value, list):
-            for index, entry in enumerate(value):
-                problems.extend(_platform_problems(index, entry))
-        if problems:
-            problems.sort(key=lambda p: p["loc"][0] if p["loc"] and isinstance(p["loc"][0], int) else -1)
-            raise ValidationError.from_exception_data("bots", problems)
-        return bots
 
     @model_validator(mode="after")
     def _acquire_within_lease(self) -> Settings:
@@ -350,58 +345,6 @@ class _TomlFileSource(PydanticBaseSettingsSource):
         return dict(self._data)
 
 
-def _platform_problems(index: int, entry: Any) -> list[InitErrorDetails]:
-    """An entry's platform is known and its credentials hold what that platform requires."""
-    # Imported here: the platform modules import this one (their bots are `BotConfig`s).
-    from pipeline.platforms import UnknownPlatform, get_platform, known_platforms
-
-    if isinstance(entry, BotConfig):
-        entry = entry.model_dump()
-    if not isinstance(entry, dict) or not isinstance(entry.get("platform"), str):
-        return []  # not an entry at all, or no platform: the fields' own errors say so
-    name = entry["platform"]
-    try:
-        platform = get_platform(name)
-    except UnknownPlatform:
-        known = ", ".join(known_platforms())
-        return [_problem((index, "platform"), "unknown_platform", f"unknown platform {name!r}; known: {known}")]
-    credentials = entry.get("credentials")
-    given = {k for k, v in credentials.items() if _filled(v)} if isinstance(credentials, dict) else set()
-    bot = f"bot {entry.get('bot_id', '?')!r}"
-    problems = []
-    transport = entry.get("transport", "webhook")
-    needed = platform.required_credentials
-    if not isinstance(transport, str) or transport not in platform.transports:
-        known = ", ".join(platform.transports)
-        message = f"{name} does not offer transport {transport!r} ({bot}); it offers: {known}"
-        problems.append(_problem((index, "transport"), "unknown_transport", message))
-    else:
-        needed = (*needed, *platform.transports[transport])
-    for field, message in platform.settings_problems(entry):
-        problems.append(_problem((index, field), "invalid_setting", f"{message} ({bot})"))
-    for required in needed:
-        if isinstance(required, str):
-            if required not in given:
-                loc = (index, "credentials", required)
-                why = name if required in platform.required_credentials else f"{name} {transport}"
-                problems.append(_problem(loc, "missing_credential", f"required for {why} ({bot})"))
-        elif given.isdisjoint(required):
-            message = f"{' or '.join(required)} is required for {name} ({bot})"
-            problems.append(_problem((index, "credentials"), "missing_credential", message))
-    return problems
-
-
-def _problem(loc: tuple[int | str, ...], kind: str, message: str) -> InitErrorDetails:
-    # The message goes in as context: braces in user input must not be read as placeholders.
-    return InitErrorDetails(type=PydanticCustomError(kind, "{message}", {"message": message}), loc=loc, input=None)
-
-
-def _filled(value: Any) -> bool:
-    if isinstance(value, SecretStr):
-        value = value.get_secret_value()
-    return value is not None and value != ""
-
-
 # -- loading for a command: every problem at once, named as the user set it --------------------------
 
 Command = Literal["up", "worker", "topics"]
@@ -411,12 +354,21 @@ _CONFIG_VAR = "SWITCHBOARD_CONFIG"
 _SECRET_WORDS = ("key", "secret", "token", "password", "credentials")
 
 
-class SettingsError(ValueError):
-    """Bad or missing settings. `problems` holds one line per problem."""
+class BotProblem(NamedTuple):
+    """A problem of one bots entry that a check beyond the settings' own finds (each platform's
+    requirements, `pipeline.platforms.checks`). `loc`: the entry's index, then the field, as in
+    `(2, "credentials", "signing_secret")`."""
 
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
+    loc: tuple[int | str, ...]
+    message: str
+
+
+# What a command checks besides the settings' own fields, reported in the same list. A bots check
+# reads the entries as written (mappings, valid or not, or `BotConfig`s once the settings are valid),
+# so that one invalid field does not hide the rest of its entry's problems.
+BotsCheck = Callable[[Sequence[Any]], list[BotProblem]]
+# What the command cannot run with, asked of valid settings.
+SettingsCheck = Callable[["Settings"], list[str]]
 
 
 def env_name(field: str) -> str:
@@ -424,26 +376,89 @@ def env_name(field: str) -> str:
     return _ENV_PREFIX + field.upper()
 
 
-def load_settings(command: Command) -> Settings:
-    """The settings for `command`, or a `SettingsError` listing every problem: invalid values
-    (named by variable, or by bots-file entry and field) and what the command needs but is unset."""
+def load_settings(
+    command: Command, *, bots_check: BotsCheck | None = None, settings_check: SettingsCheck | None = None
+) -> Settings:
+    """The settings for `command`, or a `ConfigurationError` listing every problem: invalid values
+    (named by variable, or by bots-file entry and field), what `bots_check` finds in the bots, what
+    the command needs but is unset, and, for valid settings, what `settings_check` refuses."""
     settings: Settings | None = None
+    errors: list[Mapping[str, Any]] = []
     problems: list[str] = []
     try:
         settings = Settings()
     except ValidationError as exc:
-        problems.extend(describe_errors(exc))
+        errors.extend(exc.errors(include_url=False))
     except ValueError as exc:  # the bots file cannot be read or parsed
         problems.append(str(exc))
+    if bots_check is not None:
+        entries = settings.bots if settings is not None else _raw_bots()
+        errors.extend({"loc": ("bots", *problem.loc), "msg": problem.message} for problem in bots_check(entries))
+    # One entry's problems together, in the order of the entries; the rest first, as they came.
+    errors.sort(key=_entry_index)
+    problems.extend(describe_errors(errors))
     problems.extend(f"{name} is not set ({why})" for name, why in missing_settings(command, settings))
-    if command == "worker" and settings is not None:
-        from pipeline.web import worker_problems  # the web surface a worker would serve
-
-        problems.extend(worker_problems(settings))
+    if settings is not None and settings_check is not None:
+        problems.extend(settings_check(settings))
     if problems:
-        raise SettingsError(problems)
+        raise ConfigurationError(*problems)
     assert settings is not None
     return settings
+
+
+def _entry_index(error: Mapping[str, Any]) -> int:
+    loc = error["loc"]
+    return loc[1] if len(loc) > 1 and loc[0] == "bots" and isinstance(loc[1], int) else -1
+
+
+def _raw_bots() -> list[Any]:
+    """The bots as written, unvalidated (a JSON list in `SWITCHBOARD_BOTS`, else the bots file's)."""
+    raw = _raw_value("bots")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return []  # the settings' own error says so
+    return raw if isinstance(raw, list) else []
+
+
+# `SWITCHBOARD_*` variables that are no settings but are read elsewhere: the bots file's name, the
+# embedded services' binaries and caches, the worker's development aids, the test suite's broker.
+OTHER_VARIABLES = frozenset(
+    {
+        _CONFIG_VAR,
+        "SWITCHBOARD_CACHE_DIR",
+        "SWITCHBOARD_CHROMIUM",
+        "SWITCHBOARD_CPROFILE",
+        "SWITCHBOARD_EVENT_LOOP",
+        "SWITCHBOARD_INSTANCE_ID",
+        "SWITCHBOARD_KAFKA_LIBS",
+        "SWITCHBOARD_KAFKA_POM",
+        "SWITCHBOARD_KEEP_RUN_DIRS",
+        "SWITCHBOARD_REDIS_SERVER_BIN",
+        "SWITCHBOARD_TANSU_BIN",
+        "SWITCHBOARD_TEST_BROKERS",
+    }
+)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each `SWITCHBOARD_*` variable that nothing reads, naming the closest known one.
+    Unknown variables are otherwise ignored without a word: `SWITCHBOARD_REDIS_ULR` would leave
+    `switchboard up` on its embedded Redis."""
+    environ = os.environ if environ is None else environ
+    settings = {env_name(field) for field in Settings.model_fields}
+    known = settings | OTHER_VARIABLES
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()  # the settings read their variables in any case
+        # `SWITCHBOARD_BOTS__0__BOT_ID`: a nested value of a setting.
+        if not upper.startswith(_ENV_PREFIX) or upper.split("__")[0] in known:
+            continue
+        close = difflib.get_close_matches(upper.split("__")[0], sorted(known), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]}?" if close else "the settings are listed in README.md, Configuration"
+        warnings.append(f"{name} is not a setting and is ignored; {hint}")
+    return warnings
 
 
 def missing_settings(command: Command, settings: Settings | None = None) -> list[tuple[str, str]]:
@@ -493,16 +508,21 @@ def _config_data() -> dict[str, Any]:
         return {}
 
 
-def describe_errors(exc: ValidationError) -> list[str]:
+def describe_errors(errors: ValidationError | Iterable[Mapping[str, Any]]) -> list[str]:
     """One line per error, naming what the user set: `SWITCHBOARD_PARTITIONS=0: …`, or
     `bots.toml: bots[2].credentials.signing_secret: …` for the bots file."""
+    if isinstance(errors, ValidationError):
+        errors = errors.errors(include_url=False)
     config_path = os.environ.get(_CONFIG_VAR)
     in_file = set(_config_data())
     env_upper = {key.upper(): raw for key, raw in os.environ.items()}
     lines = []
-    for error in exc.errors(include_url=False):
+    for error in errors:
         loc = error["loc"]
         message = str(error["msg"]).removeprefix("Value error, ")
+        if error.get("type") == "extra_forbidden":
+            close = difflib.get_close_matches(str(loc[-1]), _fields_at(loc), n=1)
+            message += f"; did you mean {close[0]!r}?" if close else ""
         if not loc:
             where = f"{_CONFIG_VAR}={config_path}" if config_path else "settings"
             lines.append(f"{where}: {message}")
@@ -518,3 +538,28 @@ def describe_errors(exc: ValidationError) -> list[str]:
         shown = f"={env_upper[variable]}" if variable in env_upper and not rest and not secret else ""
         lines.append(f"{variable}{path[len(field) :]}{shown}: {message}")
     return lines
+
+
+def _fields_at(loc: Sequence[int | str]) -> list[str]:
+    """The fields of the model that holds `loc`'s last part (`("bots", 0, "platfrom")`: a
+    `BotConfig`'s), for the field an unknown key was meant to be."""
+    model: type[BaseModel] = Settings
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an item of a list: the same model as the list's
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -51,10 +51,7 @@ def _pipeline_modules() -> list[ModuleType]:
 
 
 # Exceptions that may derive from something other than SwitchboardError, each with why.
-_OUTSIDE_THE_ROOT = {
-    # Being replaced by `ConfigurationError` (a SwitchboardError) in the settings rework.
-    "pipeline.settings.SettingsError",
-}
+_OUTSIDE_THE_ROOT: set[str] = set()
 
 
 def test_every_exception_defined_in_pipeline_is_a_switchboard_error() -> None:

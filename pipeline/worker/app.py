@@ -22,6 +22,7 @@ from faust.types import TP
 from pipeline import metrics
 from pipeline.errors import ConfigurationError
 from pipeline.executor import KeyedExecutor
+from pipeline.platforms.checks import check_bots
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.runtime import Runtime
 from pipeline.settings import Settings
@@ -112,6 +113,9 @@ def create_app(
     unknown = stage_set - set(ALL_STAGES)
     if unknown:
         raise ConfigurationError(f"unknown stages {sorted(unknown)}; known: {', '.join(ALL_STAGES)}")
+    # What each platform asks of its bots (`switchboard worker` checked it with the settings; settings
+    # made in code were not).
+    check_bots(settings)
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
     _check_driver_registered()
     gc.set_threshold(*GC_THRESHOLDS)

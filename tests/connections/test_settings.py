@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.connections import transports
+from pipeline.errors import ConfigurationError
 from pipeline.platforms import get_platform, known_platforms
-from pipeline.settings import Settings, SettingsError, load_settings
+from pipeline.platforms.checks import bot_problems
+from pipeline.settings import Settings, load_settings
 
 BOTS = """
 [[bots]]
@@ -55,8 +57,8 @@ def test_every_transport_problem_is_named_by_entry_and_field(tmp_path: Path, mon
     config = tmp_path / "bots.toml"
     config.write_text(BOTS)
     monkeypatch.setenv("SWITCHBOARD_CONFIG", str(config))
-    with pytest.raises(SettingsError) as error:
-        load_settings("up")
+    with pytest.raises(ConfigurationError) as error:
+        load_settings("up", bots_check=bot_problems)
     assert error.value.problems == [
         f"{config}: bots[1].credentials.access_token: required for onebot ws-reverse (bot 'rev')",
         f"{config}: bots[2].api_base: ws-forward dials the implementation's WebSocket server: a ws:// or "
@@ -96,8 +98,8 @@ def test_a_poll_timeout_telegram_would_not_take_is_refused() -> None:
 def test_the_acquire_interval_must_be_shorter_than_the_lease(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHBOARD_CONNECTION_LEASE_SECONDS", "2")
     monkeypatch.setenv("SWITCHBOARD_CONNECTION_ACQUIRE_INTERVAL_SECONDS", "3")
-    with pytest.raises(SettingsError) as error:
-        load_settings("up")
+    with pytest.raises(ConfigurationError) as error:
+        load_settings("up", bots_check=bot_problems)
     assert error.value.problems == [
         "settings: SWITCHBOARD_CONNECTION_ACQUIRE_INTERVAL_SECONDS must be shorter than "
         "SWITCHBOARD_CONNECTION_LEASE_SECONDS"

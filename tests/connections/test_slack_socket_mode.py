@@ -15,8 +15,10 @@ import pytest
 
 from pipeline import metrics
 from pipeline.connections import slack as socket_mode
+from pipeline.errors import ConfigurationError
+from pipeline.platforms.checks import bot_problems
 from pipeline.runtime import deployment_secrets
-from pipeline.settings import BotConfig, Settings, SettingsError, load_settings
+from pipeline.settings import BotConfig, Settings, load_settings
 from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, callback
 
 from .conftest import Produced
@@ -223,8 +225,8 @@ credentials = {{ bot_token = "{BOT_TOKEN}" }}
 """
     )
     monkeypatch.setenv("SWITCHBOARD_CONFIG", str(config))
-    with pytest.raises(SettingsError) as error:
-        load_settings("up")
+    with pytest.raises(ConfigurationError) as error:
+        load_settings("up", bots_check=bot_problems)
     assert error.value.problems == [
         f"{config}: bots[1].credentials.app_token: required for slack socket_mode (bot 'no_app_token')",
         f"{config}: bots[2].credentials.app_token: Socket Mode needs the app-level token, which starts with "

@@ -17,7 +17,9 @@ import httpx
 import pytest
 from nacl.signing import SigningKey
 
+from pipeline.errors import ConfigurationError
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
+from pipeline.platforms.checks import check_bots
 from pipeline.platforms.discord import DiscordPlatform, escape_markdown
 from pipeline.records import OutboundMessage
 from pipeline.runtime import deployment_secrets
@@ -449,8 +451,8 @@ async def test_a_wrong_token_is_refused_by_the_stand_in(api: FakeApi, http: http
 
 
 def test_the_bots_file_names_what_a_discord_bot_lacks() -> None:
-    with pytest.raises(ValueError) as error:
-        Settings(bots=[{"platform": "discord", "bot_id": "d", "credentials": {"token": TOKEN}}])
+    with pytest.raises(ConfigurationError) as error:
+        check_bots(Settings(bots=[{"platform": "discord", "bot_id": "d", "credentials": {"token": TOKEN}}]))
     text = str(error.value)
     assert "self_id" in text and "public_key" in text  # a webhook bot needs the interactions key
     gateway = Settings(
@@ -465,8 +467,8 @@ def test_the_bots_file_names_what_a_discord_bot_lacks() -> None:
         ]
     )
     assert gateway.bots[0].transport == "gateway"
-    with pytest.raises(ValueError, match="token"):
-        Settings(bots=[{"platform": "discord", "bot_id": "d", "self_id": BOT_USER, "transport": "gateway"}])
+    with pytest.raises(ConfigurationError, match="token"):
+        check_bots(Settings(bots=[{"platform": "discord", "bot_id": "d", "self_id": BOT_USER, "transport": "gateway"}]))
     # The token is one of the secrets every outbound message is checked for, and never printed.
     assert TOKEN in {s.value for s in deployment_secrets(gateway)}
     assert TOKEN not in repr(gateway) and TOKEN not in str(gateway.model_dump())

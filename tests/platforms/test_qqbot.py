@@ -18,9 +18,10 @@ import httpx
 import pytest
 from botpy.connection import ConnectionState
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from pydantic import ValidationError
 
+from pipeline.errors import ConfigurationError
 from pipeline.platforms import WebhookRejected, WebhookRequest
+from pipeline.platforms.checks import check_bots
 from pipeline.platforms.qqbot import MAX_TEXT, QQBotPlatform, msg_seq
 from pipeline.records import OutboundMessage
 from pipeline.segments import segment_list_adapter
@@ -664,10 +665,11 @@ async def test_the_token_is_fetched_again_before_it_expires(api: FakeApi, http: 
 
 
 def test_settings_require_app_id_and_app_secret() -> None:
-    with pytest.raises(ValidationError) as exc:
-        Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID}}])
+    with pytest.raises(ConfigurationError) as exc:
+        check_bots(Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID}}]))
     assert "credentials.app_secret" in str(exc.value) and "required for qqbot" in str(exc.value)
-    Settings(bots=[{"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID, "app_secret": "s"}}])
+    complete = {"platform": "qqbot", "bot_id": "qb1", "credentials": {"app_id": APP_ID, "app_secret": "s"}}
+    check_bots(Settings(bots=[complete]))
 
 
 async def test_no_active_message_unless_the_bot_allows_them(api: FakeApi, http: httpx.AsyncClient) -> None:

@@ -16,12 +16,14 @@ import pytest
 import xmltodict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 from wechatpy.crypto import _get_signature
 from wechatpy.enterprise.crypto import PrpCrypto, WeChatCrypto
 from wechatpy.exceptions import InvalidSignatureException
 
+from pipeline.errors import ConfigurationError
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult
+from pipeline.platforms.checks import check_bots
 from pipeline.platforms.wecom import WeComPlatform, decrypt, encrypt, msg_signature, split_utf8
 from pipeline.records import OutboundMessage
 from pipeline.runtime import deployment_secrets
@@ -712,8 +714,9 @@ async def test_an_existing_media_id_and_an_unreadable_upload(api: FakeApi, http:
 
 
 def test_required_credentials_secrets_and_start_up_warnings() -> None:
-    with pytest.raises(ValidationError) as exc:
-        Settings(bots=[{"platform": "wecom", "bot_id": "w", "credentials": {"corp_id": CORP_ID, "token": TOKEN}}])
+    partial = {"platform": "wecom", "bot_id": "w", "credentials": {"corp_id": CORP_ID, "token": TOKEN}}
+    with pytest.raises(ConfigurationError) as exc:
+        check_bots(Settings(bots=[partial]))
     text = str(exc.value)
     for name in ("corp_secret", "agent_id", "encoding_aes_key"):
         assert f"credentials.{name}" in text and "required for wecom" in text
