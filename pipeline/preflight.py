@@ -17,6 +17,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pipeline.redact import redact_url
+
 DEFAULT_TIMEOUT = 3.0
 _RETRY_PAUSE = 0.25
 
@@ -142,12 +144,13 @@ def kafka_problem(bootstrap: str, variable: str, timeout: float = DEFAULT_TIMEOU
         return f"{variable} is empty"
     reasons = []
     for server in servers:
-        host, port = _host_port(server.split("://", 1)[-1], default_port=9092)
+        # `scheme://user:password@host:port`: only the address is dialled (and named in the refusal).
+        host, port = _host_port(server.split("://", 1)[-1].rpartition("@")[2], default_port=9092)
         reason = _connect_problem(host, port, timeout)
         if reason is None:
             return None
         reasons.append(reason)
-    return f"cannot reach Kafka at {bootstrap} ({variable}): {'; '.join(sorted(set(reasons)))}"
+    return f"cannot reach Kafka at {redact_url(bootstrap)} ({variable}): {'; '.join(sorted(set(reasons)))}"
 
 
 def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> str | None:
@@ -168,7 +171,7 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
         if target is None or isinstance(target, Endpoint):
             clients = [redis.Redis.from_url(url, **socket_options)]
     except ValueError as exc:  # not a Redis URL
-        return f"{variable} is not a Redis URL ({exc})"
+        return f"{variable} is not a Redis URL ({redact_url(str(exc))})"
     if isinstance(target, ClusterTarget):
         clients = [
             redis.Redis(
@@ -206,11 +209,11 @@ def redis_problem(url: str, variable: str, timeout: float = DEFAULT_TIMEOUT) -> 
                     client.ping()
                     return None
                 except (AuthenticationError, ResponseError) as exc:
-                    return f"Redis at {where} ({variable}) refused the connection: {exc}"
+                    return f"Redis at {where} ({variable}) refused the connection: {redact_url(str(exc))}"
                 except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                     problem = exc
             if time.monotonic() >= deadline:
-                return f"cannot reach Redis at {where} ({variable}): {_short(problem)}"
+                return f"cannot reach Redis at {where} ({variable}): {redact_url(_short(problem))}"
             time.sleep(_RETRY_PAUSE)
     finally:
         for client in clients:

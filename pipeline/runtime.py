@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable, Iterator
-from urllib.parse import unquote, unquote_plus
 
 import httpx
 from pydantic import BaseModel, SecretStr
@@ -25,6 +23,7 @@ from pipeline.platforms import Platform, get_platform
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.records import InboundMessage
+from pipeline.redact import url_passwords
 from pipeline.segments import (
     Capabilities,
     CorrectionSettings,
@@ -70,19 +69,15 @@ from pipeline.web.server import INSTANCE_ID
 log = logging.getLogger(__name__)
 
 
-# `scheme://user:password@host`: the password of a URL setting (Redis, Kafka SASL, API bases), and
-# a Redis Sentinel URL's `sentinel_password=` option.
-_URL_PASSWORD = re.compile(r"://[^/@\s,]*?:([^@/\s,]+)@|[?&]sentinel_password=([^&\s]+)")
-
-
 def _secrets_of(model: BaseModel, where: str) -> Iterator[Secret]:
     for name in type(model).model_fields:
         value = getattr(model, name)
         if isinstance(value, SecretStr):
             yield Secret(value.get_secret_value(), f"{where}{name}")
         elif isinstance(value, str):
-            for match in _URL_PASSWORD.finditer(value):
-                password = unquote(match.group(1)) if match.group(1) else unquote_plus(match.group(2))
+            # The passwords of URL settings (Redis, Kafka SASL, API bases): the ones the banner and
+            # the logs hide (pipeline.redact).
+            for password in url_passwords(value):
                 yield Secret(password, f"{where}{name} (password in the URL)")
 
 

@@ -21,6 +21,7 @@ import httpx
 from pipeline.embedded import ManagedProcess, RedisServer, TansuBroker, free_port
 from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka import apply_topics
+from pipeline.redact import redact_url
 from pipeline.settings import Settings
 from pipeline.topics import cluster_specs
 
@@ -244,13 +245,15 @@ class Stack:
         return [(name, part) for name, part in named if part is not None]
 
     def describe(self) -> list[tuple[str, str]]:
+        """(name, where) of each part, for the banner: URLs without their passwords."""
+
+        def where(variable: str, note: str) -> str:
+            return redact_url(self.env.get(variable, "")) + note
+
         rows = [
-            ("kafka", self.env.get("SWITCHBOARD_KAFKA_BOOTSTRAP", "") + (" (embedded Tansu)" if self.broker else "")),
-            ("redis", self.env.get("SWITCHBOARD_REDIS_URL", "") + (" (embedded)" if self.redis else "")),
-            (
-                "session API",
-                self.env.get("SWITCHBOARD_SESSION_BASE_URL", "") + (" (switchboard sim)" if self.sim else ""),
-            ),
+            ("kafka", where("SWITCHBOARD_KAFKA_BOOTSTRAP", " (embedded Tansu)" if self.broker else "")),
+            ("redis", where("SWITCHBOARD_REDIS_URL", " (embedded)" if self.redis else "")),
+            ("session API", where("SWITCHBOARD_SESSION_BASE_URL", " (switchboard sim)" if self.sim else "")),
         ]
         for i, worker in enumerate(self.workers):
             rows.append((f"worker {i}", f"{worker.url}  (webhooks /webhooks/…, /metrics, /healthz, /readyz)"))

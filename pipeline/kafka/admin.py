@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from pipeline.kafka.exceptions import BrokerUnavailableError
+from pipeline.redact import redact_url
 
 #: DescribeConfigs config_source value for a per-topic override (Apache Kafka). Tansu reports the
 #: values it stores with source 5 (DEFAULT_CONFIG), so "is this an override" cannot be told there.
@@ -42,7 +43,7 @@ async def admin_client(bootstrap: str, *, request_timeout_ms: int = 15000) -> As
     except (KafkaConnectionError, KafkaError, OSError) as exc:
         with contextlib.suppress(Exception):
             await admin.close()
-        raise BrokerUnavailableError(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise BrokerUnavailableError(f"cannot reach Kafka at {redact_url(bootstrap)}: {redact_url(str(exc))}") from exc
     try:
         yield admin
     finally:

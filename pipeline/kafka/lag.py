@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.kafka.exceptions import BrokerUnavailableError
+from pipeline.redact import redact_url
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,9 @@ class LagReader:
             await self._consumer.start()
         except Exception as exc:
             await self.stop()
-            raise BrokerUnavailableError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
+            raise BrokerUnavailableError(
+                f"cannot reach Kafka at {redact_url(self.bootstrap)}: {redact_url(str(exc))}"
+            ) from exc
         self._started = True
 
     async def stop(self) -> None:

@@ -45,10 +45,10 @@ BANNER = "switchboard is up"
 class Up:
     """A `switchboard up` child whose output goes to a pipe the test reads (as a terminal would)."""
 
-    def __init__(self, port: int, run_dir: Path) -> None:
+    def __init__(self, port: int, run_dir: Path, env: dict[str, str] | None = None) -> None:
         self.port = port
         self.run_dir = run_dir
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")} | (env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "up", "--web-port", str(port), "--run-dir", str(run_dir)],
             env=env,
