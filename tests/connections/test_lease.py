@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
@@ -101,7 +102,7 @@ async def test_a_held_lease_is_kept_then_lost_at_once_when_taken(store: Connecti
 
 
 async def test_a_holder_that_cannot_renew_gives_up_before_redis_lets_anyone_else_in(
-    redis_server_factory, redis_prefix: str
+    redis_server_factory: Callable[..., Awaitable[RedisServer]], redis_prefix: str
 ) -> None:
     server: RedisServer = await redis_server_factory()
     quick = RedisClient(server.url, socket_timeout=1, connect_timeout=1)

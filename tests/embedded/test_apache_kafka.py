@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 
-from pipeline.embedded import apache_kafka
+from pipeline.embedded import ApacheKafka, apache_kafka
 from pipeline.kafka import TopicSpec, apply_topics, consume_count, produce
 
 pytestmark = pytest.mark.slow
 
 
-async def test_started_and_healthy(apache_kafka):
+async def test_started_and_healthy(apache_kafka: ApacheKafka) -> None:
     assert await apache_kafka.health()
     assert apache_kafka.last_start_seconds is not None
     assert apache_kafka.last_start_seconds < apache_kafka.start_timeout
 
 
-async def test_restart_keeps_data(apache_kafka, unique_name):
+async def test_restart_keeps_data(apache_kafka: ApacheKafka, unique_name: Callable[..., str]) -> None:
     topic = unique_name("persist")
     await apply_topics(apache_kafka.bootstrap, [TopicSpec(topic, 2)])
     await produce(apache_kafka.bootstrap, topic, b"k", b"before-restart")

@@ -45,7 +45,7 @@ class _Crasher(ManagedProcess):
         return False
 
 
-async def test_sigkill_after_grace():
+async def test_sigkill_after_grace() -> None:
     svc = _Stubborn()
     await svc.start()
     t0 = time.monotonic()
@@ -55,7 +55,7 @@ async def test_sigkill_after_grace():
     svc.cleanup()
 
 
-async def test_exit_during_start_reports_log():
+async def test_exit_during_start_reports_log() -> None:
     svc = _Crasher()
     with pytest.raises(ServiceStartError, match="boom: bad config"):
         await svc.start()
@@ -65,7 +65,7 @@ async def test_exit_during_start_reports_log():
 
 @pytest.mark.parametrize("listening", [True, False], ids=["listening", "bound-only"])
 @pytest.mark.parametrize("cls", [TansuBroker, RedisServer])
-async def test_lost_port_race_is_retried(cls, listening):
+async def test_lost_port_race_is_retried(cls: type[TansuBroker] | type[RedisServer], listening: bool) -> None:
     """A picked port taken by someone else before the service binds it: start again on another.
 
     ``listening``: caught before spawning. ``bound-only`` (connect is refused, bind fails): caught
@@ -88,7 +88,7 @@ async def test_lost_port_race_is_retried(cls, listening):
 
 
 @pytest.mark.parametrize("listening", [True, False], ids=["listening", "bound-only"])
-async def test_explicit_port_in_use_is_a_port_in_use_error(listening):
+async def test_explicit_port_in_use_is_a_port_in_use_error(listening: bool) -> None:
     """A port given by the caller is not replaced: taken, it is a PortInUseError naming it, whether
     seen before spawning (``listening``) or from the service's own log line (``bound-only``)."""
     with socket.socket() as squatter:
@@ -125,14 +125,14 @@ class _LowercaseBinder(ManagedProcess):
         return False
 
 
-async def test_port_in_use_markers_ignore_case():
+async def test_port_in_use_markers_ignore_case() -> None:
     svc = _LowercaseBinder(free_port())
     with pytest.raises(PortInUseError):
         await svc.start()
     svc.cleanup()
 
 
-async def test_exit_code_of_a_dead_service():
+async def test_exit_code_of_a_dead_service() -> None:
     svc = _Crasher()
     with pytest.raises(ServiceStartError):
         await svc.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -25,7 +27,7 @@ async def _set(url: str, key: str, value: str) -> None:
         await client.aclose()
 
 
-async def test_start_stop_async(tmp_path):
+async def test_start_stop_async(tmp_path: Path) -> None:
     server = RedisServer(run_dir=tmp_path)
     async with server:
         assert server.url.startswith("redis://127.0.0.1:")
@@ -36,13 +38,15 @@ async def test_start_stop_async(tmp_path):
     assert not port_open("127.0.0.1", server.port)
 
 
-def test_sync_context_manager():
+def test_sync_context_manager() -> None:
     with RedisServer() as server:
         assert port_open("127.0.0.1", server.port)
     assert not server.is_running
 
 
-async def test_restart_without_persistence_loses_data(redis_server_factory):
+async def test_restart_without_persistence_loses_data(
+    redis_server_factory: Callable[..., Awaitable[RedisServer]],
+) -> None:
     server = await redis_server_factory()
     await _set(server.url, "k", "v")
     port = server.port
@@ -51,7 +55,9 @@ async def test_restart_without_persistence_loses_data(redis_server_factory):
     assert await _get(server.url, "k") is None
 
 
-async def test_aof_survives_restart_and_kill(redis_server_factory, tmp_path):
+async def test_aof_survives_restart_and_kill(
+    redis_server_factory: Callable[..., Awaitable[RedisServer]], tmp_path: Path
+) -> None:
     server = await redis_server_factory(aof=True, data_dir=tmp_path / "data")
     await _set(server.url, "k", "v1")
     await server.restart()
@@ -64,17 +70,19 @@ async def test_aof_survives_restart_and_kill(redis_server_factory, tmp_path):
     assert (tmp_path / "data").exists()
 
 
-async def test_redis_url_is_isolated_per_test(redis_url, redis_client, redis_server):
+async def test_redis_url_is_isolated_per_test(
+    redis_url: str, redis_client: aioredis.Redis, redis_server: RedisServer
+) -> None:
     assert redis_url.startswith(f"redis://127.0.0.1:{redis_server.port}/")
     assert await redis_client.dbsize() == 0
     await redis_client.set("shared-name", "mine")
 
 
-async def test_redis_url_is_isolated_per_test_again(redis_url, redis_client):
+async def test_redis_url_is_isolated_per_test_again(redis_url: str, redis_client: aioredis.Redis) -> None:
     # Same key as the test above: a fresh DB does not see it.
     assert await redis_client.get("shared-name") is None
 
 
-def test_redis_prefix_unique(redis_prefix, unique_name):
+def test_redis_prefix_unique(redis_prefix: str, unique_name: Callable[..., str]) -> None:
     assert redis_prefix.endswith(":")
     assert unique_name("x") != unique_name("x")

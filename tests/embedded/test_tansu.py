@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.embedded import TansuBroker, port_open
+from pipeline.embedded import ApacheKafka, TansuBroker, port_open
 from pipeline.kafka import admin_client, consume_count, produce
+from pipeline.kafka.testing import TopicFactory
 
 
-async def test_start_health_stop(tmp_path):
+async def test_start_health_stop(tmp_path: Path) -> None:
     broker = TansuBroker(run_dir=tmp_path)
     await broker.start()
     try:
@@ -31,7 +34,7 @@ async def test_start_health_stop(tmp_path):
     await broker.stop()  # idempotent
 
 
-def test_sync_context_manager_cleans_run_dir():
+def test_sync_context_manager_cleans_run_dir() -> None:
     with TansuBroker() as broker:
         run_dir = broker.run_dir
         assert port_open("127.0.0.1", broker.port)
@@ -39,7 +42,9 @@ def test_sync_context_manager_cleans_run_dir():
     assert not run_dir.exists()
 
 
-async def test_restart_keeps_port_but_loses_data(tansu_broker_factory, unique_name):
+async def test_restart_keeps_port_but_loses_data(
+    tansu_broker_factory: Callable[..., Awaitable[TansuBroker]], unique_name: Callable[..., str]
+) -> None:
     """Memory storage: a restarted Tansu is empty. Broker-restart fault tests need Apache Kafka."""
     broker = await tansu_broker_factory()
     topic = unique_name("restart")
@@ -51,7 +56,7 @@ async def test_restart_keeps_port_but_loses_data(tansu_broker_factory, unique_na
         assert topic not in await admin.list_topics()
 
 
-async def test_kill_then_start(tansu_broker_factory):
+async def test_kill_then_start(tansu_broker_factory: Callable[..., Awaitable[TansuBroker]]) -> None:
     broker = await tansu_broker_factory()
     await broker.kill()
     assert not broker.is_running
@@ -59,7 +64,7 @@ async def test_kill_then_start(tansu_broker_factory):
     assert await broker.health()
 
 
-async def test_metadata_request_auto_creates_topics(tansu_broker, unique_name):
+async def test_metadata_request_auto_creates_topics(tansu_broker: TansuBroker, unique_name: Callable[..., str]) -> None:
     """Naming an unknown topic in a Metadata request creates it on Tansu (check_topics must not)."""
     topic = unique_name("meta")
     admin = AIOKafkaAdminClient(bootstrap_servers=tansu_broker.bootstrap)
@@ -71,7 +76,9 @@ async def test_metadata_request_auto_creates_topics(tansu_broker, unique_name):
         await admin.close()
 
 
-async def test_consumer_group_commit_and_committed(tansu_broker, topic_factory, unique_name):
+async def test_consumer_group_commit_and_committed(
+    tansu_broker: TansuBroker, topic_factory: TopicFactory, unique_name: Callable[..., str]
+) -> None:
     if topic_factory.bootstrap != tansu_broker.bootstrap:
         pytest.skip("Tansu-only characterisation")
     topic = await topic_factory(partitions=2)
@@ -100,7 +107,9 @@ async def test_consumer_group_commit_and_committed(tansu_broker, topic_factory, 
 
 
 @pytest.mark.slow
-async def test_first_join_waits_half_the_session_timeout(kafka_broker, topic_factory, unique_name):
+async def test_first_join_waits_half_the_session_timeout(
+    kafka_broker: TansuBroker | ApacheKafka, topic_factory: TopicFactory, unique_name: Callable[..., str]
+) -> None:
     """Tansu answers a group's first JoinGroup after session_timeout_ms / 2 (Kafka: at once)."""
     topic = await topic_factory()
     consumer = AIOKafkaConsumer(
@@ -128,7 +137,7 @@ async def test_first_join_waits_half_the_session_timeout(kafka_broker, topic_fac
 
 
 @pytest.mark.slow
-async def test_fetch_wait_latency(kafka_broker, topic_factory):
+async def test_fetch_wait_latency(kafka_broker: TansuBroker | ApacheKafka, topic_factory: TopicFactory) -> None:
     """Tansu does not answer a pending fetch when data arrives; Apache Kafka does.
 
     Measured on Tansu with fetch_max_wait_ms=1500: single-hop latency spread over ~1-740 ms
@@ -165,7 +174,7 @@ async def test_fetch_wait_latency(kafka_broker, topic_factory):
         assert statistics.median(latencies) < 100, latencies
 
 
-async def test_consume_helpers_on_tansu(tansu_broker, unique_name):
+async def test_consume_helpers_on_tansu(tansu_broker: TansuBroker, unique_name: Callable[..., str]) -> None:
     topic = unique_name("helpers")
     await produce(tansu_broker.bootstrap, topic, b"a", b"1")
     records = await consume_count(tansu_broker.bootstrap, topic, 1, timeout=10)

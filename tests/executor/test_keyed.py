@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import pytest
@@ -16,7 +17,7 @@ async def test_work_for_one_key_runs_in_submission_order() -> None:
     executor = KeyedExecutor(max_in_flight=8)
     seen: list[int] = []
 
-    def make(i: int):
+    def make(i: int) -> Callable[[], Awaitable[None]]:
         async def work() -> None:
             await asyncio.sleep(random.random() / 200)
             seen.append(i)
@@ -57,7 +58,7 @@ async def test_ack_never_passes_an_unfinished_message() -> None:
     acked: list[int] = []
     gates = {i: asyncio.Event() for i in range(6)}
 
-    def make(i: int):
+    def make(i: int) -> Callable[[], Awaitable[None]]:
         async def work() -> None:
             await gates[i].wait()
 
@@ -160,7 +161,7 @@ async def test_dropped_partition_acks_do_not_run_and_queued_work_is_skipped() ->
     ran: list[int] = []
     gate = asyncio.Event()
 
-    def make(i: int):
+    def make(i: int) -> Callable[[], Awaitable[None]]:
         async def work() -> None:
             ran.append(i)
             await gate.wait()
@@ -184,7 +185,7 @@ async def test_running_work_learns_that_its_partition_was_revoked() -> None:
     seen: dict[str, list[bool]] = {"a": [], "b": []}
     gate = asyncio.Event()
 
-    def make(key: str):
+    def make(key: str) -> Callable[[], Awaitable[None]]:
         async def work() -> None:
             seen[key].append(work_revoked())
             await gate.wait()  # the session call, during which the partition moves

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from pipeline.kafka import LagReader, consumer_lag, produce
+from pipeline.kafka.testing import TopicFactory
 
 
 async def _commit_via_group(bootstrap: str, group: str, topic: str, consumer_config: dict[str, int], read: int) -> None:
@@ -31,7 +33,12 @@ async def _commit_via_group(bootstrap: str, group: str, topic: str, consumer_con
         await consumer.stop()
 
 
-async def test_lag_committed_vs_high_watermark(kafka_bootstrap, topic_factory, unique_name, kafka_consumer_config):
+async def test_lag_committed_vs_high_watermark(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    unique_name: Callable[..., str],
+    kafka_consumer_config: dict[str, int],
+) -> None:
     topic = await topic_factory(partitions=2)
     for i in range(7):
         await produce(kafka_bootstrap, topic, f"k{i}", b"v", partition=0)
@@ -55,7 +62,9 @@ async def test_lag_committed_vs_high_watermark(kafka_bootstrap, topic_factory, u
         assert (await reader.read(group, [topic])).total == 7
 
 
-async def test_unknown_group_and_topic(kafka_bootstrap, topic_factory, unique_name):
+async def test_unknown_group_and_topic(
+    kafka_bootstrap: str, topic_factory: TopicFactory, unique_name: Callable[..., str]
+) -> None:
     topic = await topic_factory()
     await produce(kafka_bootstrap, topic, "k", b"v")
     lag = await consumer_lag(kafka_bootstrap, unique_name("nobody"), [topic, unique_name("missing")])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from pipeline.embedded import ApacheKafka, TansuBroker
 from pipeline.kafka import Drift, TopicSpec, admin_client, apply_topics, check_topics, produce
 
 
-async def test_apply_creates_then_no_drift(kafka_bootstrap, unique_name):
+async def test_apply_creates_then_no_drift(kafka_bootstrap: str, unique_name: Callable[..., str]) -> None:
     specs = [
         TopicSpec(unique_name("a"), partitions=3, config={"retention.ms": "3600000"}),
         TopicSpec(unique_name("b"), partitions=1, config={"cleanup.policy": "compact"}),
@@ -24,14 +27,16 @@ async def test_apply_creates_then_no_drift(kafka_bootstrap, unique_name):
     assert again.created == [] and sorted(again.unchanged) == sorted(s.name for s in specs)
 
 
-async def test_check_never_creates(kafka_bootstrap, unique_name):
+async def test_check_never_creates(kafka_bootstrap: str, unique_name: Callable[..., str]) -> None:
     spec = TopicSpec(unique_name("ghost"), partitions=2)
     assert [d.kind for d in await check_topics(kafka_bootstrap, [spec])] == ["missing"]
     async with admin_client(kafka_bootstrap) as admin:
         assert spec.name not in await admin.list_topics()
 
 
-async def test_partition_drift(kafka_broker, kafka_bootstrap, unique_name):
+async def test_partition_drift(
+    kafka_broker: TansuBroker | ApacheKafka, kafka_bootstrap: str, unique_name: Callable[..., str]
+) -> None:
     name = unique_name("parts")
     await apply_topics(kafka_bootstrap, [TopicSpec(name, partitions=1)])
     wider = TopicSpec(name, partitions=3)
@@ -48,7 +53,7 @@ async def test_partition_drift(kafka_broker, kafka_bootstrap, unique_name):
         assert await check_topics(kafka_bootstrap, [wider]) == [Drift(name, "partitions", 3, 1)]
 
 
-async def test_fewer_partitions_is_degraded(kafka_bootstrap, unique_name):
+async def test_fewer_partitions_is_degraded(kafka_bootstrap: str, unique_name: Callable[..., str]) -> None:
     name = unique_name("shrink")
     await apply_topics(kafka_bootstrap, [TopicSpec(name, partitions=2)])
     report = await apply_topics(kafka_bootstrap, [TopicSpec(name, partitions=1)])
@@ -57,7 +62,9 @@ async def test_fewer_partitions_is_degraded(kafka_bootstrap, unique_name):
     assert [d.kind for d in await check_topics(kafka_bootstrap, [TopicSpec(name, partitions=1)])] == ["partitions"]
 
 
-async def test_config_drift(kafka_broker, kafka_bootstrap, unique_name):
+async def test_config_drift(
+    kafka_broker: TansuBroker | ApacheKafka, kafka_bootstrap: str, unique_name: Callable[..., str]
+) -> None:
     name = unique_name("cfg")
     base = TopicSpec(name, partitions=1, config={"retention.ms": "3600000", "segment.ms": "600000"})
     await apply_topics(kafka_bootstrap, [base])
@@ -77,7 +84,7 @@ async def test_config_drift(kafka_broker, kafka_bootstrap, unique_name):
         assert await check_topics(kafka_bootstrap, [changed]) == drift
 
 
-async def test_replication_factor_capped_to_brokers(kafka_bootstrap, unique_name):
+async def test_replication_factor_capped_to_brokers(kafka_bootstrap: str, unique_name: Callable[..., str]) -> None:
     spec = TopicSpec(unique_name("rf"), partitions=1, replication_factor=3)
     report = await apply_topics(kafka_bootstrap, [spec])
     assert report.ok, report.summary()
@@ -85,7 +92,9 @@ async def test_replication_factor_capped_to_brokers(kafka_bootstrap, unique_name
     assert await check_topics(kafka_bootstrap, [spec]) == []
 
 
-async def test_min_insync_replicas_capped_to_the_replicas_a_topic_gets(kafka_bootstrap, unique_name):
+async def test_min_insync_replicas_capped_to_the_replicas_a_topic_gets(
+    kafka_bootstrap: str, unique_name: Callable[..., str]
+) -> None:
     """The production spec (3 replicas, 2 in sync) on one broker: created with 1 of each, so an
     acks=all write still succeeds (2 in-sync replicas of 1 would refuse every write)."""
     spec = TopicSpec(unique_name("isr"), partitions=1, replication_factor=3, config={"min.insync.replicas": "2"})
@@ -97,7 +106,9 @@ async def test_min_insync_replicas_capped_to_the_replicas_a_topic_gets(kafka_boo
     assert written.offset == 0
 
 
-async def test_invalid_config_rejected_by_kafka(kafka_broker, kafka_bootstrap, unique_name):
+async def test_invalid_config_rejected_by_kafka(
+    kafka_broker: TansuBroker | ApacheKafka, kafka_bootstrap: str, unique_name: Callable[..., str]
+) -> None:
     spec = TopicSpec(unique_name("bad"), config={"no.such.config": "1"})
     report = await apply_topics(kafka_bootstrap, [spec])
     if kafka_broker.kind == "kafka":
@@ -106,7 +117,7 @@ async def test_invalid_config_rejected_by_kafka(kafka_broker, kafka_bootstrap, u
         assert report.ok
 
 
-def test_spec_validation():
+def test_spec_validation() -> None:
     with pytest.raises(ValueError):
         TopicSpec("bad name")
     with pytest.raises(ValueError):
@@ -117,6 +128,6 @@ def test_spec_validation():
     assert spec.config == {"retention.ms": "1000", "x": "true"}
 
 
-async def test_duplicate_specs_rejected(kafka_bootstrap):
+async def test_duplicate_specs_rejected(kafka_bootstrap: str) -> None:
     with pytest.raises(ValueError, match="duplicate"):
         await check_topics(kafka_bootstrap, [TopicSpec("dup"), TopicSpec("dup")])

@@ -14,7 +14,7 @@ from pipeline.platforms._common import (
     reply_segment,
     text_segment,
 )
-from pipeline.records import MAX_ID_CHARS, ReplyRef, Sender
+from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, Sender
 from pipeline.segments.models import (
     FaceData,
     FaceSegment,
@@ -33,7 +33,7 @@ from pipeline.settings import BotConfig
 BOT = BotConfig(platform="slack", bot_id="sl1", self_id="UBOT")
 
 
-def inbound(**extra: object):
+def inbound(**extra: object) -> InboundMessage:
     fields: dict[str, object] = {
         "chat_id": "C1",
         "chat_type": "group",

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -159,7 +160,9 @@ def sdk_accepts(request: WebhookRequest) -> bool:
     return response.status_code == 200
 
 
-def parse(request: WebhookRequest, **extra: Any):
+def parse(
+    request: WebhookRequest, **extra: Any
+) -> Any:  # Any: the tests read the fields of the segment types they expect
     platform = LarkPlatform()
     bot = bot_config(**extra)
     platform.verify(bot, request)
@@ -371,7 +374,7 @@ def outbound(segments: list[dict[str, Any]], **extra: Any) -> OutboundMessage:
     )
 
 
-async def test_text_post_image_file_and_token_cache(api: FakeApi, http: httpx.AsyncClient, tmp_path) -> None:
+async def test_text_post_image_file_and_token_cache(api: FakeApi, http: httpx.AsyncClient, tmp_path: Path) -> None:
     stand_in = LarkStandIn(api)
     platform = LarkPlatform()
     bot = bot_config(api)
@@ -468,7 +471,9 @@ async def test_long_markdown_split_and_unreadable_image(api: FakeApi, http: http
         (500, "oops", "retry", "server_error"),
     ],
 )
-async def test_error_classification(api: FakeApi, http: httpx.AsyncClient, status, body, verdict, reason) -> None:
+async def test_error_classification(
+    api: FakeApi, http: httpx.AsyncClient, status: int, body: Any, verdict: str, reason: str
+) -> None:
     stand_in = LarkStandIn(api)
     api.reply("/open-apis/im/v1/messages", status, body, {"x-ogw-ratelimit-reset": "2"})
     platform = LarkPlatform()

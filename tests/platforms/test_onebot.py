@@ -10,6 +10,7 @@ import hmac
 import json
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -94,7 +95,9 @@ def signed(event: dict[str, Any], secret: str = SECRET) -> WebhookRequest:
     return WebhookRequest(headers={"x-signature": sig, "x-self-id": "10001000"}, body=body)
 
 
-def parse(event: dict[str, Any], **extra: Any):
+def parse(
+    event: dict[str, Any], **extra: Any
+) -> Any:  # Any: the tests read the fields of the segment types they expect
     platform = get_platform("onebot")
     bot = bot_config(**extra)
     req = signed(event)
@@ -282,7 +285,7 @@ def outbound(
 
 
 async def test_every_segment_type(
-    api: FakeApi, http: httpx.AsyncClient, tmp_path, media_server: MediaServer, guarded_loader: MediaChecker
+    api: FakeApi, http: httpx.AsyncClient, tmp_path: Path, media_server: MediaServer, guarded_loader: MediaChecker
 ) -> None:
     api.on("/send_group_msg", check_onebot)
     platform = get_platform("onebot")
@@ -484,7 +487,9 @@ def _text(text: str) -> dict[str, Any]:
         (429, "", "retry", "rate_limited"),
     ],
 )
-async def test_retcode_classification(api: FakeApi, http: httpx.AsyncClient, status, body, verdict, reason) -> None:
+async def test_retcode_classification(
+    api: FakeApi, http: httpx.AsyncClient, status: int, body: Any, verdict: str, reason: str
+) -> None:
     api.reply("/send_group_msg", status, body)
     platform = get_platform("onebot")
     bot = bot_config(api)

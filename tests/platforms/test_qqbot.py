@@ -20,7 +20,7 @@ from botpy.connection import ConnectionState
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipeline.errors import ConfigurationError
-from pipeline.platforms import WebhookRejected, WebhookRequest
+from pipeline.platforms import MediaLoader, WebhookRejected, WebhookRequest
 from pipeline.platforms.checks import check_bots
 from pipeline.platforms.qqbot import MAX_TEXT, QQBotPlatform, msg_seq
 from pipeline.records import OutboundMessage
@@ -425,7 +425,9 @@ def outbound(
     )
 
 
-async def send_all(bot: BotConfig, message: OutboundMessage, http: httpx.AsyncClient, loader=load_media) -> list[Any]:
+async def send_all(
+    bot: BotConfig, message: OutboundMessage, http: httpx.AsyncClient, loader: MediaLoader = load_media
+) -> list[Any]:
     qq = QQBotPlatform()
     return [await qq.send(bot, call, http, loader) for call in qq.render(bot, message)]
 

@@ -96,7 +96,7 @@ DM = {
 }
 
 
-def parse(payload: dict[str, Any], **kw: Any):
+def parse(payload: dict[str, Any], **kw: Any) -> Any:  # Any: the tests read the fields of the segment types they expect
     platform = get_platform("slack")
     bot = bot_config()
     request = signed(payload, **kw)
@@ -361,7 +361,14 @@ async def test_external_upload_flow(api: FakeApi, http: httpx.AsyncClient) -> No
     ],
 )
 async def test_error_classification(
-    api: FakeApi, http: httpx.AsyncClient, status, body, headers, verdict, reason, retry_after
+    api: FakeApi,
+    http: httpx.AsyncClient,
+    status: int,
+    body: Any,
+    headers: dict[str, str],
+    verdict: str,
+    reason: str,
+    retry_after: float | None,
 ) -> None:
     api.reply("/chat.postMessage", status, body, headers)
     platform = get_platform("slack")

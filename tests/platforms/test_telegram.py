@@ -7,6 +7,7 @@ import datetime as dt
 import itertools
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -60,7 +61,7 @@ def group_text(update_id: int, text: str, *entities: MessageEntity) -> Update:
     return Update(update_id, message=message)
 
 
-def parse(update: Update, **bot_extra: Any):
+def parse(update: Update, **bot_extra: Any) -> Any:  # Any: the tests read the fields of the segment types they expect
     platform = get_platform("telegram")
     bot = bot_config(**bot_extra)
     req = request(update)
@@ -330,7 +331,9 @@ async def test_long_text_split_at_4096_utf16_units(api: FakeApi, http: httpx.Asy
     assert sent[0].json["entities"][0]["type"] == "bold"
 
 
-async def test_media_url_upload_caption_dice_and_fallbacks(api: FakeApi, http: httpx.AsyncClient, tmp_path) -> None:
+async def test_media_url_upload_caption_dice_and_fallbacks(
+    api: FakeApi, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
     for method in ("sendPhoto", "sendDocument", "sendDice", "sendMessage", "sendVideo"):
         api.on(f"/bot{TOKEN}/{method}", check_telegram_request)
     platform = get_platform("telegram")
@@ -437,7 +440,13 @@ async def test_unreadable_media_becomes_notice(api: FakeApi, http: httpx.AsyncCl
     ],
 )
 async def test_error_classification(
-    api: FakeApi, http: httpx.AsyncClient, status, body, verdict, reason, retry_after
+    api: FakeApi,
+    http: httpx.AsyncClient,
+    status: int,
+    body: Any,
+    verdict: str,
+    reason: str,
+    retry_after: float | None,
 ) -> None:
     api.reply(f"/bot{TOKEN}/sendMessage", status, body)
     platform = get_platform("telegram")

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ from wechatpy.enterprise.crypto import PrpCrypto, WeChatCrypto
 from wechatpy.exceptions import InvalidSignatureException
 
 from pipeline.errors import ConfigurationError
-from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult
+from pipeline.platforms import SendOutcome, WebhookRejected, WebhookRequest, WebhookResult
 from pipeline.platforms.checks import check_bots
 from pipeline.platforms.wecom import WeComPlatform, decrypt, encrypt, msg_signature, split_utf8
 from pipeline.records import OutboundMessage
@@ -453,7 +454,9 @@ def outbound(segments: list[dict[str, Any]], *, chat_id: str = ALICE, **extra: A
     )
 
 
-async def send_all(platform: WeComPlatform, bot: BotConfig, message: OutboundMessage, http: httpx.AsyncClient):
+async def send_all(
+    platform: WeComPlatform, bot: BotConfig, message: OutboundMessage, http: httpx.AsyncClient
+) -> list[SendOutcome]:
     return [await platform.send(bot, call, http, load_media) for call in platform.render(bot, message)]
 
 
@@ -461,7 +464,7 @@ def sent(api: FakeApi, path: str = "/cgi-bin/message/send") -> list[dict[str, An
     return [s.json for s in api.seen if s.path == path]
 
 
-async def test_every_segment_and_one_token(api: FakeApi, http: httpx.AsyncClient, tmp_path) -> None:
+async def test_every_segment_and_one_token(api: FakeApi, http: httpx.AsyncClient, tmp_path: Path) -> None:
     stand_in = WeComStandIn(api)
     platform, bot = WeComPlatform(), bot_config(api)
     pdf = tmp_path / "r.pdf"
@@ -600,7 +603,7 @@ async def test_an_expired_token_is_refreshed_once_within_the_send(api: FakeApi, 
     assert stand_in.tokens_issued == 4 and "42001" in outcome.detail
 
 
-async def test_an_image_over_10_mb_goes_as_a_file(api: FakeApi, http: httpx.AsyncClient, tmp_path) -> None:
+async def test_an_image_over_10_mb_goes_as_a_file(api: FakeApi, http: httpx.AsyncClient, tmp_path: Path) -> None:
     stand_in = WeComStandIn(api)
     platform, bot = WeComPlatform(), bot_config(api)
     big = tmp_path / "big.png"
@@ -650,7 +653,14 @@ async def test_concurrent_sends_share_one_token_refreshed_before_it_expires(
     ],
 )
 async def test_error_classification(
-    api: FakeApi, http: httpx.AsyncClient, status, body, headers, verdict, reason, retry_after
+    api: FakeApi,
+    http: httpx.AsyncClient,
+    status: int,
+    body: Any,
+    headers: dict[str, str],
+    verdict: str,
+    reason: str,
+    retry_after: float | None,
 ) -> None:
     WeComStandIn(api)
     api.reply("/cgi-bin/message/send", status, body, headers)

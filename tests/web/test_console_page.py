@@ -24,7 +24,7 @@ import shutil
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,14 +240,14 @@ class FakeConsole:
         self.unauthorized = 0
 
     @staticmethod
-    def _json(body: dict[str, Any]):
+    def _json(body: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(_: web.Request) -> web.Response:
             return web.json_response(body)
 
         return handler
 
     @staticmethod
-    def _bytes(body: bytes, content_type: str):
+    def _bytes(body: bytes, content_type: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(_: web.Request) -> web.Response:
             return web.Response(body=body, content_type=content_type)
 
