@@ -8,6 +8,9 @@
 2. open streams: raw sockets open SSE streams until --streams are held; reports the sim's RSS.
 3. client overhead per event: µs to parse one SSE frame and pass it through the Subscription, both
    end to end over an in-memory transport and for parse + dispatch alone.
+4. start-up: `switchboard sim` as a process until it prints its port (interpreter start and imports
+   included), and `SimServer.start()` in process (binding and serving). Printed, never asserted:
+   tests/sim only check that it starts and answers (these were once pass marks there).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline.session import Preview, RetryPolicy, SessionClient, SystemMessage, TextBlock, UserMessage
 from pipeline.session.models import ServerEvent, parse_server_event_json
 from pipeline.session.subscription import Subscription
+from pipeline.sim import SimServer
 
 API_KEY = "bench-key"
 
@@ -52,6 +56,35 @@ def start_sim() -> tuple[subprocess.Popen[str], int]:
     process.stdout.readline()
     port = int(process.stdout.readline().strip().removeprefix("port="))
     return process, port
+
+
+def bench_sim_start(rounds: int = 5) -> dict[str, float]:
+    """Best and median of `rounds` cold starts of the sim CLI, and of SimServer.start() in process."""
+    cli: list[float] = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        process, _port = start_sim()
+        cli.append(time.perf_counter() - started)
+        process.terminate()
+        process.wait(10)
+
+    async def in_process() -> list[float]:
+        took: list[float] = []
+        for _ in range(rounds):
+            server = SimServer()
+            started = time.perf_counter()
+            await server.start()
+            took.append(time.perf_counter() - started)
+            await server.stop()
+        return took
+
+    server = asyncio.run(in_process())
+    return {
+        "cli_best_s": min(cli),
+        "cli_median_s": statistics.median(cli),
+        "server_best_ms": min(server) * 1000,
+        "server_median_ms": statistics.median(server) * 1000,
+    }
 
 
 def rss_mib(pid: int) -> float:
@@ -337,6 +370,13 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, default=10_000)
     args = parser.parse_args()
     raise_fd_limit()
+
+    start = await asyncio.to_thread(bench_sim_start)
+    print(
+        f"sim start: CLI process to port printed {start['cli_median_s']:.2f} s median "
+        f"(best {start['cli_best_s']:.2f} s, interpreter and imports included); SimServer.start() in process "
+        f"{start['server_median_ms']:.1f} ms median (best {start['server_best_ms']:.1f} ms)"
+    )
 
     overhead = await bench_client_overhead(2000)
     print(

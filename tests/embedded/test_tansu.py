@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -110,13 +109,21 @@ async def test_consumer_group_commit_and_committed(
 async def test_first_join_waits_half_the_session_timeout(
     kafka_broker: TansuBroker | ApacheKafka, topic_factory: TopicFactory, unique_name: Callable[..., str]
 ) -> None:
-    """Tansu answers a group's first JoinGroup after session_timeout_ms / 2 (Kafka: at once)."""
+    """Tansu answers a group's first JoinGroup after session_timeout_ms / 2 (Kafka: at once).
+
+    Both sides are checked against the hold, not against a speed: on Tansu the join takes at least
+    the hold (a lower bound, which load cannot break); on Apache Kafka the session timeout is made
+    long (30 s) and the join must come well before its half would have elapsed, so only a broker
+    that holds the join (or a hang) fails it, not a slow machine.
+    """
+    session_timeout_ms = 4000 if kafka_broker.kind == "tansu" else 30_000
+    hold = session_timeout_ms / 2 / 1000
     topic = await topic_factory()
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=kafka_broker.bootstrap,
         group_id=unique_name("join"),
-        session_timeout_ms=4000,
+        session_timeout_ms=session_timeout_ms,
         heartbeat_interval_ms=300,
         fetch_max_wait_ms=20,
     )
@@ -124,16 +131,16 @@ async def test_first_join_waits_half_the_session_timeout(
     t0 = loop.time()
     await consumer.start()
     try:
-        async with asyncio.timeout(20):
+        async with asyncio.timeout(hold + 20):
             while not consumer.assignment():
                 await consumer.getmany(timeout_ms=50)
         took = loop.time() - t0
     finally:
         await consumer.stop()
     if kafka_broker.kind == "tansu":
-        assert took >= 1.8, took
+        assert took >= 0.9 * hold, took
     else:
-        assert took < 1.8, took
+        assert took < hold, took
 
 
 @pytest.mark.slow
@@ -142,11 +149,15 @@ async def test_fetch_wait_latency(kafka_broker: TansuBroker | ApacheKafka, topic
 
     Measured on Tansu with fetch_max_wait_ms=1500: single-hop latency spread over ~1-740 ms
     (median ~240). With a 2000 ms wait, 8 records at random moments all arriving within 150 ms has
-    probability ~0.1 % on Tansu; on Kafka every one takes a few ms.
+    probability ~0.1 % on Tansu (a lower bound: load only makes it likelier to hold). On Kafka
+    every one takes a few ms, but that figure is not asserted: the wait is made long (20 s) and
+    every record must arrive before half of it would have elapsed, which only a broker that holds
+    the fetch (or a hang) fails.
     """
+    fetch_wait_ms = 2000 if kafka_broker.kind == "tansu" else 20_000
     topic = await topic_factory(partitions=1)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=2000
+        bootstrap_servers=kafka_broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=fetch_wait_ms
     )
     producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=0)
     await consumer.start()
@@ -162,7 +173,7 @@ async def test_fetch_wait_latency(kafka_broker: TansuBroker | ApacheKafka, topic
             await asyncio.sleep(delay)
             t0 = loop.time()
             await producer.send_and_wait(topic, b"x", partition=0)
-            got = await consumer.getmany(tp, timeout_ms=5000)
+            got = await consumer.getmany(tp, timeout_ms=fetch_wait_ms + 5000)
             assert got.get(tp), "record not received"
             latencies.append((loop.time() - t0) * 1000)
     finally:
@@ -171,7 +182,7 @@ async def test_fetch_wait_latency(kafka_broker: TansuBroker | ApacheKafka, topic
     if kafka_broker.kind == "tansu":
         assert max(latencies) > 150, latencies
     else:
-        assert statistics.median(latencies) < 100, latencies
+        assert max(latencies) < fetch_wait_ms / 2, latencies
 
 
 async def test_consume_helpers_on_tansu(tansu_broker: TansuBroker, unique_name: Callable[..., str]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -98,8 +98,9 @@ async def test_admin_faults_and_stats(sim: SimServer) -> None:
         assert stats["sessions"] == 1 and stats["open_streams"] == 0
 
 
-def test_cli_starts_fast_and_prints_port() -> None:
-    started = time.monotonic()
+def test_cli_starts_and_prints_its_port() -> None:
+    # How long it takes to start is a figure for bench/session_bench.py (printed there), not a pass
+    # mark here; the bound below only turns a hang into a failure.
     process = subprocess.Popen(
         [sys.executable, "-m", "pipeline.sim.cli", "--port", "0", "--api-key", "k"],
         stdout=subprocess.PIPE,
@@ -107,23 +108,28 @@ def test_cli_starts_fast_and_prints_port() -> None:
     )
     try:
         assert process.stdout is not None
-        lines = [process.stdout.readline(), process.stdout.readline()]
-        elapsed = time.monotonic() - started
+        stdout = process.stdout
+        with ThreadPoolExecutor(1) as reader:
+            # On a hang, terminating the process (finally) closes its stdout and ends the read.
+            lines = reader.submit(lambda: [stdout.readline(), stdout.readline()]).result(timeout=60)
+        assert lines[1].startswith("port="), lines
         port = int(lines[1].strip().removeprefix("port="))
         response = httpx.get(f"http://127.0.0.1:{port}/_sim/stats")
-        assert response.status_code == 200
-        # Includes interpreter start and imports (~1.5 s on an idle 2-core box); the server itself
-        # binds in milliseconds (test_sim_server_start_is_fast). Slack for a loaded CI machine.
-        assert elapsed < 4.0, f"sim took {elapsed:.2f}s to start"
+        assert response.status_code == 200 and response.json()["sessions"] == 0
     finally:
         process.terminate()
         process.wait(5)
 
 
-async def test_sim_server_start_is_fast() -> None:
-    started = time.monotonic()
+async def test_sim_server_starts_on_a_free_port_and_answers() -> None:
     server = SimServer()
-    port = await server.start()
-    assert port > 0 and time.monotonic() - started < 2.0
-    await server.stop()
+    async with asyncio.timeout(30):  # a hang bound only; the start-up time is in bench/session_bench.py
+        port = await server.start()
+    try:
+        assert port > 0
+        async with httpx.AsyncClient() as http:
+            stats = await http.get(f"http://127.0.0.1:{port}/_sim/stats")
+        assert stats.status_code == 200 and stats.json()["open_streams"] == 0
+    finally:
+        await server.stop()
     await asyncio.sleep(0)
