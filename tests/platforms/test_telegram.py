@@ -16,7 +16,6 @@ from telegram import Chat, Message, MessageEntity, PhotoSize, Update, User
 
 from pipeline.addressing import trigger_reason
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
-from pipeline.platforms._richtext import utf16_len
 from pipeline.platforms.telegram import TelegramPlatform
 from pipeline.records import OutboundMessage
 from pipeline.runtime import reply_context
@@ -240,6 +239,20 @@ def outbound(segments: list[dict[str, Any]], **extra: Any) -> OutboundMessage:
     )
 
 
+def utf16_units(text: str) -> int:
+    """Telegram measures text and entity offsets in UTF-16 code units (Bot API, MessageEntity:
+    "Offset in UTF-16 code units"). Counted here from the encoding itself, not with the
+    implementation's helper, so a bug in that helper cannot pass its own check."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+# Bot API, sendMessage: "text: Text of the message to be sent, 1-4096 characters after entities
+# parsing"; sendPhoto and the other media methods: "caption: … 0-1024 characters after entities
+# parsing". The stand-in refuses what Telegram refuses, with Telegram's numbers written here.
+TELEGRAM_TEXT_LIMIT = 4096
+TELEGRAM_CAPTION_LIMIT = 1024
+
+
 def check_telegram_request(seen: Seen) -> tuple[int, dict[str, Any]]:
     """What the Bot API would refuse: a wrong token, no chat, text over the limits, entities
     outside the text (checked with PTB's own UTF-16 entity parsing)."""
@@ -251,15 +264,18 @@ def check_telegram_request(seen: Seen) -> tuple[int, dict[str, Any]]:
         if isinstance(body.get(field), str):  # a file_id, or a URL for Telegram's servers to fetch
             value = body[field]
             assert re.fullmatch(r"[\w-]+", value) or value.startswith(("https://", "http://")), value
-    for text_key, ent_key, limit in (("text", "entities", 4096), ("caption", "caption_entities", 1024)):
+    for text_key, ent_key, limit in (
+        ("text", "entities", TELEGRAM_TEXT_LIMIT),
+        ("caption", "caption_entities", TELEGRAM_CAPTION_LIMIT),
+    ):
         if text_key in body:
             text = body[text_key]
-            assert 0 < utf16_len(text) <= limit, utf16_len(text)
+            assert 0 < utf16_units(text) <= limit, utf16_units(text)
             assert text == text.strip()
             entities = [MessageEntity.de_json(e, None) for e in body.get(ent_key, [])]
             parsed = Message(1, WHEN, GROUP, text=text, entities=tuple(entities)).parse_entities()
             for entity in entities:
-                assert entity.offset + entity.length <= utf16_len(text)
+                assert entity.offset + entity.length <= utf16_units(text)
                 assert parsed[entity]  # the entity covers real text
     return 200, {"ok": True, "result": {"message_id": next(_ids)}}
 
