@@ -423,7 +423,8 @@ def _raw_bots() -> list[Any]:
 
 
 # `SWITCHBOARD_*` variables that are no settings but are read elsewhere: the bots file's name, the
-# embedded services' binaries and caches, the worker's development aids, the test suite's broker.
+# embedded services' binaries and caches, the worker's development aids, the test suite's broker
+# and tier. A variable read anywhere else belongs here (tests/test_settings.py checks the tree).
 OTHER_VARIABLES = frozenset(
     {
         _CONFIG_VAR,
@@ -438,6 +439,7 @@ OTHER_VARIABLES = frozenset(
         "SWITCHBOARD_REDIS_SERVER_BIN",
         "SWITCHBOARD_TANSU_BIN",
         "SWITCHBOARD_TEST_BROKERS",
+        "SWITCHBOARD_TEST_TIER",
     }
 )
 
@@ -447,16 +449,19 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     Unknown variables are otherwise ignored without a word: `SWITCHBOARD_REDIS_ULR` would leave
     `switchboard up` on its embedded Redis."""
     environ = os.environ if environ is None else environ
-    settings = {env_name(field) for field in Settings.model_fields}
-    known = settings | OTHER_VARIABLES
+    known = {env_name(field) for field in Settings.model_fields} | OTHER_VARIABLES
+    # Compared without the prefix every name shares, which would make any two names look alike.
+    suffixes = sorted(name.removeprefix(_ENV_PREFIX) for name in known)
     warnings = []
     for name in sorted(environ):
-        upper = name.upper()  # the settings read their variables in any case
-        # `SWITCHBOARD_BOTS__0__BOT_ID`: a nested value of a setting.
-        if not upper.startswith(_ENV_PREFIX) or upper.split("__")[0] in known:
+        # Any case, as the settings read them; `SWITCHBOARD_BOTS__0__BOT_ID` is a value of `bots`.
+        root = name.upper().split("__")[0]
+        if not root.startswith(_ENV_PREFIX) or root in known:
             continue
-        close = difflib.get_close_matches(upper.split("__")[0], sorted(known), n=1, cutoff=0.75)
-        hint = f"did you mean {close[0]}?" if close else "the settings are listed in README.md, Configuration"
+        close = difflib.get_close_matches(root.removeprefix(_ENV_PREFIX), suffixes, n=1)
+        hint = (
+            f"did you mean {_ENV_PREFIX}{close[0]}?" if close else "the settings are listed in README.md, Configuration"
+        )
         warnings.append(f"{name} is not a setting and is ignored; {hint}")
     return warnings
 

@@ -87,7 +87,9 @@ def _platform_problems(
     needed = platform.required_credentials
     if not isinstance(transport, str) or transport not in platform.transports:
         offers = ", ".join(platform.transports)
-        problems.append((("transport",), f"{name} does not offer transport {transport!r} ({bot}); it offers: {offers}"))
+        hint = _did_you_mean(transport, set(platform.transports)) if isinstance(transport, str) else ""
+        message = f"{name} does not offer transport {transport!r} ({bot}); it offers: {offers}{hint}"
+        problems.append((("transport",), message))
     else:
         needed = (*needed, *platform.transports[transport])
     for field, message in platform.settings_problems(entry):
@@ -103,7 +105,8 @@ def _platform_problems(
 
 
 def _did_you_mean(word: str, choices: set[str]) -> str:
-    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    # Close only: a misspelling (`ws_reverse`), not another word (`websocket` is not `webhook`).
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.8)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
