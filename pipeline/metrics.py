@@ -156,6 +156,11 @@ CONNECTION_HOLDER_MISSING = Gauge(
 CONNECTION_HANDSHAKES = Counter(
     "switchboard_connection_handshakes_total", "Connections dialed or accepted, and refused", ["platform", "outcome"]
 )  # dialed | dial_failed | accepted | bad_token | bad_role | self_id_mismatch | not_a_connection_bot
+CONNECTION_REPLACEMENTS = Counter(
+    "switchboard_connection_replacements_total",
+    "Accepted connections that found the bot's connection held: replaced it (the newest wins), or refused",
+    ["platform", "bot", "outcome"],
+)  # replaced | refused_partial (a one-role socket would have replaced a universal one)
 CONNECTION_FRAMES = Counter(
     "switchboard_connection_frames_total", "Inbound frames of held connections by outcome", ["platform", "outcome"]
 )  # produced | heartbeat | meta | the parser's ignored and rejection reasons | produce_failed | …

@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from pipeline.connections import Connections, open_connections
 from pipeline.platforms import Platform, get_platform
 from pipeline.platforms.console import ConsolePlatform
+from pipeline.platforms.dingtalk import DingTalkPlatform
 from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.records import InboundMessage
 from pipeline.redact import url_passwords
@@ -241,6 +242,9 @@ class Runtime:
             # Egress appends deliveries through the pipeline's connections; viewers read through
             # the web server's own (pipeline/web).
             console.bind(self.state.console)
+        dingtalk = self.platforms.get("dingtalk")
+        if isinstance(dingtalk, DingTalkPlatform):
+            dingtalk.bind(self.state.redis, self.state.keys)  # each webhook signature taken once
         capabilities = {
             name: Capabilities(
                 supported_segment_types=p.profile.native_segments | {"text"},

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import uuid
@@ -23,10 +22,14 @@ from typing import Any, ClassVar
 
 import aiohttp
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from pipeline import metrics
+from pipeline.platforms._common import same_secret
 from pipeline.platforms.onebot import DEFAULT_WS_URL, response_outcome
 from pipeline.settings import BotConfig
+from pipeline.state import ConnectionStore
+from pipeline.state.exceptions import StateError
 
 from .base import API, EVENT, ActionAnswer, Connection, DialContext, Link, Transport
 from .exceptions import ConnectionsError, Refused
@@ -211,7 +214,8 @@ def reverse_handshake(
         given = authorization[7:].strip()
     elif "access_token" in query:
         given = query["access_token"]
-    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+    # Compared as bytes: a header value with non-ASCII characters is a 401, never an exception.
+    if not same_secret(given, expected):
         raise Refused(401, "bad_token")
     header_role = headers.get("x-client-role", "").strip().lower() or None
     if header_role is not None and header_role not in ROLES:
@@ -225,7 +229,51 @@ def reverse_handshake(
     return ROLES[role]
 
 
+async def reverse_admission(store: ConnectionStore, bot: BotConfig, channels: frozenset[str], peer: str | None) -> None:
+    """Before an authenticated reverse socket takes the bot's lease: the newest socket wins, but a
+    replacement is logged (WARNING, the peer's address, never the token) and counted, and a socket
+    of one role (`/event` or `/api`) never replaces a universal one, which would leave the bot with
+    half a connection (an `/event` socket taking over: no replies can be sent). Refused: 409."""
+    universal = sorted(ROLES["universal"])
+    try:
+        held = await store.holders([(bot.platform, bot.bot_id, channel) for channel in universal])
+    except (RedisError, StateError, OSError):
+        return  # the lease itself is refused then (`Connections.accept` closes the socket)
+    holders = dict(zip(universal, held, strict=True))
+    if not any(holders[channel] is not None for channel in channels):
+        return
+    api, event = holders[API], holders[EVENT]
+    held_universal = api is not None and event is not None and api.owner == event.owner
+    role = "+".join(sorted(channels))
+    if held_universal and channels != ROLES["universal"]:
+        metrics.CONNECTION_REPLACEMENTS.labels(bot.platform, bot.bot_id, "refused_partial").inc()
+        log.warning(
+            "%s/%s: reverse WebSocket of the %s role only, from %s, refused: a universal one holds the bot",
+            bot.platform,
+            bot.bot_id,
+            role,
+            peer or "an unknown peer",
+        )
+        raise Refused(409, "would_replace_universal")
+    metrics.CONNECTION_REPLACEMENTS.labels(bot.platform, bot.bot_id, "replaced").inc()
+    log.warning(
+        "%s/%s: a reverse WebSocket (%s) from %s replaces the one holding the bot (the newest wins)",
+        bot.platform,
+        bot.bot_id,
+        role,
+        peer or "an unknown peer",
+    )
+
+
 TRANSPORTS: dict[tuple[str, str], Transport] = {("onebot", t.name): t for t in (OneBotForward(), OneBotReverse())}
 
 
-__all__ = ["TRANSPORTS", "OneBotForward", "OneBotReverse", "OneBotSocket", "Refused", "reverse_handshake"]
+__all__ = [
+    "TRANSPORTS",
+    "OneBotForward",
+    "OneBotReverse",
+    "OneBotSocket",
+    "Refused",
+    "reverse_admission",
+    "reverse_handshake",
+]

@@ -7,6 +7,7 @@ import asyncio
 import email.utils
 import functools
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -94,6 +95,78 @@ def require_fresh(bot: BotConfig, request: WebhookRequest, timestamp: str | None
             "stale_timestamp",
             f"request timestamp {sent} is {now - sent:.0f} s from now; at most {bot.replay_window_seconds} s allowed",
         )
+
+
+# --- request authentication ----------------------------------------------------------------------
+
+# A header or query value the web front decoded as UTF-8 with `surrogateescape`: it may hold any
+# character. Secrets, signatures, timestamps and nonces of every platform are ASCII, so a value
+# that is not is refused before it reaches `str.encode()` or `hmac.compare_digest` (both raise on
+# it: a 500 and a traceback instead of a 401).
+
+
+def ascii_value(value: str | None, what: str) -> bytes:
+    """`value` (a header or query value that goes into a signature) as ASCII bytes; "" when absent.
+    A value with any other character is a 401: it cannot be what the platform signed."""
+    try:
+        return (value or "").encode("ascii")
+    except UnicodeEncodeError:
+        raise WebhookRejected(401, "bad_signature", f"{what} is not ASCII") from None
+
+
+def same_secret(given: str | bytes | None, expected: str | bytes) -> bool:
+    """Whether a secret or signature a request carries equals `expected`, in constant time, compared
+    as bytes. An absent, empty or non-ASCII value never matches (and never raises)."""
+    if not given or not expected:
+        return False
+    try:
+        a = given if isinstance(given, bytes) else given.encode("ascii")
+        b = expected if isinstance(expected, bytes) else expected.encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(a, b)
+
+
+_WARNED_AT: dict[str, float] = {}
+WARNING_INTERVAL_S = 60.0  # one warning per platform and kind a minute at most
+
+
+def warn_limited(key: str, message: str, *args: object, logger: logging.Logger = log) -> None:
+    """A WARNING at most once per `WARNING_INTERVAL_S` per `key`: a flood of bad requests is counted
+    by a metric, not written to the log request by request."""
+    now = time.monotonic()
+    last = _WARNED_AT.get(key)
+    if last is not None and now - last < WARNING_INTERVAL_S:
+        return
+    if len(_WARNED_AT) > 10_000:  # keys are platform, bot and reason: bounded, but never let it grow
+        _WARNED_AT.clear()
+    _WARNED_AT[key] = now
+    logger.warning(message, *args)
+
+
+def verify_guard(fn: Callable[P, None]) -> Callable[P, None]:
+    """A platform's `verify`: the request is untrusted, so a value of an unexpected type or
+    encoding that slips past its checks is a 401 (counted as `bad_signature`, with one warning a
+    minute at most), never an exception that reaches the web front as a 500 and a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            fn(*args, **kwargs)
+        except WebhookRejected:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, LookupError, RecursionError) as exc:
+            # ValueError covers UnicodeError; LookupError an unknown codec.
+            name = fn.__qualname__.split(".")[0]
+            warn_limited(
+                f"verify:{name}:{type(exc).__name__}",
+                "%s: a request the check could not read (%s)",
+                name,
+                type(exc).__name__,
+            )
+            raise WebhookRejected(401, "bad_signature", f"unreadable request ({type(exc).__name__})") from None
+
+    return wrapper
 
 
 # Inbound segments are plain dicts of the segment models' shape, validated once with the whole

@@ -127,6 +127,10 @@ class Platform(abc.ABC):
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         """Raise `WebhookRejected(401, …)` unless the request is authentic."""
 
+    async def admit(self, bot: BotConfig, request: WebhookRequest) -> None:  # noqa: B027
+        """After `verify`, a check of an authentic webhook that needs shared state (DingTalk: a
+        signature is taken once). Raise `WebhookRejected` to refuse it. Default: nothing."""
+
     @abc.abstractmethod
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         """Parse a verified webhook. Raise `WebhookRejected(400, …)` on a malformed payload."""

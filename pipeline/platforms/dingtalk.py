@@ -3,9 +3,12 @@
 In, HTTP callback (机器人接收消息): DingTalk POSTs the message as JSON with the headers `timestamp`
 (Unix milliseconds) and `sign`, the base64 of HMAC-SHA256 keyed with the app secret over
 `timestamp + "\\n" + app secret`. The signature does NOT cover the body: it proves only that the
-sender knew the secret at that time, so a captured (timestamp, sign) pair authenticates any body
-until the timestamp is stale. DingTalk allows an hour; Switchboard allows `replay_window_seconds`
-(5 minutes by default, at most an hour), and the start-up warning says so. Stream mode
+sender knew the secret at that time, so a captured (timestamp, sign) pair would authenticate any
+body until the timestamp is stale. DingTalk allows an hour; Switchboard allows
+`replay_window_seconds` (5 minutes by default, at most an hour) and a timestamp at most
+`FUTURE_SKEW_S` ahead of its clock, and takes each signature once: the first request to carry it is
+remembered in Redis (one `SET NX` shared by every worker, kept as long as the timestamp could still
+pass), every later one is `401 replayed_signature`. Stream mode
 (`transport = "stream"`, `pipeline.connections.dingtalk`) has no such gap and needs no public URL.
 One-to-one chats (`conversationType` "1") come as they are; group chats ("2") only when the robot is
 @-mentioned (`isInAtList`). `msgId` is the de-duplication id (a callback is retried when it gets no
@@ -30,9 +33,11 @@ import hashlib
 import hmac
 import json
 import re
+import time
 from typing import Any, ClassVar
 
 import httpx
+from redis.exceptions import RedisError
 
 from pipeline.platforms._common import (
     InboundParts,
@@ -56,6 +61,8 @@ from pipeline.platforms._common import (
     response_json,
     retry_after_header,
     rps_text,
+    same_secret,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, split_rich
@@ -85,6 +92,8 @@ from pipeline.segments.models import (
     VideoSegment,
 )
 from pipeline.settings import BotConfig, RateLimit
+from pipeline.state import Keys, RedisClient
+from pipeline.state.exceptions import StateError
 
 DEFAULT_API_BASE = "https://api.dingtalk.com"
 DEFAULT_OAPI_BASE = "https://oapi.dingtalk.com"
@@ -115,6 +124,9 @@ _THROTTLED = re.compile(r"(?i)qpslimit|throttl|ratelimit|flowcontrol|toomanyrequ
 _MEDIA_ID = re.compile(r"@[A-Za-z0-9_-]{8,256}")
 FILE_ID_SHAPES = {"image": _MEDIA_ID}
 _TIMESTAMP_MS = re.compile(r"[0-9]{10,16}")
+# How far a callback's timestamp may be ahead of the receiving worker's clock (clock drift); a
+# later one is refused, so no signature stays usable beyond the replay window.
+FUTURE_SKEW_S = 60
 
 
 def callback_sign(secret: str, timestamp: str) -> str:
@@ -145,29 +157,58 @@ class DingTalkPlatform(Platform):
 
     def __init__(self) -> None:
         self.tokens = TokenCache(TOKEN_MARGIN_S)
+        self._signatures: tuple[RedisClient, Keys] | None = None
+
+    def bind(self, redis: RedisClient | None, keys: Keys | None = None) -> None:
+        """Where the signatures already taken are kept (the worker's Redis); None: nowhere, and
+        every callback is refused (503) rather than taken without the check."""
+        self._signatures = (redis, keys) if redis is not None and keys is not None else None
 
     # --- in --------------------------------------------------------------------------------------
 
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         secret = bot.secret("client_secret")
         if not secret:
             raise WebhookRejected(401, "bad_signature", "no client_secret configured")
         timestamp = request.header("timestamp") or ""
-        sign = request.header("sign") or ""
         if _TIMESTAMP_MS.fullmatch(timestamp) is None:
             raise WebhookRejected(401, "bad_signature", "no timestamp header (Unix milliseconds)")
-        require_fresh(bot, request, str(int(timestamp) // 1000))
+        sent = int(timestamp) // 1000
+        now = request.received_at_ms / 1000 if request.received_at_ms else time.time()
+        if sent - now > FUTURE_SKEW_S:
+            raise WebhookRejected(
+                401, "stale_timestamp", f"request timestamp is {sent - now:.0f} s ahead; at most {FUTURE_SKEW_S} s"
+            )
+        require_fresh(bot, request, str(sent))
         expected = callback_sign(secret, timestamp)
-        if not hmac.compare_digest(sign.encode(), expected.encode()):
+        if not same_secret(request.header("sign"), expected):
             raise WebhookRejected(401, "bad_signature")
+
+    async def admit(self, bot: BotConfig, request: WebhookRequest) -> None:
+        """A verified callback's signature is taken once: the signature does not cover the body, so
+        a second request with it is a copy whose body may be anyone's. One round trip, whichever
+        worker gets the request; the mark lasts as long as the timestamp could still pass."""
+        if self._signatures is None:
+            raise WebhookRejected(503, "replay_check_unavailable", "no Redis to remember signatures in")
+        redis, keys = self._signatures
+        sign = request.header("sign") or ""  # verified: the 44 base64 characters of the HMAC
+        ttl = bot.replay_window_seconds + FUTURE_SKEW_S
+        try:
+            first = await redis.execute("SET", keys.of("dingtalk-sign", f"{bot.bot_id}|{sign}"), "1", "NX", "EX", ttl)
+        except (RedisError, StateError, OSError):
+            # Fail closed: DingTalk retries a callback that is not answered with 200.
+            raise WebhookRejected(503, "replay_check_unavailable", "Redis unavailable") from None
+        if first is None:
+            raise WebhookRejected(401, "replayed_signature", "this timestamp and sign were taken before")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
         if bot.transport != "webhook":
             return []
         return [
-            "DingTalk's callback signature covers the timestamp, not the body: for "
-            f"{bot.replay_window_seconds} s a captured signature authenticates any body "
-            '(transport = "stream" has no such gap)'
+            "DingTalk's callback signature covers the timestamp, not the body: each signature is taken "
+            f"once, but for {bot.replay_window_seconds} s a copy of it that arrives before DingTalk's own "
+            'request authenticates any body (transport = "stream" has no such gap)'
         ]
 
     @payload_guard

@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pipeline.platforms._common import (
     InboundParts,
     arr,
+    ascii_value,
     attachment_unavailable,
     base_url,
     build_inbound,
@@ -61,6 +62,7 @@ from pipeline.platforms._common import (
     response_json,
     rps_text,
     text_segment,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, Span, hug, parse_markdown, pieces_within, render_tree
@@ -161,11 +163,12 @@ class DiscordPlatform(Platform):
 
     # --- in --------------------------------------------------------------------------------------
 
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         key = bot.secret("public_key")
         if not key:
             raise WebhookRejected(401, "bad_signature", "no public_key configured")
-        timestamp = request.header("x-signature-timestamp") or ""
+        timestamp = ascii_value(request.header("x-signature-timestamp"), "X-Signature-Timestamp")
         try:
             signature = bytes.fromhex(request.header("x-signature-ed25519") or "")
             public_key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(key))
@@ -174,10 +177,10 @@ class DiscordPlatform(Platform):
                 401, "bad_signature", "signature or public_key is not hex of the right length"
             ) from None
         try:
-            public_key.verify(signature, timestamp.encode() + request.body)
+            public_key.verify(signature, timestamp + request.body)
         except InvalidSignature:
             raise WebhookRejected(401, "bad_signature") from None
-        require_fresh(bot, request, timestamp)
+        require_fresh(bot, request, timestamp.decode())
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import json
 import re
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from pipeline.platforms._common import (
     InboundParts,
     TokenCache,
     arr,
+    ascii_value,
     attachment_unavailable,
     base_url,
     build_inbound,
@@ -47,6 +47,8 @@ from pipeline.platforms._common import (
     response_json,
     retry_after_header,
     rps_text,
+    same_secret,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, split_rich
@@ -139,12 +141,16 @@ class LarkPlatform(Platform):
 
     def _open(self, bot: BotConfig, body: bytes) -> dict[str, Any]:
         """The event as plain JSON (decrypted when it came encrypted)."""
+        return self._read(bot, body)[0]
+
+    def _read(self, bot: BotConfig, body: bytes) -> tuple[dict[str, Any], bool]:
+        """The event as plain JSON, and whether it came encrypted (so made with the encrypt key)."""
         outer = load_json(body)
         if not isinstance(outer, dict):
             raise WebhookRejected(400, "malformed_payload", "not an object")
         encrypted = outer.get("encrypt")
         if encrypted is None:
-            return outer
+            return outer, False
         key = bot.secret("encrypt_key")
         if not isinstance(encrypted, str) or not key:
             raise WebhookRejected(400, "malformed_payload", "encrypted event but no encrypt_key configured")
@@ -155,9 +161,9 @@ class LarkPlatform(Platform):
         inner = load_json(plain)
         if not isinstance(inner, dict):
             raise WebhookRejected(400, "malformed_payload", "decrypted event is not an object")
-        return inner
+        return inner, True
 
-    @payload_guard
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         token = bot.secret("verification_token")
         encrypt_key = bot.secret("encrypt_key")
@@ -166,23 +172,27 @@ class LarkPlatform(Platform):
         signature = request.header("x-lark-signature")
         # Checked before decrypting, so a forged body costs no AES work and always gets a 401.
         if encrypt_key and signature is not None:
-            timestamp = request.header("x-lark-request-timestamp") or ""
+            timestamp = ascii_value(request.header("x-lark-request-timestamp"), "X-Lark-Request-Timestamp")
             # Without it, a captured request would be taken again once its event id has left the
             # de-duplication window.
-            require_fresh(bot, request, timestamp)
-            nonce = request.header("x-lark-request-nonce") or ""
-            digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + request.body).hexdigest()
-            if not hmac.compare_digest(signature.encode(), digest.encode()):
+            require_fresh(bot, request, timestamp.decode())
+            nonce = ascii_value(request.header("x-lark-request-nonce"), "X-Lark-Request-Nonce")
+            digest = hashlib.sha256(timestamp + nonce + encrypt_key.encode() + request.body).hexdigest()
+            if not same_secret(signature, digest):
                 raise WebhookRejected(401, "bad_signature")
-        event = self._open(bot, request.body)
+        event, encrypted = self._read(bot, request.body)
         header = obj(event.get("header"))
         given = header.get("token") if event.get("schema") else event.get("token")
         is_challenge = event.get("type") == "url_verification"
-        # Only the URL challenge comes unsigned; it proves itself with the verification token.
+        # Only the URL challenge comes unsigned; it proves itself with the verification token, or,
+        # without one, by having been encrypted with the encrypt key. A plain unsigned challenge
+        # proves nothing: it is refused here, before it could be answered or dead-lettered.
         if encrypt_key and signature is None and not is_challenge:
             raise WebhookRejected(401, "bad_signature", "unsigned event")
+        if encrypt_key and signature is None and not token and not encrypted:
+            raise WebhookRejected(401, "bad_signature", "unsigned challenge in plain text")
         if token and (is_challenge or not encrypt_key or given is not None):
-            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
+            if not isinstance(given, str) or not same_secret(given, token):
                 raise WebhookRejected(401, "bad_token")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:

@@ -50,7 +50,9 @@ from pipeline.platforms._common import (
     payload_guard,
     reply_segment,
     response_json,
+    same_secret,
     text_segment,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_plain
@@ -172,13 +174,14 @@ class OneBotPlatform(Platform):
 
     # --- in --------------------------------------------------------------------------------------
 
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         secret = bot.secret("secret")
         if not secret:
             return  # the implementation signs only when it has a secret
-        given = request.header("x-signature") or ""
+        given = (request.header("x-signature") or "").lower()
         expected = "sha1=" + hmac.new(secret.encode(), request.body, hashlib.sha1).hexdigest()
-        if not hmac.compare_digest(given.lower(), expected):
+        if not same_secret(given, expected):
             raise WebhookRejected(401, "bad_signature")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from pipeline.platforms._common import (
     InboundParts,
     TokenCache,
     arr,
+    ascii_value,
     attachment_unavailable,
     base_url,
     build_inbound,
@@ -57,6 +57,8 @@ from pipeline.platforms._common import (
     response_json,
     retry_after_header,
     rps_text,
+    same_secret,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_plain
@@ -245,17 +247,17 @@ class QQBotPlatform(Platform):
 
     # --- in --------------------------------------------------------------------------------------
 
-    @payload_guard
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         if not bot.secret("app_secret"):
             raise WebhookRejected(401, "bad_signature", "no app_secret configured")
         app_id = request.header("x-bot-appid")
-        if app_id is not None and not hmac.compare_digest(app_id.encode(), (bot.secret("app_id") or "").encode()):
+        if app_id is not None and not same_secret(app_id, bot.secret("app_id") or ""):
             raise WebhookRejected(401, "bad_signature", "X-Bot-Appid is another bot's")
+        # Every callback is signed, the URL validation (op 13) too: QQ's SDK (botgo) refuses an
+        # unsigned one, and an unsigned request must never reach a topic, not even as a dead letter.
         signature = request.header("x-signature-ed25519")
-        timestamp = request.header("x-signature-timestamp")
-        if signature is None and timestamp is None and _is_validation(request.body):
-            return  # op 13 may come unsigned; parse() answers only QQ-shaped tokens (see _PLAIN_TOKEN)
+        timestamp = ascii_value(request.header("x-signature-timestamp"), "X-Signature-Timestamp")
         if not signature or not timestamp:
             raise WebhookRejected(401, "bad_signature", "no X-Signature-Ed25519 / X-Signature-Timestamp")
         try:
@@ -265,11 +267,11 @@ class QQBotPlatform(Platform):
         if len(raw) != 64 or raw[63] & 224:
             raise WebhookRejected(401, "bad_signature", "signature of the wrong size")
         try:
-            self._key(bot).public_key().verify(raw, timestamp.encode() + request.body)
+            self._key(bot).public_key().verify(raw, timestamp + request.body)
         except InvalidSignature:
             raise WebhookRejected(401, "bad_signature") from None
         # Signed, but not a recording: the signature covers the timestamp.
-        require_fresh(bot, request, timestamp)
+        require_fresh(bot, request, timestamp.decode())
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -666,14 +668,6 @@ async def _post(
         return await http.post(url, json=body, headers=headers)
     form = {k: str(v) for k, v in body.items()}
     return await http.post(url, data=form, files=files, headers=headers)
-
-
-def _is_validation(body: bytes) -> bool:
-    try:
-        payload = load_json(body)
-    except WebhookRejected:
-        return False
-    return isinstance(payload, dict) and payload.get("op") == 13
 
 
 def _where(scene: str, data: dict[str, Any], author: dict[str, Any]) -> tuple[str, ChatType, str]:

@@ -26,6 +26,7 @@ from pydantic import SecretStr
 from pipeline.platforms._common import (
     InboundParts,
     arr,
+    ascii_value,
     attachment_unavailable,
     base_url,
     build_inbound,
@@ -45,6 +46,8 @@ from pipeline.platforms._common import (
     response_json,
     retry_after_header,
     rps_text,
+    same_secret,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import RichText, parse_markdown, split_rich, to_mrkdwn
@@ -147,16 +150,16 @@ class SlackPlatform(Platform):
 
     # --- in --------------------------------------------------------------------------------------
 
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         secret = bot.secret("signing_secret")
         if not secret:
             raise WebhookRejected(401, "bad_signature", "no signing_secret configured")
-        timestamp = request.header("x-slack-request-timestamp") or ""
-        signature = request.header("x-slack-signature") or ""
-        require_fresh(bot, request, timestamp)
-        base = b"v0:" + timestamp.encode() + b":" + request.body
+        timestamp = ascii_value(request.header("x-slack-request-timestamp"), "X-Slack-Request-Timestamp")
+        require_fresh(bot, request, timestamp.decode())
+        base = b"v0:" + timestamp + b":" + request.body
         expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(signature.encode(), expected.encode()):
+        if not same_secret(request.header("x-slack-signature"), expected):
             raise WebhookRejected(401, "bad_signature")
 
     @payload_guard

@@ -15,7 +15,6 @@ Lengths and entity offsets are UTF-16 code units, as Telegram counts them.
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from collections.abc import Mapping
@@ -44,7 +43,9 @@ from pipeline.platforms._common import (
     reply_segment,
     response_json,
     rps_text,
+    same_secret,
     text_segment,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms._richtext import (
@@ -131,12 +132,12 @@ class TelegramPlatform(Platform):
 
     # --- in --------------------------------------------------------------------------------------
 
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         secret = bot.secret("webhook_secret")
         if not secret:
             return  # no secret_token was set on the webhook: nothing to check
-        given = request.header("x-telegram-bot-api-secret-token") or ""
-        if not hmac.compare_digest(given.encode(), secret.encode()):
+        if not same_secret(request.header("x-telegram-bot-api-secret-token"), secret):
             raise WebhookRejected(401, "bad_signature")
 
     def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -43,6 +43,7 @@ from pipeline.platforms._common import (
     InboundParts,
     TokenCache,
     arr,
+    ascii_value,
     attachment_unavailable,
     base_url,
     build_inbound,
@@ -60,6 +61,8 @@ from pipeline.platforms._common import (
     require_fresh,
     response_json,
     rps_text,
+    same_secret,
+    verify_guard,
     with_own_file_ids,
 )
 from pipeline.platforms.base import (
@@ -132,6 +135,18 @@ _PERMANENT = {
 
 # `media_id`s of WeCom's temporary media: letters, digits, `_`, `-`, `@` and `.`, no path or scheme.
 _MEDIA_ID = re.compile(r"[A-Za-z0-9_@.-]{16,256}")
+
+# What WeCom posts is small: one encrypted message or event (a text message's content is at most
+# 2,048 bytes; the events' XML a few kilobytes), base64 in a short envelope. 64 KiB leaves ten
+# times that and bounds what an unsigned request can make the worker read before it is refused.
+MAX_CALLBACK_BYTES = 64 * 1024
+# A URL check's echostr decrypts to a random token of digits (WeCom's example: 1616140317555161061);
+# letters, `_` and `-` are allowed too. Never `<` or `{`: no message decrypts to one of these.
+_ECHOSTR = re.compile(rb"[A-Za-z0-9_-]{1,128}")
+# Its ciphertext: 16 random bytes, the length, at most 128 bytes, the receiver id, padded, base64.
+MAX_ECHOSTR_CHARS = 512
+# `<Encrypt>` of the app's XML, its base64 as CDATA or as text.
+_ENCRYPT_ELEMENT = re.compile(rb"<Encrypt>\s*(?:<!\[CDATA\[([A-Za-z0-9+/=]+)\]\]>|([A-Za-z0-9+/=]+))\s*</Encrypt>")
 FILE_ID_SHAPES = {"image": _MEDIA_ID, "file": _MEDIA_ID, "audio": _MEDIA_ID, "video": _MEDIA_ID}
 
 Surface = Literal["app", "aibot"]
@@ -168,31 +183,37 @@ class WeComPlatform(Platform):
     # --- in --------------------------------------------------------------------------------------
 
     def _keys(self, bot: BotConfig, request: WebhookRequest) -> tuple[_Keys, str]:
-        """Which credentials signed the request (401 if none did), and its ciphertext."""
+        """Which credentials signed the request (401 if none did), and its ciphertext.
+
+        Nothing of an unsigned request is parsed: the ciphertext is found by a bounded scan of a
+        body of at most `MAX_CALLBACK_BYTES`, and the signature over it checked first."""
+        if len(request.body) > MAX_CALLBACK_BYTES:
+            raise WebhookRejected(413, "too_large", f"a WeCom callback has at most {MAX_CALLBACK_BYTES} bytes")
         query = request.query
         signature, timestamp, nonce = (query.get(k) or "" for k in ("msg_signature", "timestamp", "nonce"))
         if not (signature and timestamp and nonce):
             raise WebhookRejected(401, "bad_signature", "msg_signature, timestamp or nonce missing")
-        encrypted: object
-        if request.method == "GET":
-            encrypted = query.get("echostr") or ""
-        elif request.body.lstrip().startswith(b"{"):
-            envelope = load_json(request.body)
-            encrypted = envelope.get("encrypt") if isinstance(envelope, dict) else None
-        else:
-            encrypted = _parse_xml(request.body).get("Encrypt")
-        if not isinstance(encrypted, str) or not encrypted:
-            raise WebhookRejected(400, "malformed_payload", "no ciphertext (echostr, Encrypt or encrypt)")
+        # The signature's inputs go through `.encode()`: values with other characters are no
+        # signature WeCom made.
+        ascii_value(timestamp, "timestamp")
+        ascii_value(nonce, "nonce")
+        encrypted = _ciphertext(request)
         for keys in _candidates(bot):
             expected = msg_signature(keys.token, timestamp, nonce, encrypted)
-            if hmac.compare_digest(signature.encode(), expected.encode()):
+            if same_secret(signature, expected):
                 # Checked only for a genuine signature: a recording is refused, a forgery is a 401 anyway.
                 require_fresh(bot, request, timestamp)
                 return keys, encrypted
         raise WebhookRejected(401, "bad_signature")
 
+    @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
-        self._keys(bot, request)
+        keys, encrypted = self._keys(bot, request)
+        if request.method == "GET":
+            # The URL check signs the same four values as a message, so a captured message's
+            # signature, timestamp, nonce and ciphertext replayed as a GET pass the check above.
+            # Only an echostr is answered: WeCom's is a short random token, never XML or JSON.
+            _echo(keys, encrypted)
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
         """Credentials that would have WeCom's callbacks refused (named, never shown)."""
@@ -211,18 +232,9 @@ class WeComPlatform(Platform):
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
         keys, encrypted = self._keys(bot, request)
-        try:
-            plain, receive_id = decrypt(keys.encoding_aes_key, encrypted)
-        except ValueError as exc:
-            raise WebhookRejected(400, "bad_encryption", str(exc)) from None
-        if not hmac.compare_digest(receive_id.encode(), keys.receive_id.encode()):
-            raise WebhookRejected(400, "bad_encryption", "the receiver id is not this bot's")
         if request.method == "GET":
-            try:
-                echo = plain.decode()
-            except UnicodeDecodeError:
-                raise WebhookRejected(400, "bad_encryption", "echostr is not UTF-8") from None
-            return WebhookResult(text=echo, ignored="url_verification")
+            return WebhookResult(text=_echo(keys, encrypted), ignored="url_verification")
+        plain = _open(keys, encrypted)
         if keys.surface == "aibot":
             return self._parse_aibot(bot, plain)
         return self._parse_app(bot, plain)
@@ -530,6 +542,46 @@ def encrypt(encoding_aes_key: str, message: bytes, receive_id: str) -> str:
     return base64.b64encode(encryptor.update(content + bytes([pad]) * pad) + encryptor.finalize()).decode()
 
 
+def _open(keys: _Keys, encrypted: str) -> bytes:
+    """The message in a signed ciphertext, which must name the bot's receiver id."""
+    try:
+        plain, receive_id = decrypt(keys.encoding_aes_key, encrypted)
+    except ValueError as exc:
+        raise WebhookRejected(400, "bad_encryption", str(exc)) from None
+    # Decrypted text and configured ids: both encode. The AI bot's receiver id is "".
+    if not hmac.compare_digest(receive_id.encode(), keys.receive_id.encode()):
+        raise WebhookRejected(400, "bad_encryption", "the receiver id is not this bot's")
+    return plain
+
+
+def _echo(keys: _Keys, encrypted: str) -> str:
+    """The plain echostr of a signed URL check, or 400: a ciphertext of anything else (a message
+    replayed as a GET) is never decrypted for the caller."""
+    if len(encrypted) > MAX_ECHOSTR_CHARS:
+        raise WebhookRejected(400, "not_echostr", f"echostr longer than {MAX_ECHOSTR_CHARS} characters")
+    plain = _open(keys, encrypted)
+    if _ECHOSTR.fullmatch(plain) is None:
+        raise WebhookRejected(400, "not_echostr", "the decrypted echostr is not a short token")
+    return plain.decode("ascii")
+
+
+def _ciphertext(request: WebhookRequest) -> str:
+    """The ciphertext a callback's signature covers: the GET's `echostr`, the AI bot's
+    `{"encrypt": …}`, or the one `<Encrypt>` element of the app's XML, found without parsing it."""
+    encrypted: object
+    if request.method == "GET":
+        encrypted = request.query.get("echostr") or ""
+    elif request.body.lstrip().startswith(b"{"):
+        envelope = load_json(request.body)  # at most MAX_CALLBACK_BYTES: bounded work
+        encrypted = envelope.get("encrypt") if isinstance(envelope, dict) else None
+    else:
+        found = _ENCRYPT_ELEMENT.findall(request.body)
+        encrypted = (found[0][0] or found[0][1]).decode("ascii") if len(found) == 1 else None
+    if not isinstance(encrypted, str) or not encrypted:
+        raise WebhookRejected(400, "malformed_payload", "no ciphertext (echostr, Encrypt or encrypt)")
+    return encrypted
+
+
 def _candidates(bot: BotConfig) -> list[_Keys]:
     keys = []
     token, aes_key = bot.secret("token"), bot.secret("encoding_aes_key")
@@ -565,7 +617,9 @@ def _parse_xml(body: bytes) -> dict[str, str]:
         if len(path) == 2:
             text.append(value)
 
-    parser = expat.ParserCreate()
+    # The encoding is fixed: an `encoding=` declaration naming an unknown or odd codec would
+    # otherwise raise LookupError or UnicodeError from inside expat.
+    parser = expat.ParserCreate("utf-8")
     parser.StartDoctypeDeclHandler = refuse
     parser.EntityDeclHandler = refuse
     parser.ExternalEntityRefHandler = refuse
@@ -574,8 +628,8 @@ def _parse_xml(body: bytes) -> dict[str, str]:
     parser.CharacterDataHandler = data
     try:
         parser.Parse(body, True)
-    except expat.ExpatError as exc:
-        raise WebhookRejected(400, "malformed_payload", f"XML: {exc}") from None
+    except (expat.ExpatError, LookupError, ValueError) as exc:  # ValueError covers UnicodeError
+        raise WebhookRejected(400, "malformed_payload", f"XML: {exc}"[:300]) from None
     return fields
 
 

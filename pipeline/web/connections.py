@@ -15,7 +15,15 @@ from aiohttp import web
 
 from pipeline import metrics
 from pipeline.connections import Connections
-from pipeline.connections.onebot import MAX_FRAME_BYTES, PING_SECONDS, OneBotSocket, Refused, reverse_handshake
+from pipeline.connections.onebot import (
+    MAX_FRAME_BYTES,
+    PING_SECONDS,
+    OneBotSocket,
+    Refused,
+    reverse_admission,
+    reverse_handshake,
+)
+from pipeline.platforms._common import warn_limited
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +54,13 @@ async def onebot_reverse(request: web.Request) -> web.StreamResponse:
             request.query,
             request.match_info.get("role"),
         )
+        await reverse_admission(connections.store, bot, channels, request.remote)
     except Refused as exc:
         metrics.CONNECTION_HANDSHAKES.labels("onebot", exc.reason).inc()
-        log.warning("onebot/%s: reverse WebSocket refused: %s", bot_id, exc.reason)
+        # Anyone can knock: counted always, written to the log once a minute per bot and reason.
+        warn_limited(
+            f"onebot/{bot_id}/{exc.reason}", "onebot/%s: reverse WebSocket refused: %s", bot_id, exc.reason, logger=log
+        )
         return web.json_response({"error": exc.reason}, status=exc.status)
     ws = web.WebSocketResponse(heartbeat=PING_SECONDS, max_msg_size=MAX_FRAME_BYTES)
     await ws.prepare(request)

@@ -183,6 +183,7 @@ async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire
     dead_letter_key = f"{platform_name}:{bot.bot_id}"
     try:
         platform.verify(bot, wire)
+        await platform.admit(bot, wire)
     except WebhookRejected as exc:
         metrics.WEBHOOKS.labels(platform_name, exc.reason).inc()
         return Reply.json({"error": exc.reason}, status=exc.status)

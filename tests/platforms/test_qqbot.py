@@ -177,10 +177,7 @@ def take(request: WebhookRequest, bot: BotConfig | None = None) -> Any:
 
 def test_the_key_derivation_matches_qqs_worked_examples() -> None:
     # event-emit.md: secret DG5g3B4j9X2KOErG, op 13 with this plain_token and event_ts → this signature.
-    request = WebhookRequest(
-        headers={"user-agent": "QQBot-Callback", "x-bot-appid": APP_ID},
-        body=b'{"d":{"plain_token":"Arq0D5A61EgUu4OxUvOp","event_ts":"1725442341"},"op":13}',
-    )
+    request = signed_raw(b'{"d":{"plain_token":"Arq0D5A61EgUu4OxUvOp","event_ts":"1725442341"},"op":13}')
     result = take(request)
     assert result.body == {
         "plain_token": "Arq0D5A61EgUu4OxUvOp",
@@ -282,14 +279,18 @@ def test_validation_is_not_a_signing_oracle() -> None:
     forged callback (timestamp + a JSON body) cannot be had that way."""
     body = json.dumps(c2c("forged")).encode()
     oracle = {"op": 13, "d": {"plain_token": body.decode(), "event_ts": "1725442341"}}
-    request = WebhookRequest(headers={}, body=json.dumps(oracle).encode())
-    platform.verify(bot_config(), request)  # op 13 may come unsigned …
+    unsigned = WebhookRequest(headers={}, body=json.dumps(oracle).encode())
     with pytest.raises(WebhookRejected) as exc:
-        platform.parse(bot_config(), request)  # … but only a plain token is answered
+        platform.verify(bot_config(), unsigned)  # QQ signs op 13 like every other callback
+    assert (exc.value.status, exc.value.reason) == (401, "bad_signature")
+    request = signed_raw(json.dumps(oracle).encode())
+    platform.verify(bot_config(), request)
+    with pytest.raises(WebhookRejected) as exc:
+        platform.parse(bot_config(), request)  # even signed, only a plain token is answered
     assert exc.value.status == 400
     for d in ({"plain_token": "abc", "event_ts": "12a"}, {"plain_token": "", "event_ts": "1"}, {}):
         with pytest.raises(WebhookRejected):
-            platform.parse(bot_config(), WebhookRequest(headers={}, body=json.dumps({"op": 13, "d": d}).encode()))
+            platform.parse(bot_config(), signed_raw(json.dumps({"op": 13, "d": d}).encode()))
 
 
 def test_malformed_and_ignored_payloads() -> None:

@@ -252,13 +252,15 @@ EXTERNAL = (
 
 
 def test_entities_are_never_expanded() -> None:
-    # Inside the encrypted message (signed: only a holder of the token could send it) and outside.
+    # Inside the encrypted message (signed: only a holder of the token could send it): refused.
     for xml in (LAUGHS, EXTERNAL):
         status, reason = rejected(app_request(xml))
         assert (status, reason) == (400, "malformed_payload")
+    # Outside, the envelope is never parsed: its `<Encrypt>` is found by a scan and its signature
+    # checked first, so an unsigned document is a 401 whatever it declares.
     request = app_request(app_xml("text", Content="hi"))
     outer = LAUGHS.replace("<Content>&c;</Content>", "<Content>&c;</Content><Encrypt>x</Encrypt>").encode()
-    assert rejected(WebhookRequest(headers={}, body=outer, query=request.query)) == (400, "malformed_payload")
+    assert rejected(WebhookRequest(headers={}, body=outer, query=request.query)) == (401, "bad_signature")
 
 
 # --- in: the AI bot ------------------------------------------------------------------------------
