@@ -112,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_argument(
         "action", choices=["apply", "check", "schemas"], metavar="ACTION", help="apply, check or schemas (see below)"
     )
+    topics.add_argument(
+        "--brokers-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help=(
+            "apply: how long to wait for SWITCHBOARD_REPLICATION_FACTOR brokers to register before refusing to "
+            "create a topic with fewer replicas (default 60)"
+        ),
+    )
     return parser
 
 
@@ -142,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "worker":
             return _worker(args)
         if args.command == "topics":
-            return asyncio.run(_topics(args.action))
+            return asyncio.run(_topics(args.action, args.brokers_timeout))
     except ConfigurationError as exc:
         count = len(exc.problems)
         _print_problems(f"bad settings ({count} problem{'s' if count > 1 else ''}):", exc.problems)
@@ -249,10 +259,11 @@ def _use_uvloop() -> None:
     asyncio.set_event_loop(asyncio.new_event_loop())
 
 
-async def _topics(action: str) -> int:
+async def _topics(action: str, brokers_timeout: float = 60.0) -> int:
     from pipeline import preflight, topics
     from pipeline.kafka import apply_topics, check_topics
     from pipeline.platforms.checks import bot_problems
+    from pipeline.redact import redact_url
     from pipeline.settings import env_name, load_settings
 
     if action == "schemas":
@@ -264,9 +275,25 @@ async def _topics(action: str) -> int:
     _check(preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")))
     specs = topics.cluster_specs(settings)
     if action == "apply":
-        report = await apply_topics(settings.kafka_bootstrap, specs)
-        print(report)
-        return 0
+        # Never fewer replicas than asked for: a topic created with them keeps them until a
+        # partition reassignment. A cluster still starting gets `brokers_timeout` to register.
+        report = await apply_topics(
+            settings.kafka_bootstrap, specs, cap_replication_factor=False, brokers_timeout=brokers_timeout
+        )
+        where = f"{redact_url(settings.kafka_bootstrap)}, {report.brokers} broker(s)"
+        print(f"topics on {where}: {report.headline()}")
+        for line in report.summary().splitlines():
+            print(f"  {line}")
+        if report.ok:
+            return 0
+        problems = [f"{len(report.errors)} topic(s) not created or not updated (FAILED above)"]
+        if any("replication factor" in message for message in report.errors.values()):
+            problems.append(
+                f"start every broker and wait until all have registered, then apply again (--brokers-timeout "
+                f"waits longer), or lower {env_name('replication_factor')} (now {settings.replication_factor})"
+            )
+        _print_problems("", problems)
+        return EXIT_ENVIRONMENT
     drift = await check_topics(settings.kafka_bootstrap, specs)
     for item in drift:
         print(item)

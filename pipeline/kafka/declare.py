@@ -7,7 +7,9 @@ message saying what to do, and ``check_topics`` keeps reporting the drift.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -107,19 +109,36 @@ class ApplyReport:
     #: topic -> error message, for changes the broker rejected
     errors: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: brokers registered when the topics were created (after any wait for more)
+    brokers: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
+    def headline(self) -> str:
+        """One line of counts: `3 created, 1 changed, 4 unchanged, 1 failed`."""
+        changed = len(set(self.partitions_increased) | set(self.configs_altered))
+        counts = [
+            (len(self.created), "created"),
+            (changed, "changed"),
+            (len(self.unchanged), "unchanged"),
+            (len(self.degraded), "not applied"),
+            (len(self.errors), "failed"),
+        ]
+        return ", ".join(f"{n} {what}" for n, what in counts if n or what in ("created", "failed"))
+
     def summary(self) -> str:
-        lines = [f"created: {t}" for t in self.created]
-        lines += [f"partitions: {t} {a} -> {b}" for t, (a, b) in self.partitions_increased.items()]
-        lines += [f"configs: {t} {c}" for t, c in self.configs_altered.items()]
-        lines += [f"unchanged: {t}" for t in self.unchanged]
-        lines += [f"degraded: {m}" for m in self.degraded]
-        lines += [f"warning: {m}" for m in self.warnings]
-        lines += [f"ERROR: {t}: {m}" for t, m in self.errors.items()]
+        """What was done, one line per topic or change, for a terminal."""
+        lines = [f"created      {t}" for t in self.created]
+        lines += [f"partitions   {t}: {a} -> {b}" for t, (a, b) in self.partitions_increased.items()]
+        lines += [
+            f"configs      {t}: {', '.join(f'{k}={v}' for k, v in c.items())}" for t, c in self.configs_altered.items()
+        ]
+        lines += [f"unchanged    {t}" for t in self.unchanged]
+        lines += [f"not applied  {m}" for m in self.degraded]
+        lines += [f"warning      {m}" for m in self.warnings]
+        lines += [f"FAILED       {t}: {m}" for t, m in self.errors.items()]
         return "\n".join(lines)
 
 
@@ -185,14 +204,19 @@ async def apply_topics(
     *,
     cap_replication_factor: bool = True,
     wait_timeout: float = 30.0,
+    brokers_timeout: float = 0.0,
 ) -> ApplyReport:
     """Create missing topics, add partitions, set configs; return what was done.
 
     Never deletes or recreates a topic. Changes the broker cannot make are listed in
     ``report.degraded`` (not raised): Tansu has no AlterConfigs/CreatePartitions, Kafka cannot
     remove partitions or change the replication factor in place. Rejections are in
-    ``report.errors``. With ``cap_replication_factor`` a spec asking for more replicas than there
-    are brokers is created with one replica per broker (and a warning) instead of failing.
+    ``report.errors``. With ``cap_replication_factor`` (a development stack of one broker) a spec
+    asking for more replicas than there are brokers is created with one replica per broker (and a
+    warning). Without it (a real cluster) apply first waits up to ``brokers_timeout`` seconds for
+    enough brokers to register (a cluster that is still starting), then refuses, in
+    ``report.errors``, each topic it cannot create with its full replication factor: a topic
+    created with fewer replicas keeps them until a partition reassignment.
     """
     specs = _check_unique(specs)
     report = ApplyReport()
@@ -200,6 +224,18 @@ async def apply_topics(
         states = await describe_topic_states(admin, [s.name for s in specs])
         brokers = await broker_count(admin)
         missing = [s for s in specs if s.name not in states]
+        if missing and not cap_replication_factor:
+            needed = max(s.replication_factor for s in missing)
+            brokers = await _wait_for_brokers(admin, needed, brokers, brokers_timeout)
+        report.brokers = brokers
+        if missing and not cap_replication_factor:
+            short = [s for s in missing if s.replication_factor > brokers]
+            for spec in short:
+                report.errors[spec.name] = (
+                    f"not created: replication factor {spec.replication_factor} needs {spec.replication_factor} "
+                    f"brokers, {brokers} registered after waiting {brokers_timeout:g} s"
+                )
+            missing = [s for s in missing if s not in short]
         if missing:
             await _create(admin, missing, brokers, cap_replication_factor, report)
             created = {s.name: s.partitions for s in missing if s.name in report.created}
@@ -213,6 +249,15 @@ async def apply_topics(
             if not changed and spec.name not in report.errors:
                 report.unchanged.append(spec.name)
     return report
+
+
+async def _wait_for_brokers(admin: AIOKafkaAdminClient, needed: int, brokers: int, timeout: float) -> int:
+    """The number of registered brokers once it reaches `needed`, or when `timeout` has passed."""
+    deadline = time.monotonic() + timeout
+    while brokers < needed and time.monotonic() < deadline:
+        await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        brokers = await broker_count(admin)
+    return brokers
 
 
 async def _create(

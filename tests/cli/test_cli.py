@@ -47,15 +47,49 @@ def test_command_help_explains_the_options() -> None:
 
 
 def test_topics_check_reports_drift_until_apply(tansu_broker: TansuBroker) -> None:
-    env = {"SWITCHBOARD_KAFKA_BOOTSTRAP": tansu_broker.bootstrap, "SWITCHBOARD_PARTITIONS": "3"}
+    env = {
+        "SWITCHBOARD_KAFKA_BOOTSTRAP": tansu_broker.bootstrap,
+        "SWITCHBOARD_PARTITIONS": "3",
+        "SWITCHBOARD_REPLICATION_FACTOR": "1",
+    }
     before = run("topics", "check", env=env)
     assert before.returncode == 1, before.stdout + before.stderr
     assert "missing" in before.stdout
     applied = run("topics", "apply", env=env)
-    assert applied.returncode == 0, applied.stderr
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # A summary for a person: a headline of counts, then one line per topic.
+    headline, *lines = applied.stdout.splitlines()
+    assert headline.startswith(f"topics on {tansu_broker.bootstrap}, 1 broker(s): "), headline
+    assert "created" in headline and "0 failed" in headline, headline
+    assert "  created      im.inbound" in lines, applied.stdout
+    assert "ApplyReport(" not in applied.stdout
     after = run("topics", "check", env=env)
     assert after.returncode == 0, after.stdout + after.stderr
     assert "no drift" in after.stdout
+    again = run("topics", "apply", env=env)
+    assert again.returncode == 0 and "0 created" in again.stdout and "  unchanged    im.inbound" in again.stdout
+
+
+def test_topics_apply_refuses_fewer_replicas_than_asked(tmp_path: Path) -> None:
+    """A replication factor the registered brokers cannot give: apply waits (bounded), then creates
+    nothing with fewer replicas, exits non-zero and says what to do."""
+    with TansuBroker(run_dir=tmp_path / "broker") as broker:  # one of its own: no topic exists yet
+        env = {
+            "SWITCHBOARD_KAFKA_BOOTSTRAP": broker.bootstrap,
+            "SWITCHBOARD_PARTITIONS": "2",
+            "SWITCHBOARD_REPLICATION_FACTOR": "2",
+        }
+        result = run("topics", "apply", "--brokers-timeout", "1", env=env)
+        check = run("topics", "check", env=env)
+    assert "im.inbound: topic is missing" in check.stdout, "nothing was created with fewer replicas"
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "failed" in result.stdout.splitlines()[0], result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("  FAILED")]
+    assert failed and all(
+        "not created: replication factor 2 needs 2 brokers, 1 registered after waiting 1 s" in line for line in failed
+    ), result.stdout
+    assert "SWITCHBOARD_REPLICATION_FACTOR (now 2)" in result.stderr, result.stderr
+    assert "--brokers-timeout" in result.stderr
 
 
 def test_bad_setting_is_named_by_its_variable() -> None:

@@ -92,6 +92,21 @@ async def test_replication_factor_capped_to_brokers(kafka_bootstrap: str, unique
     assert await check_topics(kafka_bootstrap, [spec]) == []
 
 
+async def test_without_the_cap_too_few_brokers_is_refused(
+    kafka_bootstrap: str, unique_name: Callable[..., str]
+) -> None:
+    """A real cluster's apply: a topic the registered brokers cannot replicate as asked is not
+    created with fewer replicas (it would keep them); the others are created."""
+    short, fine = TopicSpec(unique_name("rf3"), replication_factor=3), TopicSpec(unique_name("rf1"))
+    report = await apply_topics(kafka_bootstrap, [short, fine], cap_replication_factor=False, brokers_timeout=0.5)
+    assert not report.ok and report.brokers == 1
+    assert report.errors == {
+        short.name: "not created: replication factor 3 needs 3 brokers, 1 registered after waiting 0.5 s"
+    }
+    assert report.created == [fine.name]
+    assert await check_topics(kafka_bootstrap, [short, fine]) == [Drift(short.name, "missing", 1, None)]
+
+
 async def test_min_insync_replicas_capped_to_the_replicas_a_topic_gets(
     kafka_bootstrap: str, unique_name: Callable[..., str]
 ) -> None:
