@@ -124,6 +124,10 @@ EVENT_LOOP_LAG = Histogram(
     "How late a 100 ms timer of the worker's event loop fired: time the loop was held by other work",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+WORKER_IDLE = Gauge(
+    "switchboard_worker_idle",
+    "1 when nothing is in flight here: no unread records in this worker's partitions, no pending work, no turn",
+)
 EVENT_LOOP_STALLS = Counter("switchboard_event_loop_stalls_total", "Times the event loop was held for 1 s or more")
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
 COMMITS_HELD = Counter(

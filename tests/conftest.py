@@ -15,6 +15,12 @@ Redis
 
 Factories for fault tests that stop/kill services: ``redis_server_factory`` and
 ``tansu_broker_factory`` start private instances that are stopped when the test ends.
+
+Tiers
+    ``make test`` (the fast tier) runs every test not marked ``full``; ``make test-all`` runs them
+    all on both brokers. ``FULL_TIER`` below says which modules only the full tier runs, and why.
+    With ``SWITCHBOARD_TEST_TIER=all`` a skip is a failure unless its reason is in
+    ``EXPECTED_SKIPS``: the full tier must not lose coverage silently.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pipeline.kafka.testing import TopicFactory
 from pipeline.kafka.testing import unique_name as _unique_name
 
 BROKERS_ENV = "SWITCHBOARD_TEST_BROKERS"
+TIER_ENV = "SWITCHBOARD_TEST_TIER"
 KNOWN_BROKERS = ("tansu", "kafka")
 #: DBs per session Redis: each test gets its own, so tests never see each other's keys
 REDIS_DATABASES = 512
@@ -47,6 +54,57 @@ def enabled_brokers() -> list[str]:
     if unknown:
         raise pytest.UsageError(f"{BROKERS_ENV}: unknown broker(s) {unknown}; known: {KNOWN_BROKERS}")
     return names or ["tansu"]
+
+
+# -- tiers ---------------------------------------------------------------------------------------------
+#: Test modules (or folders) only the full tier runs, each with the reason. Everything else, on the
+#: embedded broker and Redis, is in `make test` too.
+FULL_TIER: dict[str, str] = {
+    "tests/faults/": "kills workers, brokers and Redis under a minute of load each; the 3-broker Kafka cluster",
+    "tests/state/test_sentinel.py": "a five-process Sentinel topology per test, failovers take seconds",
+    "tests/state/test_cluster.py": "a six-node Redis Cluster with failovers",
+    "tests/integration/test_redis_cluster.py": "the pipeline on a six-node Redis Cluster",
+    "tests/integration/test_redis_failover.py": "a Redis primary killed under the pipeline",
+    "tests/integration/test_redis_outage.py": "Redis stopped and restarted under the pipeline",
+    "tests/integration/test_worker_crash.py": "workers SIGKILLed mid-turn",
+    "tests/packaging/": "builds the wheel and installs it into a fresh virtualenv",
+    "tests/embedded/test_apache_kafka.py": "boots Apache Kafka (a JVM)",
+    "tests/bench/test_chaos_onebot.py": "the bench's chaos run, a minute of load",
+}
+
+#: Skip reasons the full tier accepts (a substring of the reason); any other skip fails it.
+EXPECTED_SKIPS: tuple[str, ...] = ("Tansu-only characterisation",)
+
+
+def full_tier() -> bool:
+    return os.environ.get(TIER_ENV, "fast").strip().lower() == "all"
+
+
+#: Fixtures that start a real broker or Redis: a test using one is an integration test.
+_SERVICE_FIXTURES = frozenset(
+    {"kafka_broker", "tansu_broker", "apache_kafka", "redis_server", "redis_cluster", "stack"}
+    | {"redis_server_factory", "tansu_broker_factory"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if any(path.startswith(prefix) for prefix in FULL_TIER):
+            item.add_marker(pytest.mark.full)
+        if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if full_tier() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+        if not any(expected in reason for expected in EXPECTED_SKIPS):
+            report.outcome = "failed"
+            report.longrepr = f"unexpected skip in the full tier ({TIER_ENV}=all): {reason}"
+    return report
 
 
 # -- brokers ------------------------------------------------------------------------------------------

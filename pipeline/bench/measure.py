@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,32 @@ async def scrape_metrics(url: str, client: httpx.AsyncClient | None = None) -> d
         except ValueError:
             continue
     return out
+
+
+async def wait_idle(worker_urls: Callable[[], list[str]], *, quiet: float = 0.5, timeout: float = 60.0) -> float:
+    """Wait until every worker reports nothing in flight (`switchboard_worker_idle` 1) for `quiet`
+    seconds on end; return the seconds waited. `worker_urls` is asked on every poll, so a worker
+    restarted meanwhile is followed. Raises TimeoutError if the workers are not idle in time."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    idle_since: float | None = None
+    async with httpx.AsyncClient(timeout=5) as client:
+        while True:
+            now = loop.time()
+            urls = worker_urls()
+            idle = bool(urls)
+            for url in urls:
+                scraped = await scrape_metrics(url, client)
+                idle = idle and metric_sum(scraped, "switchboard_worker_idle") == 1.0
+            if not idle:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since >= quiet:
+                return now - start
+            if now - start > timeout:
+                raise TimeoutError(f"workers not idle for {quiet} s within {timeout} s: {urls}")
+            await asyncio.sleep(0.1)
 
 
 def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:

@@ -220,15 +220,21 @@ def create_app(
             await runtime.stop()
             await loop_watch.stop()
 
-    async def drain() -> None:
-        if not runtime.started:
-            return
-        await Drain(
+    def in_flight() -> Drain:
+        return Drain(
             app.batch_consumer,
             INTAKE_TOPICS,
             busy=lambda: bool(runtime.streams.turns_in_flight or any(e.pending for e in executors.values())),
             quiet_seconds=max(0.5, 3 * settings.kafka_fetch_max_wait_ms / 1000),
-        ).run(settings.shutdown_drain_seconds)
+        )
+
+    async def drain() -> None:
+        if not runtime.started:
+            return
+        await in_flight().run(settings.shutdown_drain_seconds)
+
+    # Read at each scrape, so a test or the bench sees the state of that moment.
+    metrics.WORKER_IDLE.set_function(lambda: float(runtime.started and in_flight().idle()))
 
     app.serving = WorkerService
     app.drain = drain

@@ -64,16 +64,31 @@ class Drain:
     def unread_downstream(self) -> bool:
         """Records waiting in our partitions of the topics after intake (as far as the last fetch
         responses tell: their high watermarks against what was read)."""
+        return self._unread(skip=self.intake_topics)
+
+    def idle(self) -> bool:
+        """Nothing in flight on this worker: partitions assigned, every record the last fetches
+        saw read, no executor work pending, no turn in flight. Tests and the bench wait on this
+        (the `switchboard_worker_idle` gauge) instead of a fixed quiet time; records still on their
+        way between stages are seen a fetch later, so a caller wants it true for a few fetches."""
+        try:
+            if not self.consumer.assignment():
+                return False
+        except Exception:  # during a rebalance
+            return False
+        return not (self.busy() or self._unread(skip=frozenset()))
+
+    def _unread(self, *, skip: frozenset[str]) -> bool:
         try:
             for tp in self.consumer.assignment():
-                if tp.topic in self.intake_topics:
+                if tp.topic in skip:
                     continue
                 highwater = self.consumer.highwater(tp)
                 read = self.consumer.read_offset(tp)  # None: nothing read yet (quiet time covers it)
                 if highwater is not None and read is not None and highwater > read + 1:
                     return True
         except Exception:  # during a rebalance: nothing to tell
-            log.debug("downstream check skipped", exc_info=True)
+            log.debug("unread check skipped", exc_info=True)
         return False
 
 

@@ -15,6 +15,8 @@ import httpx
 
 from pipeline.stack import Stack
 
+from .stacks import stack_idle
+
 
 class ConsoleClient:
     def __init__(self, stack: Stack, bot_id: str = "demo", token: str | None = None) -> None:
@@ -90,23 +92,18 @@ class ConsoleClient:
             await asyncio.sleep(0.1)
 
     async def all_answered(self, chats: list[str], count: int, *, since: float) -> tuple[dict[str, list[str]], float]:
-        """Wait until every chat has `count` messages: their texts once settled (to prove 'exactly
-        one'), and the seconds from `since` (a `time.monotonic()`) until they were all there."""
+        """Wait until every chat has `count` messages: their texts once the stack is idle (to prove
+        'exactly one'), and the seconds from `since` (a `time.monotonic()`) until they were all there."""
         for chat in chats:
             await self.wait_for(chat, count, timeout=90)
         seconds = time.monotonic() - since
-        return {chat: texts(await self.settle(chat, quiet=3)) for chat in chats}, seconds
+        await stack_idle(self.stack)
+        return {chat: texts(await self.messages(chat)) for chat in chats}, seconds
 
-    async def settle(self, chat_id: str, *, quiet: float = 2.0, bot_id: str | None = None) -> list[dict[str, Any]]:
-        """The chat's messages once nothing new arrived for `quiet` seconds (to prove 'exactly one')."""
-        last = await self.messages(chat_id, bot_id=bot_id)
-        stable_since = time.monotonic()
-        while time.monotonic() - stable_since < quiet:
-            await asyncio.sleep(0.2)
-            now = await self.messages(chat_id, bot_id=bot_id)
-            if len(now) != len(last):
-                last, stable_since = now, time.monotonic()
-        return last
+    async def settle(self, chat_id: str, *, bot_id: str | None = None) -> list[dict[str, Any]]:
+        """The chat's messages once the stack has nothing in flight (to prove 'exactly one')."""
+        await stack_idle(self.stack)
+        return await self.messages(chat_id, bot_id=bot_id)
 
     @contextlib.asynccontextmanager
     async def stream(self, chat_id: str, *, after: int = 0, url: str | None = None) -> AsyncIterator[LiveStream]:

@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +128,8 @@ class StandIns:
         self.dingtalk_stream = StreamGateway()
         self.calls: list[Call] = []
         self.errors: list[str] = []
+        # Waits until the stack calling these stand-ins has nothing in flight (see `settle`).
+        self.idle: Callable[[], Awaitable[None]] | None = None
         self._lock = threading.Lock()
         self._script: dict[tuple[str, str], tuple[deque[Answer], bool]] = {}
         self._lark_chat_of: dict[str, str] = {}  # replied-to message id -> chat id
@@ -212,14 +214,11 @@ class StandIns:
                 )
             await asyncio.sleep(0.05)
 
-    async def settle(self, quiet: float = 2.5) -> list[Call]:
-        """All calls once none arrived for `quiet` seconds (to prove 'exactly one')."""
-        count, since = len(self.all_calls()), time.monotonic()
-        while time.monotonic() - since < quiet:
-            await asyncio.sleep(0.1)
-            now = len(self.all_calls())
-            if now != count:
-                count, since = now, time.monotonic()
+    async def settle(self) -> list[Call]:
+        """All calls once the stack sending to these stand-ins has nothing in flight (to prove
+        'exactly one'); `idle` is set by whoever starts that stack."""
+        assert self.idle is not None, "StandIns.idle is not set: no stack to wait for"
+        await self.idle()
         return self.all_calls()
 
     # -- handlers ---------------------------------------------------------------------------------

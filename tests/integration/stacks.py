@@ -11,8 +11,21 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.bench.measure import wait_idle
 from pipeline.embedded import ApacheKafka, TansuBroker
 from pipeline.stack import Stack
+
+#: How long every worker must report nothing in flight before a test takes the outcome as final:
+#: a record produced between two stages shows in a high watermark one fetch later.
+IDLE_QUIET_SECONDS = 0.5
+#: The connection lease of every test stack (production's default is 6 s).
+TEST_LEASE_SECONDS = 3.0
+
+
+async def stack_idle(stack: Stack, *, quiet: float = IDLE_QUIET_SECONDS, timeout: float = 60.0) -> None:
+    """Until the stack's workers have nothing in flight (no unread records, no pending work, no
+    turn): after that no reply can still come, which proves "exactly one" without a quiet window."""
+    await wait_idle(lambda: [w.url for w in stack.workers], quiet=quiet, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -37,6 +50,10 @@ def running_stack(
         "SWITCHBOARD_REDIS_PREFIX": f"{name}{uuid.uuid4().hex[:8]}:",
         "SWITCHBOARD_PARTITIONS": str(partitions),
         "SWITCHBOARD_LOG_LEVEL": "INFO",
+        # Takeover after a holder's death waits out the lease: shorter than production's 6 s and
+        # 1 s so the long-connection tests spend their time on traffic, not on waiting.
+        "SWITCHBOARD_CONNECTION_LEASE_SECONDS": str(TEST_LEASE_SECONDS),
+        "SWITCHBOARD_CONNECTION_ACQUIRE_INTERVAL_SECONDS": "0.5",
     }
     if bots_toml is not None:
         config = run_dir / "switchboard.toml"

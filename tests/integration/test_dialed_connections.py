@@ -9,8 +9,8 @@ send an event again, on the next socket, when the socket that carried it closed 
 acknowledging it, as the platforms do. So traffic goes on right through the kill, and an event the
 dead holder had produced but not acknowledged comes twice (ingest keeps one, by event id).
 
-One stack for the module (workers are real processes with the default lease of 6 s and acquisition
-interval of 1 s) with one bot of each. The simulator's agent echoes: `m<n>` is answered `echo: m<n>`.
+One stack for the module (workers are real processes with the tests' lease of 3 s and acquisition
+interval of 0.5 s) with one bot of each. The simulator's agent echoes: `m<n>` is answered `echo: m<n>`.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ async def test_holder_sigkilled_mid_traffic_a_survivor_dials_and_every_message_i
     await flowing
 
     await answered_exactly_once(
-        range(first, sent[-1] + 1), delivered=platform.delivered, answered=platform.answers, activity=platform.posts
+        stack, range(first, sent[-1] + 1), delivered=platform.delivered, answered=platform.answers
     )
     standin = platform.thread.standin_started
     if isinstance(standin, SlackStandIn):
@@ -266,6 +266,6 @@ async def test_holder_sigkilled_mid_traffic_a_survivor_dials_and_every_message_i
         assert {f"ev-{n:08d}" for n in sent} <= events, "every event answered 200 once durable"
     print(
         f"\n{platform.name} {platform.transport}: {len(sent)} messages, takeover {takeover:.2f} s after SIGKILL "
-        f"(bound: lease 6 s + 1 s), {again} sent again after the holder died without acknowledging them"
+        f"(bound: lease 3 s + 0.5 s), {again} sent again after the holder died without acknowledging them"
     )
     await stack.add_worker()  # for the tests after this one

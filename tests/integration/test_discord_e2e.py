@@ -32,8 +32,8 @@ from tests.connections.discord_standin import DiscordGatewayStandIn
 from tests.platforms.test_discord import BOT_USER, PUBLIC_KEY, SLASH, TOKEN, message_create, signed
 
 from .loop_thread import LoopThread
-from .stacks import running_stack
-from .test_long_connections import lease_holder, settle, wait_for
+from .stacks import running_stack, stack_idle
+from .test_long_connections import TAKEOVER_QUIET_SECONDS, lease_holder, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -124,7 +124,7 @@ async def test_a_message_is_answered_once_and_a_duplicate_dispatch_too(stack: St
     await discord.send(dup)
     await discord.send(dup, message_id=f"{77 * 10**16 + dup}")  # Discord sent it again
     await wait_for(lambda: answered(discord, range(n, dup + 1)) == {n: 1, dup: 1}, "answered", 60)
-    await settle(lambda: discord.it.rest_calls, quiet=4.0)
+    await stack_idle(stack)
     assert answered(discord, range(n, dup + 1)) == {n: 1, dup: 1}
     [call] = discord.it.messages_to(channel(n))
     assert call.seen.json["allowed_mentions"] == {"parse": [], "users": [], "replied_user": False}
@@ -138,7 +138,7 @@ async def test_a_429_is_waited_out_and_answered_once(stack: Stack, discord: Disc
     discord.it.scripts[channel(n)] = deque([limited])
     await discord.send(n)
     await wait_for(lambda: answered(discord, range(n, n + 1)) == {n: 1}, "answered after the wait", 60)
-    await settle(lambda: discord.it.rest_calls, quiet=4.0)
+    await stack_idle(stack)
     first, second = discord.it.messages_to(channel(n))
     assert (first.status, second.status) == (429, 200)
     assert second.at - first.at >= 1.9, second.at - first.at  # retry_after honoured
@@ -162,7 +162,7 @@ async def test_a_permanent_error_is_dead_lettered_once(stack: Stack, discord: Di
         await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, dead, timeout=45)
     except ConsumeTimeoutError as exc:
         raise AssertionError(f"no dead letter; calls: {discord.it.messages_to(channel(n))}") from exc
-    await settle(lambda: discord.it.rest_calls, quiet=3.0)
+    await stack_idle(stack)
     [letter] = letters
     assert letter["reason"] == "missing_access" and "Missing Access" in letter["error"], letter
     assert letter["attempts"] == 1
@@ -184,7 +184,7 @@ async def test_a_slash_command_is_deferred_and_its_reply_edits_the_deferred_resp
     assert (answer.status_code, answer.json()) == (200, {"type": 5})
     edits = lambda: discord.it.messages_to(f"interaction:{token}")  # noqa: E731
     await wait_for(lambda: edits(), "the deferred response edited", 60)
-    await settle(lambda: discord.it.rest_calls, quiet=3.0)
+    await stack_idle(stack)
     [edit] = edits()
     assert edit.seen.method == "PATCH" and edit.seen.path.endswith("/messages/@original")
     # In a guild the agent sees who spoke (`[Alice (id)]`), and ingest takes `/ask` as the command prefix.
@@ -217,7 +217,7 @@ async def test_the_holder_sigkilled_a_survivor_resumes_and_every_message_is_answ
     assert new_holder is not None and new_holder is not holder and new_token > token
     sent = range(first + 1, next(_numbers))
     await wait_for(lambda: set(answered(discord, sent)) == set(sent), f"all answered ({takeover:.1f} s takeover)", 120)
-    await settle(lambda: discord.it.rest_calls, quiet=6.0)
+    await stack_idle(stack, quiet=TAKEOVER_QUIET_SECONDS)
     counts = answered(discord, sent)
     assert [n for n in sent if counts[n] != 1] == [], counts
     await stack.add_worker()

@@ -46,7 +46,7 @@ from tests.platforms import test_wecom as wecom_fx
 from tests.platforms.conftest import PNG, PNG_B64, Answer
 
 from .platform_standins import Call, StandIns
-from .stacks import running_stack
+from .stacks import running_stack, stack_idle
 
 pytestmark = [pytest.mark.integration]
 
@@ -162,6 +162,7 @@ def standins(broker_kind: str) -> Iterator[StandIns]:
 @pytest.fixture(scope="module")
 def stack(broker_kind: str, redis_server: RedisServer, standins: StandIns) -> Iterator[Stack]:
     with running_stack(broker_kind, name="e2e", bots_toml=_bots_toml(standins), redis_url=redis_server.url) as stack:
+        standins.idle = lambda: stack_idle(stack)
         yield stack
 
 
@@ -470,7 +471,7 @@ async def test_redelivered_webhook_gets_one_reply(stack: Stack, standins: StandI
     chats = {"telegram": tg_chat, "onebot": ob_chat, "lark": lark_chat, "slack": slack_chat}
     for platform, chat in chats.items():
         await standins.wait_for(platform, chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     for platform, chat in chats.items():
         calls = standins.calls_for(platform, chat)
         assert [reply_text(c) for c in calls] == [f"echo: only once {platform}"], platform
@@ -512,7 +513,7 @@ async def test_rate_limited_send_waits_and_delivers_once(stack: Stack, standins:
         assert (await post(stack, platform, request)).status_code == 200
     for platform, chat in chats.items():
         await standins.wait_for(platform, chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     for platform, chat in chats.items():
         limited, delivered = standins.calls_for(platform, chat)
         assert limited.status == 429 and delivered.accepted, platform
@@ -564,7 +565,7 @@ async def test_permanent_error_is_dead_lettered_without_retries(stack: Stack, st
         await consume_until(stack.env["SWITCHBOARD_KAFKA_BOOTSTRAP"], DEADLETTER, all_dead, timeout=45)
     except ConsumeTimeoutError as exc:
         raise AssertionError(f"dead letters: {sorted(letters)}; calls: {standins.all_calls()}") from exc
-    await standins.settle(quiet=3)
+    await standins.settle()
     for platform, chat in chats.items():
         letter = letters[platform]
         assert letter["reason"] == PERMANENT[platform][1], letter
@@ -727,7 +728,7 @@ async def test_dingtalk_bad_signature_and_redelivery(stack: Stack, standins: Sta
     for _ in range(3):
         assert (await post(stack, "dingtalk", dingtalk_fx.signed(genuine))).status_code == 200
     await standins.wait_for("dingtalk", chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     assert [reply_text(c) for c in standins.calls_for("dingtalk", chat)] == ["echo: genuine dingtalk"]
     texts = await _inbound_texts_until(stack, ["genuine dingtalk"])
     assert not [t for t in texts if "forged" in t or "no ids" in t]
@@ -739,7 +740,7 @@ async def test_dingtalk_rate_limited_once_then_delivered(stack: Stack, standins:
     standins.script("dingtalk", chat, throttled)
     assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
     await standins.wait_for("dingtalk", chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     limited, delivered = standins.calls_for("dingtalk", chat)
     assert limited.status == 403 and delivered.accepted
     assert delivered.at - limited.at >= 1.9  # DingTalk gives no wait: the platform's default one
@@ -753,7 +754,7 @@ async def test_dingtalk_permanent_error_is_one_dead_letter(stack: Stack, standin
     standins.script("dingtalk", chat, refused, sticky=True)
     assert (await post(stack, "dingtalk", dingtalk_fx.signed(payload))).status_code == 200
     found = await egress_dead_letters(stack, chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     [letter] = found
     assert letter["reason"] == "bad_recipient" and letter["attempts"] == 1
     assert "staffId.notExisted" in letter["error"] and "the user does not exist" in letter["error"]
@@ -799,7 +800,7 @@ async def test_dingtalk_stream_mode_one_reply_per_message(stack: Stack, standins
     while len(gateway.acks_for(frame_id)) < 2:  # acknowledged again (ingest drops the copy)
         assert time.monotonic() < deadline + 60, "the redelivered frame was not acknowledged"
         await asyncio.sleep(0.1)
-    await standins.settle(quiet=3)
+    await standins.settle()
     assert len(standins.calls_for("dingtalk", chat)) == 1
     assert len(gateway.acks_for(frame_id)) == 2 and gateway.errors == []
 
@@ -880,7 +881,7 @@ async def test_wecom_forged_callback_is_refused_and_redelivery_answered_once(sta
         genuine, _user = wecom_app_text(n, "genuine wecom")
         assert (await wecom_call(stack, genuine)).status_code == 200
     await standins.wait_for("wecom", user)
-    await standins.settle(quiet=3)
+    await standins.settle()
     assert [wecom_text(c) for c in standins.calls_for("wecom", user)] == ["echo: genuine wecom"]
     assert standins.calls_for("wecom", chat) == []
     async with httpx.AsyncClient(timeout=10) as client:
@@ -902,7 +903,7 @@ async def test_wecom_rate_limited_once_then_delivered_and_permanent_dead_lettere
 
     letters = await egress_dead_letters(stack, dead_user)
     await standins.wait_for("wecom", limited_user)
-    await standins.settle(quiet=3)
+    await standins.settle()
     limited, delivered = standins.calls_for("wecom", limited_user)
     assert not limited.accepted and delivered.accepted
     assert delivered.at - limited.at >= 2.9, delivered.at - limited.at  # WeCom gives no time: 3 s
@@ -1017,7 +1018,7 @@ async def test_qqbot_redelivered_webhook_gets_one_reply(stack: Stack, standins: 
     for _ in range(3):  # QQ posts the same event again (signed anew) when it saw no answer in time
         assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
     await standins.wait_for("qqbot", chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     [call] = standins.calls_for("qqbot", chat)
     assert call.accepted and "only once qqbot" in call.seen.json["content"]
 
@@ -1028,7 +1029,7 @@ async def test_qqbot_rate_limited_send_waits_and_delivers_once(stack: Stack, sta
     standins.script("qqbot", chat, (429, {"code": 22009, "message": "msg limit exceed"}, {"Retry-After": "2"}))
     assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
     await standins.wait_for("qqbot", chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     limited, delivered = standins.calls_for("qqbot", chat)
     assert limited.status == 429 and delivered.accepted
     assert delivered.at - limited.at >= 1.9, delivered.at - limited.at  # retry_after honoured
@@ -1043,7 +1044,7 @@ async def test_qqbot_permanent_error_is_dead_lettered_with_qqs_reason(stack: Sta
     standins.script("qqbot", chat, refusal, sticky=True)
     assert (await post_qq(stack, qq_fx.signed(payload))).status_code == 200
     letters = await egress_dead_letters(stack, chat)
-    await standins.settle(quiet=3)
+    await standins.settle()
     [letter] = letters
     assert letter["reason"] == "missing_permission" and letter["attempts"] == 1, letter
     assert letter["topic"] == "im.outbound.qqbot"
@@ -1120,7 +1121,7 @@ async def test_qqbot_a_turn_outliving_the_reply_window_gets_one_notice_while_it_
 
     letters = await egress_dead_letters(stack, slow_chat, timeout=60)
     await standins.wait_for("qqbot", active_chat, 2, within=30)
-    await standins.settle(quiet=3)
+    await standins.settle()
     assert time.time() - posted > 14  # every window here has closed: no notice can still come
 
     # The fast turn: its answer, nothing else.
@@ -1179,7 +1180,7 @@ async def test_qqbot_a_worker_killed_after_the_send_does_not_post_twice(stack: S
         await victim.kill()  # reaped
         await stack.add_worker()
         await standins.wait_for("qqbot", chat, 2, delivered=False, within=90)  # the replayed send
-        await standins.settle(quiet=4)
+        await standins.settle()
     finally:
         api.prefixes["/v2/users/"] = serve
     calls = standins.calls_for("qqbot", chat)

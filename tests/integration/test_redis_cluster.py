@@ -44,7 +44,7 @@ async def test_a_turn_end_to_end_a_duplicate_once_and_live_notes(cluster_stack: 
     for _ in range(3):
         await console.send(again, "only once", message_id="platform-msg-1")
     await console.wait_for(again, 1, timeout=60)
-    assert texts(await console.settle(again, quiet=3)) == ["echo: only once"]
+    assert texts(await console.settle(again)) == ["echo: only once"]
     busy = console.chat("cl")
     async with console.stream(busy) as live:
         await console.send(busy, "[sim:think=2] first")

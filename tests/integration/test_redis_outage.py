@@ -53,7 +53,7 @@ async def test_message_sent_while_redis_is_down_is_answered_once_after_it_return
     # The console keeps deliveries in Redis too: without persistence the first one went with it.
     expected = ["echo: before", "echo: during"] if stack.redis_aof else ["echo: during"]
     got = await console.wait_for(chat, len(expected), timeout=60)
-    got = await console.settle(chat, quiet=3)
+    got = await console.settle(chat)
     assert texts(got) == expected
     assert stack.workers[0].is_running
     session_after = await _session_of(stack, chat)

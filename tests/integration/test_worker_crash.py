@@ -62,7 +62,7 @@ async def test_sigkill_mid_turn_delivers_the_reply_exactly_once(console: Console
     await stack.add_worker()
 
     got = await console.wait_for(chat, 2, timeout=60)
-    got = await console.settle(chat, quiet=4)
+    got = await console.settle(chat)
     assert texts(got) == ["echo: warm up", "echo: survive this"]
     assert await _user_messages_in_session(stack, chat) == 2
 
@@ -86,7 +86,7 @@ async def test_sigterm_lets_the_running_turn_finish_before_the_worker_exits(
         await client.aclose()
     assert len(delivered) == 1 and "echo: finish me first" in delivered[0]
     await stack.add_worker()  # for the tests after this one
-    got = await console.settle(chat, quiet=3)
+    got = await console.settle(chat)
     assert texts(got) == ["echo: finish me first"]
 
 
