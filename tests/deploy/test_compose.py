@@ -262,7 +262,13 @@ def test_proxy_balances_over_every_worker(compose: dict[str, Any]) -> None:
 
 
 def test_haproxy_accepts_the_config(compose: dict[str, Any]) -> None:
-    haproxy = tool("haproxy", "optional; Debian/Ubuntu: apt-get install -y haproxy")
+    # `haproxy -c` parses the mounted file as the proxy container's haproxy does when it starts,
+    # without serving. The binary comes from the Debian/Ubuntu package `haproxy` (system-deps).
+    haproxy = tool(
+        "haproxy",
+        "needed to run `haproxy -c -f deploy/haproxy/haproxy.cfg`; install the Debian/Ubuntu package "
+        "`haproxy`: `apt-get install -y haproxy`, or `make system-deps` as root",
+    )
     path, _ = haproxy_config(compose)
     result = run([haproxy, "-c", "-f", str(path)])
     assert result.returncode == 0, result.stdout + result.stderr
