@@ -208,6 +208,12 @@ def _worker(args: argparse.Namespace) -> int:
         preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
         preflight.redis_problem(settings.redis_url, env_name("redis_url")),
     )
+    if settings.kafka_idempotence:
+        # One InitProducerId now: a broker without idempotent producers otherwise stops the worker
+        # with aiokafka's bare `UnknownError` from deep inside Faust's start.
+        from pipeline.kafka.refusals import idempotence_problem
+
+        _check(asyncio.run(idempotence_problem(settings.kafka_bootstrap)), code=EXIT_SETTINGS)
 
     from pipeline.logs import configure_logging
     from pipeline.worker import DrainingWorker, create_app

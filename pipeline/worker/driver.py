@@ -39,6 +39,8 @@ from faust.types import TP, Message
 from mode import ServiceT
 
 from pipeline import metrics
+from pipeline.errors import ConfigurationError
+from pipeline.kafka.refusals import idempotence_refusal
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +326,20 @@ class Producer(faust_aiokafka.Producer):
     def _settings_extra(self) -> Mapping[str, object]:
         idempotent = bool(getattr(self.app, "idempotent_producer", True))
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": idempotent}
+
+    async def on_start(self) -> None:
+        try:
+            await super().on_start()
+        except Exception as exc:
+            # A broker refusing the idempotent producer's InitProducerId: aiokafka says only
+            # `UnknownError()`; say which setting avoids it (`switchboard worker` checks this
+            # before it starts; this covers a broker changed since, or a worker started in code).
+            servers = self._settings_default().get("bootstrap_servers", "")
+            bootstrap = servers if isinstance(servers, str) else ",".join(map(str, servers))
+            refusal = idempotence_refusal(exc, bootstrap)
+            if refusal is None or not getattr(self.app, "idempotent_producer", True):
+                raise
+            raise ConfigurationError(refusal) from exc
 
 
 class Transport(faust_aiokafka.Transport):

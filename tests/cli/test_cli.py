@@ -265,3 +265,19 @@ def test_unknown_stage_or_platform_is_named() -> None:
     assert result.returncode == 2
     assert "--stages: unknown stage 'rendr'" in result.stderr
     assert "--platforms: unknown platform 'whatsapp'" in result.stderr
+
+
+def test_a_broker_without_idempotent_producers_is_one_line(
+    tansu_broker: TansuBroker, redis_server: RedisServer
+) -> None:
+    """Tansu has no InitProducerId: with idempotence on (the default) the worker stops before it
+    starts, with one line naming the setting, not aiokafka's bare UnknownError."""
+    env = worker_env(tansu_broker.bootstrap, redis_server.url_for_db(7), free_port())
+    env["SWITCHBOARD_KAFKA_IDEMPOTENCE"] = "true"
+    result = run("worker", env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"switchboard: the broker at {tansu_broker.bootstrap} does not support idempotent producers "
+        "(InitProducerId: UnknownError): set SWITCHBOARD_KAFKA_IDEMPOTENCE=false (a write the producer "
+        "retries after a broker failure may then be stored twice; the embedded Tansu broker is such a broker)"
+    ]
