@@ -6,9 +6,10 @@ In, HTTP callback (机器人接收消息): DingTalk POSTs the message as JSON wi
 sender knew the secret at that time, so a captured (timestamp, sign) pair would authenticate any
 body until the timestamp is stale. DingTalk allows an hour; Switchboard allows
 `replay_window_seconds` (5 minutes by default, at most an hour) and a timestamp at most
-`FUTURE_SKEW_S` ahead of its clock, and takes each signature once: the first request to carry it is
-remembered in Redis (one `SET NX` shared by every worker, kept as long as the timestamp could still
-pass), every later one is `401 replayed_signature`. Stream mode
+`FUTURE_SKEW_S` ahead of its clock, and lets each signature authenticate one body: the first
+request to carry it is remembered in Redis with its body's digest (one `SET NX` shared by every
+worker, kept as long as the timestamp could still pass), a later one with another body is
+`401 replayed_signature`. Stream mode
 (`transport = "stream"`, `pipeline.connections.dingtalk`) has no such gap and needs no public URL.
 One-to-one chats (`conversationType` "1") come as they are; group chats ("2") only when the robot is
 @-mentioned (`isInAtList`). `msgId` is the de-duplication id (a callback is retried when it gets no
@@ -186,29 +187,33 @@ class DingTalkPlatform(Platform):
             raise WebhookRejected(401, "bad_signature")
 
     async def admit(self, bot: BotConfig, request: WebhookRequest) -> None:
-        """A verified callback's signature is taken once: the signature does not cover the body, so
-        a second request with it is a copy whose body may be anyone's. One round trip, whichever
-        worker gets the request; the mark lasts as long as the timestamp could still pass."""
+        """A verified callback's signature authenticates one body: the signature does not cover
+        the body, so the first request to carry it is marked in Redis with its body's digest
+        (shared by every worker, kept as long as the timestamp could still pass), and a later one
+        with another body is a forgery. The same body again is DingTalk retrying (or a replay of
+        it), which ingest drops by its `msgId`. One round trip; a second only for a repeat."""
         if self._signatures is None:
             raise WebhookRejected(503, "replay_check_unavailable", "no Redis to remember signatures in")
         redis, keys = self._signatures
         sign = request.header("sign") or ""  # verified: the 44 base64 characters of the HMAC
-        ttl = bot.replay_window_seconds + FUTURE_SKEW_S
+        key = keys.of("dingtalk-sign", f"{bot.bot_id}|{sign}")
+        digest = hashlib.sha256(request.body).hexdigest()
         try:
-            first = await redis.execute("SET", keys.of("dingtalk-sign", f"{bot.bot_id}|{sign}"), "1", "NX", "EX", ttl)
+            first = await redis.execute("SET", key, digest, "NX", "EX", bot.replay_window_seconds + FUTURE_SKEW_S)
+            taken = None if first is not None else await redis.execute("GET", key)
         except (RedisError, StateError, OSError):
             # Fail closed: DingTalk retries a callback that is not answered with 200.
             raise WebhookRejected(503, "replay_check_unavailable", "Redis unavailable") from None
-        if first is None:
-            raise WebhookRejected(401, "replayed_signature", "this timestamp and sign were taken before")
+        if first is None and taken != digest:
+            raise WebhookRejected(401, "replayed_signature", "this timestamp and sign came with another body")
 
     def startup_warnings(self, bot: BotConfig) -> list[str]:
         if bot.transport != "webhook":
             return []
         return [
             "DingTalk's callback signature covers the timestamp, not the body: each signature is taken "
-            f"once, but for {bot.replay_window_seconds} s a copy of it that arrives before DingTalk's own "
-            'request authenticates any body (transport = "stream" has no such gap)'
+            f"with one body, but for {bot.replay_window_seconds} s a copy of it that arrives before "
+            'DingTalk\'s own request authenticates any body (transport = "stream" has no such gap)'
         ]
 
     @payload_guard
