@@ -31,10 +31,24 @@ async def run_chaos_for_test(cfg: ChaosConfig, tmp_path: Path) -> tuple[dict[str
 
 
 def assert_answered_exactly_once(result: dict[str, Any], detail: str) -> None:
-    """Nearly every message accepted, and each accepted one answered once, in its thread, and
-    posted to its session once."""
+    """Every message accepted, and each answered once, in its thread, and posted to its session once.
+
+    Counted exactly, with no allowance for messages never accepted. A webhook refused or cut off
+    by a fault (a SIGKILLed worker, Redis or a Kafka leader away) is not a message lost: the load
+    generator sends it again with the same body, as the platforms do, 120 times 0.5 s apart (with
+    a 15 s timeout per attempt), so for over a minute. No fault the chaos schedules lasts that
+    long: a worker is killed every 12 s with another one serving and a replacement started, Redis
+    is back or failed over within seconds, a killed Kafka leader is down 15 s. So each message is
+    accepted in the end (an attempt cut off after the ingress had in fact produced it is the same
+    message: ingest drops the retry as a duplicate, and it is answered once). One the generator gave
+    up on means the ingress refused it for a minute, which is a failure, not an allowance; every
+    recorded chaos run (bench/results) has 0.
+    """
     acc = result["accounting"]
-    assert acc["triggering_accepted"] >= 0.95 * acc["messages_sent"], detail
+    # Every message of the chaos mix triggers a turn (private chats only): sent = triggering.
+    assert acc["triggering_never_accepted"] == 0, detail
+    assert result["webhook"]["failed"] == 0, detail  # the generator gave up on none
+    assert acc["triggering_accepted"] == acc["messages_sent"], detail
     assert acc["lost"] == 0, detail
     assert acc["duplicated"] == 0, detail
     assert acc["posted_twice"] == 0, detail
