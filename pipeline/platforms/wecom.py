@@ -579,6 +579,7 @@ def _ciphertext(request: WebhookRequest) -> str:
         encrypted = (found[0][0] or found[0][1]).decode("ascii") if len(found) == 1 else None
     if not isinstance(encrypted, str) or not encrypted:
         raise WebhookRejected(400, "malformed_payload", "no ciphertext (echostr, Encrypt or encrypt)")
+    ascii_value(encrypted, "the ciphertext")  # base64: any other character is no signed value
     return encrypted
 
 

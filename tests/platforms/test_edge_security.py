@@ -312,6 +312,19 @@ def test_verify_refuses_what_the_front_decodes_from_non_ascii_bytes(
 
 def test_verify_of_wecom_refuses_a_non_ascii_query() -> None:
     captured = wecom_fx.app_request(wecom_fx.app_xml("text", Content="hi"))
+    check = wecom_fx.url_check("1616140317555161061")
+    query = {**check.query, "echostr": "\udcff" + check.query["echostr"]}
+    with pytest.raises(WebhookRejected) as refused:
+        get_platform("wecom").verify(
+            wecom_fx.bot_config(), WebhookRequest(headers={}, body=b"", query=query, method="GET")
+        )
+    assert refused.value.status == 401
+    # A JSON string may hold a lone surrogate as an escape: no base64 ciphertext does.
+    aibot = wecom_fx.aibot_request(wecom_fx.aibot_payload("hi"))
+    body = b'{"encrypt": "\\udcff' + json.loads(aibot.body)["encrypt"].encode() + b'"}'
+    with pytest.raises(WebhookRejected) as refused:
+        get_platform("wecom").verify(wecom_fx.bot_config(), WebhookRequest(headers={}, body=body, query=aibot.query))
+    assert refused.value.status == 401
     for name in ("msg_signature", "timestamp", "nonce"):
         query = {**captured.query, name: "\udcff" + captured.query[name]}
         with pytest.raises(WebhookRejected) as refused:
