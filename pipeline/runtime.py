@@ -13,10 +13,6 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 from pydantic import BaseModel, SecretStr
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pipeline.connections import Connections, open_connections
 from pipeline.platforms import Platform, get_platform
@@ -178,23 +174,10 @@ class Runtime:
         s = self.settings
         assert s.redis_url, "redis_url is required"
         log.info("event loop: %s", type(asyncio.get_running_loop()).__module__)
-        # Retries ride out a Redis restart; beyond them a stage's call fails and is retried by replay.
-        # A plain pool, not the blocking one: its per-call lock and timeout cost a fifth of the CPU of
-        # a round trip (bench/redis_client_bench.py). The keyed executors bound concurrency well
-        # below the cap; a call beyond it fails like an outage and the stage retries it.
-        self.redis = redis_py_client(
-            s.redis_url,
-            max_connections=s.redis_max_connections,
-            decode_responses=True,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 8),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            health_check_interval=15,
-            socket_timeout=10,
-            socket_connect_timeout=5,
-            client_name="switchboard",
-        )
-        # The stores get a pipelining client of their own (pipeline/state/client.py); redis-py's
-        # serves the console's pub/sub and what is not on a turn's path.
+        # Two Redis clients, each for what the other cannot do. This one, the stores' (one pipelined
+        # connection, pipeline/state/client.py), carries every stage's reads and writes; a blocking
+        # command would stall all of them, so the long connections' waits get a redis-py client
+        # of their own below. (The web server's console opens its own two, pipeline/web.)
         self.state = State.connect(
             s.redis_url,
             s.redis_prefix,
@@ -285,8 +268,8 @@ class Runtime:
             self.load_media,
             leak_guard=LeakGuard(self.leak_scanner, self.notifier),
         )
-        # Long connections: waits for actions and their answers block a Redis connection, so they
-        # get a client of their own whose socket timeout is above every wait.
+        # Long connections: waits for actions and their answers block a Redis connection each, so
+        # they get a pool of their own (redis-py's) whose socket timeout is above every wait.
         self.blocking_redis = redis_py_client(
             s.redis_url,
             max_connections=s.redis_max_connections,
@@ -340,7 +323,6 @@ class Runtime:
         if self.corrector is not None:
             await self.corrector.aclose()
         await self.state.redis.aclose()
-        await self.redis.aclose()
         self.started = False
 
     async def ready(self) -> dict[str, bool]:

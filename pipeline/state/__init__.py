@@ -10,8 +10,12 @@
 - `connections` (`ConnectionStore`, opened by `pipeline.connections` with a blocking client of its
   own): the leases of long connections and the actions queued for their holders.
 
-The hot steps are one Lua script each (`scripts/*.lua`). `SWITCHBOARD_REDIS_URL` names one server
-or a Sentinel-managed primary (`redis_url`); `redis_py_pool` gives redis-py clients of the same URL.
+The hot steps are one Lua script each (`scripts/*.lua`). The Redis side, one module per job:
+
+- `redis_url`: `SWITCHBOARD_REDIS_URL` parsed: one server, a Sentinel-managed primary, or a cluster;
+- `client`: the stores' client (`RedisClient`: one pipelined connection, no blocking commands);
+- `redis_py`: redis-py clients of the same URL (`redis_py_client`), for blocking waits and pub/sub;
+- `sentinel`: the watcher both follow a Sentinel-managed primary through failovers with.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from pipeline.state.models import (
     TurnStart,
     context_entry_json,
 )
-from pipeline.state.redis_url import RedisPy, close_redis_py, parse_redis_url, pubsub, redis_py_client, redis_py_pool
+from pipeline.state.redis_py import RedisPy, close_redis_py, pubsub, redis_py_client, redis_py_pool
+from pipeline.state.redis_url import parse_redis_url
 from pipeline.state.streams import StreamStore
 
 

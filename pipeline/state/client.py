@@ -18,10 +18,10 @@ With a `redis+sentinel://` URL (`pipeline/state/redis_url.py`) every connection 
 the sentinels for the primary (`SENTINEL MASTER`, each sentinel in turn) and checks with `ROLE`
 that the server is one; so after a failover the next connection goes to the promoted replica,
 without a restart. An open connection is checked too: once a second the sentinels are asked again,
-and when they name another server under a newer failover epoch the connection is dropped. Without
-that, a primary the sentinels failed over from while it was unreachable (paused, partitioned, too
-slow to answer their pings) still says `master` when it comes back, takes this client's writes, and
-loses them all when the sentinels demote it seconds later (a chaos run lost 11 s of turn state so).
+and when they name another server under a newer failover epoch the connection is dropped. Which
+sentinel is asked, and what its answer means, is `pipeline/state/sentinel.py`'s `SentinelWatch`,
+the same watcher redis-py's pools use (`pipeline/state/redis_py.py`); this client only sends it the
+questions, over its own connections.
 
 With a `redis+cluster://` URL the calls go through a router (`pipeline/state/_cluster.py`) to one
 such client per primary, each call to the primary of its keys' slot.
@@ -46,15 +46,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from pipeline import metrics
 from pipeline.state._cluster import ClusterRouter, slot_of
 from pipeline.state.exceptions import StateError
-from pipeline.state.redis_url import (
-    PRIMARY_RECHECK,
-    ClusterTarget,
-    Endpoint,
-    RedisTarget,
-    SentinelTarget,
-    newer_primary,
-    parse_redis_url,
-)
+from pipeline.state.redis_url import ClusterTarget, Endpoint, RedisTarget, SentinelTarget, parse_redis_url
+from pipeline.state.sentinel import PRIMARY_RECHECK, Named, SentinelWatch, named_in
 
 log = logging.getLogger(__name__)
 
@@ -197,16 +190,34 @@ class RedisClient:
         self._watchdog: asyncio.Task[None] | None = None
         self._failed_connects = 0
         self._next_connect = 0.0
-        # Sentinels in the order they are asked (the last that answered first).
-        self._sentinels = list(target.sentinels) if isinstance(target, SentinelTarget) else []
-        # The primary the open connection goes to, and the sentinels' failover epoch that named it.
-        self._primary_named: tuple[str, int, int] | None = None
+        self._sentinel_watch: SentinelWatch[tuple[str, int]] | None = None
         self._cluster: ClusterRouter | None = None
         if isinstance(target, ClusterTarget):
             self._cluster = ClusterRouter(target, self._node_client)
-            self.target: Endpoint | SentinelTarget = target.node(*target.nodes[0])  # never dialled itself
+            self.target = target.node(*target.nodes[0])  # never dialled itself
         else:
             self.target = target
+
+    @property
+    def target(self) -> Endpoint | SentinelTarget:
+        """The server, or the sentinels, the next connection goes through."""
+        return self._target
+
+    @target.setter
+    def target(self, target: Endpoint | SentinelTarget) -> None:
+        self._target = target
+        # The sentinels of this target, which the primary is followed through.
+        self._sentinel_watch = (
+            SentinelWatch(
+                target.sentinels,
+                self._ask_sentinel,
+                master=target.master,
+                describe=lambda sentinel: f"{sentinel[0]}:{sentinel[1]}",
+                label="Redis",
+            )
+            if isinstance(target, SentinelTarget)
+            else None
+        )
 
     @property
     def cluster(self) -> bool:
@@ -332,8 +343,11 @@ class RedisClient:
 
     async def _open(self) -> _Connection:
         target = self.target
-        named: tuple[Endpoint, int] | None = await self._primary(target) if isinstance(target, SentinelTarget) else None
-        endpoint = named[0] if named is not None else target
+        named: Named | None = None
+        endpoint = target
+        if isinstance(target, SentinelTarget):
+            named = await self._primary(target)
+            endpoint = target.primary(named[0], named[1])
         assert isinstance(endpoint, Endpoint)
         setup: list[tuple[Arg, ...]] = []
         if endpoint.password is not None:
@@ -352,26 +366,26 @@ class RedisClient:
             raise RedisConnectionError(
                 f"Redis at {endpoint.address}, named primary of {target.master} by the sentinels, is a {replies[-1][0]}"
             )
-        if named is not None:
-            self._primary_named = (endpoint.host, endpoint.port, named[1])
+        if named is not None and self._sentinel_watch is not None:
+            self._sentinel_watch.named = named
         return connection
 
-    async def _primary(self, target: SentinelTarget) -> tuple[Endpoint, int]:
+    async def _primary(self, target: SentinelTarget) -> Named:
         """The primary's address and the failover epoch that made it so, from the first sentinel
         that knows it (the one that answered last is asked first)."""
-        problems: list[str] = []
-        for host, port in list(self._sentinels):
-            try:
-                named = await self._ask_sentinel(target, host, port)
-            except (RedisConnectionError, RedisTimeoutError, ResponseError) as exc:
-                problems.append(f"{host}:{port}: {exc}")
-                continue
-            self._sentinels.remove((host, port))
-            self._sentinels.insert(0, (host, port))
-            return named
-        raise RedisConnectionError(f"no sentinel named the primary of {target.address}: {'; '.join(problems)}")
+        assert self._sentinel_watch is not None  # a sentinel target has one
 
-    async def _ask_sentinel(self, target: SentinelTarget, host: str, port: int) -> tuple[Endpoint, int]:
+        def no_primary(problems: list[str]) -> Exception:
+            return RedisConnectionError(f"no sentinel named the primary of {target.address}: {'; '.join(problems)}")
+
+        return await self._sentinel_watch.find(no_primary)
+
+    async def _ask_sentinel(self, sentinel: tuple[str, int]) -> Named:
+        """`SENTINEL MASTER` of this client's master, asked of one sentinel over a connection of
+        its own (closed after the answer)."""
+        target = self.target
+        assert isinstance(target, SentinelTarget)
+        host, port = sentinel
         auth: list[tuple[Arg, ...]] = [("AUTH", target.sentinel_password)] if target.sentinel_password else []
         try:
             connection, replies = await self._dial(
@@ -382,30 +396,16 @@ class RedisClient:
                 raise ResponseError(f"does not know {target.master!r}") from None
             raise
         connection.fail(RedisConnectionError("sentinel asked"))
-        fields = dict(zip(replies[-1][::2], replies[-1][1::2], strict=True))
-        return target.primary(str(fields["ip"]), int(fields["port"])), int(fields.get("config-epoch", 0))
+        return named_in(dict(zip(replies[-1][::2], replies[-1][1::2], strict=True)))
 
-    async def _check_primary(self, target: SentinelTarget, sentinel: tuple[str, int]) -> None:
-        """Drop the open connection when `sentinel` names another primary under a newer epoch (one
-        that has not caught up with a failover names an older epoch, and is not followed). The
-        watchdog asks each sentinel in turn, so one that is behind does not hide the others."""
-        connection, named = self._connection, self._primary_named
-        if connection is None or connection.closed or named is None:
+    async def _check_primary(self, watch: SentinelWatch[tuple[str, int]]) -> None:
+        """Drop the open connection when the watcher finds another primary under a newer epoch."""
+        connection = self._connection
+        if connection is None or connection.closed:
             return
-        try:
-            endpoint, epoch = await self._ask_sentinel(target, *sentinel)
-        except (RedisConnectionError, RedisTimeoutError, ResponseError):
-            return  # this sentinel cannot say; the next check asks another
-        if not newer_primary(named, endpoint.host, endpoint.port, epoch):
-            return
-        if self._connection is connection:
-            log.warning(
-                "Redis: the sentinels now name %s as primary (epoch %d > %d): reconnecting",
-                endpoint.address,
-                epoch,
-                named[2],
-            )
-            connection.fail(RedisConnectionError(f"the sentinels now name {endpoint.address} as primary"))
+        named = await watch.newer()
+        if named is not None and self._connection is connection:
+            connection.fail(RedisConnectionError(f"the sentinels now name {named[0]}:{named[1]} as primary"))
 
     async def _dial(
         self, host: str, port: int, setup: Sequence[Sequence[Arg]], on_lost: Any
@@ -441,15 +441,11 @@ class RedisClient:
         seen: asyncio.Future[Any] | None = None
         since = loop.time()
         interval = min(PRIMARY_RECHECK, self.socket_timeout / 4)
-        checked = loop.time()
-        turn = 0
         while True:
             await asyncio.sleep(interval)
-            target = self.target
-            if isinstance(target, SentinelTarget) and loop.time() - checked >= PRIMARY_RECHECK:
-                checked = loop.time()
-                turn += 1
-                await self._check_primary(target, target.sentinels[turn % len(target.sentinels)])
+            watch = self._sentinel_watch
+            if watch is not None and watch.due():
+                await self._check_primary(watch)
             connection = self._connection
             oldest = connection.oldest_waiting if connection is not None else None
             if oldest is None or oldest is not seen:

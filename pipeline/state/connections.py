@@ -20,7 +20,7 @@ from ._codec import text
 from .client import RedisClient
 from .exceptions import StateError
 from .keys import Keys
-from .redis_url import RedisPy
+from .redis_py import RedisPy
 
 LeaseState = Literal["dialing", "up"]
 

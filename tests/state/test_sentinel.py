@@ -27,16 +27,8 @@ from pipeline.settings import Settings
 from pipeline.state import InboundAdmission, RateWindow, State
 from pipeline.state.client import RedisClient
 from pipeline.state.exceptions import UNAVAILABLE
-from pipeline.state.redis_url import (
-    Endpoint,
-    SentinelPrimaryPool,
-    SentinelTarget,
-    close_redis_py,
-    parse_redis_url,
-    pubsub,
-    redis_py_client,
-    redis_py_pool,
-)
+from pipeline.state.redis_py import SentinelPrimaryPool, close_redis_py, pubsub, redis_py_client, redis_py_pool
+from pipeline.state.redis_url import Endpoint, SentinelTarget, parse_redis_url
 from pipeline.worker.handling import Handling
 
 T = TypeVar("T")
@@ -262,7 +254,7 @@ async def test_an_open_connection_leaves_a_primary_the_sentinels_failed_over_fro
         async def port_of() -> int:
             return int(_info_field(await client.execute("INFO", "server"), "tcp_port"))
 
-        with caplog.at_level(logging.WARNING, logger="pipeline.state.client"):
+        with caplog.at_level(logging.WARNING, logger="pipeline.state.sentinel"):
             port = await _port_once_moved(port_of, promoted, "an open connection")
         assert port == promoted.port, "the client still writes to the primary the sentinels failed over from"
         assert "now name" in caplog.text and PASSWORD not in caplog.text
@@ -306,7 +298,7 @@ async def test_redis_py_leaves_a_primary_the_sentinels_failed_over_from(
         async def blocking_wait() -> object:
             return await redis_py.blpop(["none"], timeout=1)
 
-        with caplog.at_level(logging.WARNING, logger="pipeline.state.redis_url"):
+        with caplog.at_level(logging.WARNING, logger="pipeline.state.sentinel"):
             waiting = asyncio.create_task(blocking_wait())  # in use on the old primary
             port = await _port_once_moved(port_of, promoted, "redis-py's pooled connection")
             assert await waiting is None

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand
-from pipeline.state import ConsoleStore, PendingAction, TurnRecord
+from pipeline.state import ConsoleStore, PendingAction, TurnRecord, close_redis_py, redis_py_client
 from pipeline.topics import IM_INBOUND, SESSION_INPUT, outbound_topic
 from pipeline.web._hub import VIEWER_QUEUE
 
@@ -219,7 +219,8 @@ async def test_viewer_cap_gives_429_and_a_client_that_leaves_frees_its_slot(star
 
 async def test_one_redis_subscription_per_worker_and_never_the_pipeline_pool(start_worker: StartWorker) -> None:
     worker = await start_worker(console_max_viewers=100)
-    redis = worker.runtime.redis
+    # A client of the test's own: the worker opens no general-purpose redis-py client.
+    redis = redis_py_client(worker.runtime.settings.redis_url or "", decode_responses=True)
     assert worker.runtime.web is not None and worker.runtime.web.deps.console is not None
     console = worker.runtime.web.deps.console
     assert console.store.redis is not worker.runtime.state.redis  # a client of its own
@@ -250,6 +251,7 @@ async def test_one_redis_subscription_per_worker_and_never_the_pipeline_pool(sta
         got = await asyncio.gather(*(next_event(r) for r in responses[3::5]))
         assert [e["data"]["id"] for e in got] == ["out-1"] * 12
     assert await subscriptions() == 1
+    await close_redis_py(redis)
 
 
 async def test_open_streams_do_not_hold_the_shutdown(start_worker: StartWorker) -> None:
