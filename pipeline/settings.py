@@ -278,6 +278,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _provisioner_of_the_profile(self) -> Settings:
+        # Unset, the provisioner is the one the profile can create sessions with: Ark creates them
+        # through Volcengine OpenAPI only (docs/session-protocol.md), Anthropic on its data plane.
+        if "session_provisioner" not in self.model_fields_set:
+            self.session_provisioner = "ark-openapi" if self.session_profile == "ark" else "anthropic"
+        return self
+
+    @model_validator(mode="after")
     def _default_console_bot(self) -> Settings:
         # The console enabled without a console bot of its own: the `demo` bot, so that
         # `switchboard up` is useful at once.
