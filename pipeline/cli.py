@@ -199,7 +199,12 @@ def _worker(args: argparse.Namespace) -> int:
         ),
         code=EXIT_SETTINGS,
     )
-    settings = load_settings("worker", bots_check=bot_problems, settings_check=worker_problems)
+    settings = load_settings(
+        "worker",
+        bots_check=bot_problems,
+        # The session settings as a whole, with the rest: every problem in one report.
+        settings_check=lambda s: [*worker_problems(s), *preflight.session_problems(s)],
+    )
     assert settings.kafka_bootstrap and settings.redis_url  # load_settings("worker") requires them
     _check(
         preflight.port_problem(
@@ -207,6 +212,7 @@ def _worker(args: argparse.Namespace) -> int:
         ),
         preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
         preflight.redis_problem(settings.redis_url, env_name("redis_url")),
+        preflight.session_api_problem(settings),
     )
     if settings.kafka_idempotence:
         # One InitProducerId now: a broker without idempotent producers otherwise stops the worker
@@ -315,7 +321,12 @@ def _up(args: argparse.Namespace) -> int:
     from pipeline.platforms.checks import bot_problems
     from pipeline.settings import env_name, load_settings
 
-    settings = load_settings("up", bots_check=bot_problems)
+    # A session API of your own (no simulator): its settings are checked as a worker checks them.
+    settings = load_settings(
+        "up",
+        bots_check=bot_problems,
+        settings_check=lambda s: preflight.session_problems(s) if s.session_base_url else [],
+    )
     web_port = args.web_port if args.web_port is not None else settings.web_port
     onebot = _onebot_ws_bot(settings) if args.onebot_ws else None
     other = _suggest(web_port)
@@ -327,6 +338,7 @@ def _up(args: argparse.Namespace) -> int:
         preflight.port_problem(settings.web_host, web_port, how),
         settings.kafka_bootstrap and preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
         settings.redis_url and preflight.redis_problem(settings.redis_url, env_name("redis_url")),
+        settings.session_base_url and preflight.session_api_problem(settings),
     )
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="switchboard-up-"))
     logging.basicConfig(level=logging.WARNING)

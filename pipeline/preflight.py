@@ -15,9 +15,13 @@ import socket
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pipeline.redact import redact_url
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
 
 DEFAULT_TIMEOUT = 3.0
 _RETRY_PAUSE = 0.25
@@ -272,3 +276,90 @@ def _short(exc: BaseException) -> str:
         return "no sentinel answered with the primary's address"
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
+
+
+# -- the session API ------------------------------------------------------------------------------------
+
+
+def session_problems(settings: Settings) -> list[str]:
+    """What the session settings lack as a whole, beyond the variables `load_settings` requires:
+    a provisioner that cannot create sessions of the profile, and the agent (and environment) new
+    sessions are created with. Their defaults are placeholders no real API knows, so a worker
+    would otherwise fail only at its first turn."""
+    from pipeline.settings import env_name
+
+    profile, provisioner = settings.session_profile, settings.session_provisioner
+    problems = []
+    set_explicitly = settings.model_fields_set
+    profile_var, provisioner_var = env_name("session_profile"), env_name("session_provisioner")
+    if profile == "ark" and provisioner == "anthropic":
+        problems.append(
+            f"{profile_var}=ark with {provisioner_var}=anthropic: Ark does not create sessions on its data "
+            f"plane (docs/session-protocol.md); use {provisioner_var}=ark-openapi (Volcengine OpenAPI, with "
+            f"{env_name('ark_access_key')} and {env_name('ark_secret_key')}) or static "
+            f"({env_name('session_static_ids')}), or unset it"
+        )
+    elif profile == "anthropic" and provisioner == "ark-openapi":
+        problems.append(
+            f"{profile_var}=anthropic with {provisioner_var}=ark-openapi: that provisioner creates Ark "
+            f"sessions; use {provisioner_var}=anthropic or static, or unset it"
+        )
+    if provisioner in ("ark-openapi", "anthropic") and not (
+        "session_agent_id" in set_explicitly and settings.session_agent_id
+    ):
+        problems.append(
+            f"{env_name('session_agent_id')} is not set (the agent each new session runs; "
+            f"the {provisioner} provisioner creates sessions with it)"
+        )
+    if provisioner == "anthropic" and not (
+        "session_environment_id" in set_explicitly and settings.session_environment_id
+    ):
+        problems.append(f"{env_name('session_environment_id')} is not set (the environment each new session runs in)")
+    return problems
+
+
+# A session id no server has: asking for it costs one request and no session, and the answer says
+# whether the key is accepted (404) or not (401/403).
+_PROBE_SESSION = "sesn_switchboard_preflight"
+
+
+def session_api_problem(settings: Settings, timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """One real, cheap call to the session API with the configured key: None when it is accepted
+    (or the API cannot be reached now: a worker must not depend on its start order), else what the
+    API answered and which setting to check."""
+    import httpx
+
+    from pipeline.session.profiles import PROFILES
+    from pipeline.settings import env_name
+
+    profile = PROFILES[settings.session_profile]
+    base = (settings.session_base_url or profile.default_base_url).rstrip("/")
+    key = settings.session_api_key.get_secret_value() if settings.session_api_key else ""
+    where = f"the session API at {redact_url(base)} ({env_name('session_base_url')})"
+    try:
+        response = httpx.get(
+            f"{base}/sessions/{_PROBE_SESSION}/events",
+            params={"limit": 1},
+            headers={"Accept": "application/json", **profile.auth_headers(key)},
+            timeout=timeout,
+        )
+    except httpx.HTTPError:
+        return None
+    status = response.status_code
+    if status in (401, 403):
+        return f"{where} refused {env_name('session_api_key')} ({status})"
+    if status == 404 and _looks_like_a_session_api(response):
+        return None
+    if status < 500 and status not in (404, 429):
+        return f"{where} answered {status} to a session lookup: check the URL and {env_name('session_profile')}"
+    if status == 404:
+        return (
+            f"{where} has no sessions endpoint (404 without a JSON error): check the URL (it ends in "
+            f"{profile.base_path} for {env_name('session_profile')}={profile.name}) and the profile"
+        )
+    return None  # busy or failing now: not a settings problem
+
+
+def _looks_like_a_session_api(response: Any) -> bool:
+    """A 404 for an unknown session is a JSON error body; a wrong path is usually a plain page."""
+    return "json" in response.headers.get("content-type", "")

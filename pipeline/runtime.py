@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, SecretStr
 
 from pipeline.connections import Connections, open_connections
+from pipeline.errors import ConfigurationError
 from pipeline.platforms import Platform, get_platform
 from pipeline.platforms.console import ConsolePlatform
 from pipeline.platforms.dingtalk import DingTalkPlatform
@@ -344,8 +346,11 @@ class Runtime:
             return StaticPoolProvisioner(s.session_static_ids)
         if s.session_provisioner == "ark-openapi":
             if not (s.ark_access_key and s.ark_secret_key):
-                raise ValueError(
-                    "ark-openapi provisioner needs SWITCHBOARD_ARK_ACCESS_KEY and SWITCHBOARD_ARK_SECRET_KEY"
+                # `switchboard worker` refuses to start without them (pipeline.preflight); a runtime
+                # built in code without a session API (the default profile is Ark) starts, and
+                # only creating a session fails, as it would with any other missing credential.
+                return _Unprovisioned(
+                    "the ark-openapi provisioner needs SWITCHBOARD_ARK_ACCESS_KEY and SWITCHBOARD_ARK_SECRET_KEY"
                 )
             return ArkOpenAPIProvisioner(
                 access_key=s.ark_access_key.get_secret_value(),
@@ -374,6 +379,19 @@ class Runtime:
     async def load_media(self, media: Media) -> tuple[bytes, str]:
         """Egress: a media reference's bytes and sniffed type, through the same guards as render."""
         return await self.media.load(media)
+
+
+class _Unprovisioned:
+    """A provisioner whose settings are incomplete: every call says what is missing."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+    async def create_session(self, **params: Any) -> str:
+        raise ConfigurationError(self.problem)
+
+    async def delete_session(self, session_id: str) -> None:
+        raise ConfigurationError(self.problem)
 
 
 SendFn = Callable[[str, str | None, bytes], Awaitable[None]]

@@ -188,6 +188,7 @@ class Stack:
             env["SWITCHBOARD_SESSION_PROFILE"] = "ark"
             env["SWITCHBOARD_SESSION_API_KEY"] = SIM_API_KEY
             env["SWITCHBOARD_SESSION_PROVISIONER"] = "ark-openapi"
+            env["SWITCHBOARD_SESSION_AGENT_ID"] = "switchboard-agent"  # any id: the simulator runs one agent
             env["SWITCHBOARD_ARK_OPENAPI_URL"] = self.sim.url
             env["SWITCHBOARD_ARK_ACCESS_KEY"] = SIM_OPENAPI_AK
             env["SWITCHBOARD_ARK_SECRET_KEY"] = SIM_OPENAPI_SK

@@ -32,6 +32,9 @@ def worker_env(kafka: str, redis: str, web_port: int, **more: str) -> dict[str, 
         "SWITCHBOARD_REDIS_URL": redis,
         "SWITCHBOARD_SESSION_BASE_URL": "http://127.0.0.1:9/api/v3",
         "SWITCHBOARD_SESSION_API_KEY": "test-key",
+        # Sessions from a pool: nothing else to configure (no agent, no control-plane keys).
+        "SWITCHBOARD_SESSION_PROVISIONER": "static",
+        "SWITCHBOARD_SESSION_STATIC_IDS": '["sesn-test-1"]',
         "SWITCHBOARD_WEB_PORT": str(web_port),
         "SWITCHBOARD_CONSOLE_ENABLED": "true",  # a bot to serve: the console's `demo` (on loopback)
         "SWITCHBOARD_KAFKA_IDEMPOTENCE": "false",  # the tests' broker is Tansu (no InitProducerId)

@@ -4,6 +4,8 @@ anything starts (each naming the variable or the bots-file entry, all of them at
 from __future__ import annotations
 
 import argparse
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from pipeline.cli import build_parser
 from pipeline.embedded import RedisServer, TansuBroker, free_port
 from pipeline.platforms import known_platforms
+from pipeline.stack import SimProcess
 from tests.cli.support import run, worker_env
 
 
@@ -280,4 +283,60 @@ def test_a_broker_without_idempotent_producers_is_one_line(
         f"switchboard: the broker at {tansu_broker.bootstrap} does not support idempotent producers "
         "(InitProducerId: UnknownError): set SWITCHBOARD_KAFKA_IDEMPOTENCE=false (a write the producer "
         "retries after a broker failure may then be stored twice; the embedded Tansu broker is such a broker)"
+    ]
+
+
+# -- the session settings as a whole -------------------------------------------------------------------
+
+ARK_API = {"SWITCHBOARD_SESSION_BASE_URL": "http://127.0.0.1:9/api/v3", "SWITCHBOARD_SESSION_API_KEY": "k"}
+
+
+def _problems(result: subprocess.CompletedProcess[str]) -> list[str]:
+    assert result.returncode == 2, result.stdout + result.stderr
+    return [line.strip() for line in result.stderr.splitlines() if line.startswith("  ")]
+
+
+def test_an_ark_url_and_key_alone_say_everything_sessions_need() -> None:
+    """The defaults are consistent (Ark's sessions are created through Volcengine OpenAPI), and
+    everything that provisioner needs is listed at once, the agent id included."""
+    problems = _problems(run("worker", env=ARK_API))
+    for name in ("SWITCHBOARD_ARK_ACCESS_KEY", "SWITCHBOARD_ARK_SECRET_KEY", "SWITCHBOARD_SESSION_AGENT_ID"):
+        assert any(p.startswith(f"{name} is not set") for p in problems), problems
+    assert not any("PROVISIONER" in p for p in problems), "no contradiction in the defaults"
+
+
+def test_a_provisioner_the_profile_cannot_use_is_named_with_what_else_is_missing() -> None:
+    env = {**ARK_API, "SWITCHBOARD_SESSION_PROVISIONER": "anthropic"}
+    problems = _problems(run("worker", env=env))
+    assert any(
+        p.startswith("SWITCHBOARD_SESSION_PROFILE=ark with SWITCHBOARD_SESSION_PROVISIONER=anthropic: Ark does not")
+        for p in problems
+    ), problems
+    assert any(p.startswith("SWITCHBOARD_SESSION_AGENT_ID is not set") for p in problems), problems
+    assert any(p.startswith("SWITCHBOARD_SESSION_ENVIRONMENT_ID is not set") for p in problems), problems
+
+
+def test_up_with_a_session_api_of_your_own_checks_it_too(tmp_path: Path) -> None:
+    problems = _problems(run("up", "--run-dir", str(tmp_path / "run"), env=ARK_API))
+    assert any(p.startswith("SWITCHBOARD_SESSION_AGENT_ID is not set") for p in problems), problems
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[SimProcess]:
+    with SimProcess(free_port(), run_dir=tmp_path / "sim") as server:
+        yield server
+
+
+def test_a_key_the_session_api_refuses_stops_the_worker_before_it_starts(
+    tansu_broker: TansuBroker, redis_server: RedisServer, sim: SimProcess
+) -> None:
+    """One real, cheap call with the configured key (a lookup of a session nobody has)."""
+    env = worker_env(tansu_broker.bootstrap, redis_server.url_for_db(7), free_port())
+    env |= {"SWITCHBOARD_SESSION_BASE_URL": f"{sim.url}/api/v3", "SWITCHBOARD_SESSION_API_KEY": "not-the-key"}
+    result = run("worker", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"switchboard: the session API at {sim.url}/api/v3 (SWITCHBOARD_SESSION_BASE_URL) refused "
+        "SWITCHBOARD_SESSION_API_KEY (401)"
     ]

@@ -63,6 +63,8 @@ def test_refusals_name_the_server_without_its_password() -> None:
             "SWITCHBOARD_REDIS_URL": f"redis://:{ENCODED}@127.0.0.1:{redis_port}/0",
             "SWITCHBOARD_SESSION_BASE_URL": "http://127.0.0.1:9/api/v3",
             "SWITCHBOARD_SESSION_API_KEY": "test-key",
+            "SWITCHBOARD_SESSION_PROVISIONER": "static",
+            "SWITCHBOARD_SESSION_STATIC_IDS": '["sesn-1"]',
             "SWITCHBOARD_CONSOLE_ENABLED": "true",
             "SWITCHBOARD_WEB_PORT": "0",
         },

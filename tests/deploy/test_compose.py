@@ -45,10 +45,28 @@ def workers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def env_of(svc: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as written; a variable without a value (passed on from .env or the
+    shell only when set there) is left out, as Compose leaves it out when it is not set."""
     env = svc.get("environment") or {}
     if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {k: str(v) for k, v in env.items()}
+        env = dict(item.split("=", 1) for item in env if "=" in item)
+    return {k: str(v) for k, v in env.items() if v is not None}
+
+
+def passed_on(svc: dict[str, Any]) -> set[str]:
+    """The variables a service takes from .env or the shell as they are (written without a value)."""
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        return {item for item in env if "=" not in item}
+    return {k for k, v in env.items() if v is None}
+
+
+# What a .env for Ark holds (docker-compose.yml's header): the values the tests give Compose.
+ARK_DOTENV = {
+    "SWITCHBOARD_SESSION_BASE_URL": "https://ark.cn-beijing.volces.com/api/v3",
+    "SWITCHBOARD_SESSION_PROFILE": "ark",
+    "SWITCHBOARD_SESSION_API_KEY": "session-key-from-dotenv",
+}
 
 
 def dockerfile_env() -> dict[str, str]:
@@ -189,7 +207,7 @@ def test_worker_settings_validate() -> None:
     worker = next(iter(workers(load_yaml(COMPOSE_FILE)).values()))
     required = set(re.findall(r"\$\{([A-Z0-9_]+):\?", COMPOSE_FILE.read_text()))
     env = {k: interpolated(v) for k, v in env_of(worker).items()}
-    env.update({k: "from-dotenv" for k in required if k in env})
+    env.update({k: ARK_DOTENV.get(k, "from-dotenv") for k in required if k in env})
     config = env.pop("SWITCHBOARD_CONFIG")
     source, target = next((s, t) for s, t in bind_mounts(worker) if config.startswith(t))
     bots_file = ROOT / source / Path(config).relative_to(target) if Path(source).is_dir() else ROOT / source
@@ -197,6 +215,10 @@ def test_worker_settings_validate() -> None:
         settings = Settings()
     assert settings.kafka_bootstrap and settings.redis_url
     assert settings.metrics_token is not None and settings.metrics_token.get_secret_value() == "from-dotenv"
+    # What a provisioner needs is passed on when .env sets it.
+    assert {"SWITCHBOARD_SESSION_AGENT_ID", "SWITCHBOARD_ARK_ACCESS_KEY", "SWITCHBOARD_ARK_SECRET_KEY"} <= passed_on(
+        worker
+    )
 
 
 def test_worker_ports_map_to_the_web_port(compose: dict[str, Any]) -> None:
@@ -231,10 +253,17 @@ def test_sim_is_where_the_workers_look_for_it(compose: dict[str, Any]) -> None:
     command = sim["command"]
     port = command[command.index("--port") + 1]
     assert command[command.index("--host") + 1] == "0.0.0.0"
+    key = command[command.index("--api-key") + 1]
+    header = (ROOT / "docker-compose.yml").read_text()
+    # The lines the file tells you to put in .env for the simulator point at it.
+    assert f"#   SWITCHBOARD_SESSION_BASE_URL=http://sim:{port}/v1\n" in header
+    assert f"#   SWITCHBOARD_SESSION_API_KEY={key}\n" in header
     for name, svc in workers(compose).items():
         env = env_of(svc)
-        assert interpolated(env["SWITCHBOARD_SESSION_BASE_URL"]).startswith(f"http://sim:{port}/"), name
-        assert interpolated(env["SWITCHBOARD_SESSION_API_KEY"]) == command[command.index("--api-key") + 1]
+        # No silent fallback to the simulator: the session API is named, or Compose refuses.
+        for variable in ("SWITCHBOARD_SESSION_BASE_URL", "SWITCHBOARD_SESSION_PROFILE", "SWITCHBOARD_SESSION_API_KEY"):
+            assert str(env[variable]).startswith(f"${{{variable}:?"), (name, variable, env[variable])
+        assert not any("sim:" in str(value) for value in env.values() if value is not None), name
         assert svc["depends_on"]["sim"]["required"] is False, "workers must start without the sim profile"
     # The image's HEALTHCHECK probes the worker port; the sim needs its own.
     assert "8787" in " ".join(sim["healthcheck"]["test"])

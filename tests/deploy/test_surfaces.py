@@ -29,7 +29,7 @@ from tests.deploy.support import (
     load_yaml_all,
     switchboard_environment,
 )
-from tests.deploy.test_compose import bind_mounts, dockerfile_env, env_of, services, workers
+from tests.deploy.test_compose import ARK_DOTENV, bind_mounts, dockerfile_env, env_of, services, workers
 
 BOTS_FILE = DEPLOY / "switchboard.toml"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
@@ -126,7 +126,7 @@ def test_compose_publishes_only_the_proxy_beyond_loopback() -> None:
 
 def test_compose_needs_the_metrics_token_and_prometheus_sends_it() -> None:
     with pytest.raises(LookupError, match="SWITCHBOARD_METRICS_TOKEN"):
-        compose_worker_settings({})
+        compose_worker_settings(ARK_DOTENV)
     compose = load_yaml(COMPOSE_FILE)
     prometheus = services(compose)["prometheus"]
     assert "metrics_token" in prometheus["secrets"]
@@ -135,8 +135,17 @@ def test_compose_needs_the_metrics_token_and_prometheus_sends_it() -> None:
     assert job["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/metrics_token"}
 
 
+def test_compose_names_the_session_api_or_refuses() -> None:
+    """No silent fallback to the simulator: without a session API in .env, Compose refuses."""
+    with pytest.raises(LookupError, match="SWITCHBOARD_SESSION_BASE_URL"):
+        compose_worker_settings({"SWITCHBOARD_METRICS_TOKEN": "m" * 32})
+    settings = compose_worker_settings({**ARK_DOTENV, "SWITCHBOARD_METRICS_TOKEN": "m" * 32})
+    assert settings.session_base_url == ARK_DOTENV["SWITCHBOARD_SESSION_BASE_URL"]
+    assert settings.session_provisioner == "ark-openapi", "unset, the provisioner follows the profile"
+
+
 def test_compose_workers_serve_nothing_unauthenticated() -> None:
-    secrets = {"SWITCHBOARD_METRICS_TOKEN": "m" * 32}
+    secrets = {**ARK_DOTENV, "SWITCHBOARD_METRICS_TOKEN": "m" * 32}
     # As shipped: the console is off and no bot is configured: the workers refuse to start and say
     # where the bots go (nothing is served until they are added).
     shipped = compose_worker_settings(secrets)
