@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(README.md, Configuration). `switchboard COMMAND --help` describes a command."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"switchboard {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     up = sub.add_parser(
         "up",
@@ -123,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when it is run from a checkout)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("switchboard")
+    except PackageNotFoundError:
+        from pipeline import __version__
+
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

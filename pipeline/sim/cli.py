@@ -13,24 +13,42 @@ from pipeline.sim.settings import Faults, SimSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="switchboard sim", description="Reference agent-session server")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8787, help="0 picks a free port (printed)")
+    parser = argparse.ArgumentParser(
+        prog="switchboard sim",
+        description=(
+            "The reference agent-session server (docs/session-protocol.md): both profiles (ark under /api/v3, "
+            "anthropic under /v1), the signed control plane, simulator directives and fault injection."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8787, help="port to listen on; 0 picks a free one (printed)")
     parser.add_argument(
         "--api-key", default="switchboard-sim-key", help="accepted key (Bearer for ark, x-api-key for anthropic)"
     )
-    parser.add_argument("--think", type=float, default=0.0, help="default think time per turn, seconds")
-    parser.add_argument("--ping-interval", type=float, default=15.0)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fault/drop RNG")
-    parser.add_argument("--openapi-ak", default="switchboard-sim-ak", help="control-plane access key")
-    parser.add_argument("--openapi-sk", default="switchboard-sim-sk", help="control-plane secret key")
+    parser.add_argument("--think", type=float, default=0.0, help="the agent's think time per turn, seconds")
+    parser.add_argument(
+        "--ping-interval", type=float, default=15.0, help="seconds between `ping` frames on an idle event stream"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random faults and stream drops")
+    parser.add_argument(
+        "--openapi-ak", default="switchboard-sim-ak", help="access key the signed control plane (CreateSession) accepts"
+    )
+    parser.add_argument("--openapi-sk", default="switchboard-sim-sk", help="secret key of that access key")
     faults = parser.add_argument_group("fault injection (also POST /_sim/faults at runtime)")
-    faults.add_argument("--latency-ms", type=float, default=0.0)
-    faults.add_argument("--rate-429", type=float, default=0.0, help="probability on POST events")
-    faults.add_argument("--retry-after", type=float, default=0.2, help="seconds, sent with 429")
-    faults.add_argument("--rate-500", type=float, default=0.0, help="probability on POST events")
-    faults.add_argument("--accept-delay", type=float, default=0.0, help="accept, then answer after N s")
-    faults.add_argument("--drop-stream-prob", type=float, default=0.0, help="per frame during a turn")
+    faults.add_argument("--latency-ms", type=float, default=0.0, help="added to every API answer, milliseconds")
+    faults.add_argument("--rate-429", type=float, default=0.0, help="probability of a 429 answer to a POST of events")
+    faults.add_argument("--retry-after", type=float, default=0.2, help="the Retry-After of a 429, seconds")
+    faults.add_argument("--rate-500", type=float, default=0.0, help="probability of a 500 answer to a POST of events")
+    faults.add_argument(
+        "--accept-delay", type=float, default=0.0, help="store a POST of events, then answer it after this many s"
+    )
+    faults.add_argument(
+        "--drop-stream-prob",
+        type=float,
+        default=0.0,
+        help="probability, per frame during a turn, of cutting the stream",
+    )
     return parser
 
 

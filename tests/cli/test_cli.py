@@ -38,6 +38,25 @@ def test_every_option_and_argument_has_help() -> None:
     assert all(choice.help for choice in subparsers._choices_actions), "every command has a one-line help"
 
 
+def test_version() -> None:
+    from importlib.metadata import version
+
+    result = run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"switchboard {version('switchboard')}"
+
+
+def test_every_sim_option_has_a_description() -> None:
+    from pipeline.sim.cli import build_parser as sim_parser
+
+    parser = sim_parser()
+    undocumented = [a.dest for a in parser._actions if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert not undocumented
+    help_text = run("sim", "--help").stdout
+    for option in ("--ping-interval", "--latency-ms", "--host", "--drop-stream-prob"):
+        assert option in help_text, help_text
+
+
 def test_command_help_explains_the_options() -> None:
     up = run("up", "--help").stdout
     assert "--web-port PORT" in up and "SWITCHBOARD_WEB_PORT" in up
