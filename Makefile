@@ -65,7 +65,7 @@ $(SYSTEM_STAMP): $(STAMP)
 system-deps: $(SYSTEM_STAMP) ## the Debian test tools (chromium, prometheus, haproxy) when run as root
 
 test: $(STAMP) $(SYSTEM_STAMP) check ## the fast tier: lint, types, unit tests, integration on Tansu and Redis
-	$(BIN)/pytest -q -p no:cacheprovider -m "not full" -n $(TEST_WORKERS) --durations=$(DURATIONS) $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not full" -n $(TEST_WORKERS) --dist loadgroup --durations=$(DURATIONS) $(PYTEST_ARGS)
 
 # The full tier needs Apache Kafka (Java 17 and Maven fetch its jars): without them it stops
 # rather than pass with a broker's worth of tests left out.
@@ -73,7 +73,7 @@ test-all: $(STAMP) $(SYSTEM_STAMP) check ## the full tier (CI): everything on Ta
 	@command -v java >/dev/null && command -v mvn >/dev/null || { \
 	  echo "make test-all: Apache Kafka needs java (17+) and mvn on PATH; install them (apt-get install openjdk-17-jre-headless maven)"; exit 2; }
 	SWITCHBOARD_TEST_BROKERS=tansu,kafka SWITCHBOARD_TEST_TIER=all \
-	  $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=$(DURATIONS) $(PYTEST_ARGS)
+	  $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=$(DURATIONS) $(PYTEST_ARGS)
 
 check: lint typecheck ## lint, format check and type check
 

@@ -70,6 +70,15 @@ FULL_TIER: dict[str, str] = {
     "tests/packaging/": "builds the wheel and installs it into a fresh virtualenv",
     "tests/embedded/test_apache_kafka.py": "boots Apache Kafka (a JVM)",
     "tests/bench/test_chaos_onebot.py": "the bench's chaos run, a minute of load",
+    "tests/bench/test_bench_smoke.py": "runs `switchboard bench --quick`: a stack and the bare turn under load",
+    "tests/bench/test_capacity.py::test_a_short_capacity_run": "a capacity run: a stack per CPU set under load",
+    # The holders' takeovers: the fast tier keeps each transport's end-to-end tests (held once,
+    # answered once, replies from any worker); these SIGKILL the holder under traffic.
+    "tests/integration/test_long_connections.py::test_forward_holder_sigkilled": "SIGKILLs the OneBot holder",
+    "tests/integration/test_long_connections.py::test_reverse_holder_sigkilled": "SIGKILLs the OneBot holder",
+    "tests/integration/test_dialed_connections.py::test_holder_sigkilled": "SIGKILLs each dialed connection's holder",
+    "tests/integration/test_telegram_polling.py::test_holder_sigkilled": "SIGKILLs the getUpdates holder",
+    "tests/integration/test_discord_e2e.py::test_the_holder_sigkilled": "SIGKILLs the Gateway holder",
 }
 
 #: Skip reasons the full tier accepts (a substring of the reason); any other skip fails it.
@@ -90,10 +99,20 @@ _SERVICE_FIXTURES = frozenset(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        if any(path.startswith(prefix) for prefix in FULL_TIER):
+        if any(item.nodeid.startswith(prefix) for prefix in FULL_TIER):
             item.add_marker(pytest.mark.full)
         if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+            # Under pytest-xdist (`--dist loadgroup`) a module's integration tests on one broker
+            # run in one process, so the stack the module starts is started once; unit tests
+            # spread freely.
+            item.add_marker(pytest.mark.xdist_group(f"{path}@{_broker_of(item)}"))
+
+
+def _broker_of(item: pytest.Item) -> str:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return next((str(p) for p in params if p in KNOWN_BROKERS), "any")
 
 
 @pytest.hookimpl(wrapper=True)
