@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.bench import main
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,6 @@ def test_the_model_predicts_from_the_one_worker_run_and_names_the_first_limit() 
     assert text.count("\n| 1 |") == 2 and text.count("\n| 4 |") == 2
 
 
-@pytest.mark.slow
 def test_a_short_capacity_run_accounts_for_every_process(tmp_path: Path) -> None:
     cmd = [
         sys.executable,

@@ -10,8 +10,6 @@ import pytest
 from pipeline.embedded import ApacheKafka, apache_kafka
 from pipeline.kafka import TopicSpec, apply_topics, consume_count, produce
 
-pytestmark = pytest.mark.slow
-
 
 async def test_started_and_healthy(apache_kafka: ApacheKafka) -> None:
     assert await apache_kafka.health()

@@ -105,7 +105,6 @@ async def test_consumer_group_commit_and_committed(
         await consumer.stop()
 
 
-@pytest.mark.slow
 async def test_first_join_waits_half_the_session_timeout(
     kafka_broker: TansuBroker | ApacheKafka, topic_factory: TopicFactory, unique_name: Callable[..., str]
 ) -> None:
@@ -143,7 +142,6 @@ async def test_first_join_waits_half_the_session_timeout(
         assert took < hold, took
 
 
-@pytest.mark.slow
 async def test_fetch_wait_latency(kafka_broker: TansuBroker | ApacheKafka, topic_factory: TopicFactory) -> None:
     """Tansu does not answer a pending fetch when data arrives; Apache Kafka does.
 

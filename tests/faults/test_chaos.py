@@ -89,7 +89,6 @@ def test_accounting_catches_the_same_reply_delivered_twice() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
 @pytest.mark.parametrize("redis", ["single", "cluster", "sentinel"])
 @pytest.mark.parametrize(
     "broker",

@@ -62,7 +62,6 @@ def test_broker_fault_names_are_checked() -> None:
 
 @needs_kafka
 @pytest.mark.integration
-@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_production_topics_are_replicated_and_refuse_writes_below_two_in_sync(tmp_path: Path) -> None:
     """The settings' defaults give every topic 3 replicas and min.insync.replicas=2 on the cluster;
@@ -113,7 +112,6 @@ async def test_production_topics_are_replicated_and_refuse_writes_below_two_in_s
 
 @needs_kafka
 @pytest.mark.integration
-@pytest.mark.slow
 @pytest.mark.timeout(480)
 async def test_leader_killed_then_rolling_restart_every_message_answered_once(tmp_path: Path) -> None:
     cfg = ChaosConfig(

@@ -35,7 +35,7 @@ from .loop_thread import LoopThread
 from .stacks import running_stack, stack_idle
 from .test_long_connections import TAKEOVER_QUIET_SECONDS, lease_holder, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 
 class DiscordThread(LoopThread[DiscordGatewayStandIn]):

@@ -36,7 +36,7 @@ from .stacks import running_stack, stack_idle
 #: final once the stack stays idle a little longer than after plain traffic.
 TAKEOVER_QUIET_SECONDS = 1.0
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 SELF_ID = 10001000
 PARTITIONS = 4

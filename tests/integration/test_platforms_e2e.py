@@ -1152,7 +1152,6 @@ async def test_qqbot_a_turn_outliving_the_reply_window_gets_one_notice_while_it_
         assert after.get(kind, 0.0) - before.get(kind, 0.0) == 1.0, (kind, before, after)
 
 
-@pytest.mark.slow
 async def test_qqbot_a_worker_killed_after_the_send_does_not_post_twice(stack: Stack, standins: StandIns) -> None:
     """SIGKILL the worker the moment QQ accepted the reply, before egress could mark it delivered:
     its replacement replays the record and sends the same msg_id + msg_seq, which QQ refuses as a

@@ -18,7 +18,7 @@ from pipeline.stack import Stack
 from .console import ConsoleClient, texts
 from .stacks import running_stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 PASSWORD = "c1uster-Stack-Passw0rd"
 

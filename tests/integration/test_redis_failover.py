@@ -19,7 +19,7 @@ from pipeline.stack import Stack
 from .console import ConsoleClient
 from .stacks import running_stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 PASSWORD = "failover-Test-Passw0rd"
 

@@ -18,7 +18,7 @@ from pipeline.stack import Stack
 from .console import ConsoleClient, texts
 from .stacks import running_stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["aof", "no-persistence"])

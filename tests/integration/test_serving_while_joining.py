@@ -32,7 +32,6 @@ from .stacks import running_stack
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.slow,
     pytest.mark.skipif("kafka" not in enabled_brokers(), reason="needs Apache Kafka (SWITCHBOARD_TEST_BROKERS=kafka)"),
 ]
 

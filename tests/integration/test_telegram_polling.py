@@ -27,7 +27,7 @@ from .loop_thread import LoopThread
 from .stacks import running_stack
 from .test_long_connections import answered_exactly_once, lease_holder, metric, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 BOT_ID = "tgp"
 

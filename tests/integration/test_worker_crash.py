@@ -17,7 +17,7 @@ from pipeline.stack import SIM_API_KEY, Stack
 
 from .console import ConsoleClient, texts
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration]
 
 
 async def _until_running(stack: Stack, chat: str, timeout: float = 20.0) -> None:

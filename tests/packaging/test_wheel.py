@@ -22,7 +22,7 @@ import pytest
 from pipeline.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.timeout(900)]
 
 
 def _clean_env() -> dict[str, str]:
