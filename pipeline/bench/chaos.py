@@ -31,6 +31,7 @@ from pipeline.bench.chaos_onebot import BOT_ID as ONEBOT_BOT_ID
 from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
 from pipeline.bench.chaos_onebot import OneBotLane, dead_lettered_outcome_unknown
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
+from pipeline.bench.measure import wait_idle
 from pipeline.bench.runner import BenchStack, log, start_stack
 from pipeline.embedded import KafkaCluster, SentinelTopology
 from pipeline.records import conversation_key
@@ -544,12 +545,15 @@ async def _under_faults(
             f"[chaos settle] deliveries {len(deliveries)} of {len(expected)} expected; lost so far {acc['lost']}"
             + (f"; onebot unanswered {unanswered}" if lane is not None else "")
         )
-        if acc["lost"] == 0 and unanswered == 0 and time.monotonic() - stable_since >= min(cfg.quiet, 4.0):
+        if acc["lost"] == 0 and unanswered == 0:
             break
         if time.monotonic() - stable_since >= cfg.quiet * 6:
             break
         await asyncio.sleep(1.0)
-    await asyncio.sleep(cfg.quiet / 2)  # a duplicate would come now
+    # A duplicate would come from work still in flight: once every worker has none, the count is
+    # final (a worker that never gets idle is waited for as long as a quiet spell, then counted).
+    with contextlib.suppress(TimeoutError):
+        await wait_idle(bs.urls, quiet=1.0, timeout=cfg.quiet * 6)
     deliveries = await read_deliveries(bs.redis, bs.keys, "queue", chats)
     sessions = await session_user_messages(bs, chats, "queue")
     acc = account(plan, deliveries, sessions, late_after=cfg.late_after)
