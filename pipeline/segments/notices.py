@@ -53,8 +53,8 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.SESSION_DELETED: "This conversation was removed. Your next message starts a new one.",
         NoticeKind.ATTACHMENT_UNAVAILABLE: "[attachment unavailable]",
         NoticeKind.LEAK_BLOCKED: "Sorry, this reply was withheld because it contained sensitive data.",
-        NoticeKind.TOOL_CONFIRMATION_PROMPT: "The assistant wants to run the tool {tool_name}. "
-        "{who} may reply /allow or /deny.",
+        NoticeKind.TOOL_CONFIRMATION_PROMPT: "The assistant wants to run the tool {tool_name} with the input "
+        "{tool_input}. {who} may reply /allow or /deny.",
         NoticeKind.CONFIRMATION_REFUSED: "Only {who} may answer this confirmation.",
         NoticeKind.BUSY: "Still working on the previous message; yours will be handled next.",
         NoticeKind.STOPPED: "Stopped.",
@@ -74,7 +74,8 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.SESSION_DELETED: "本次会话已被删除，下一条消息将开始新的会话。",
         NoticeKind.ATTACHMENT_UNAVAILABLE: "[附件不可用]",
         NoticeKind.LEAK_BLOCKED: "抱歉，该回复包含敏感信息，已被拦截。",
-        NoticeKind.TOOL_CONFIRMATION_PROMPT: "助手请求执行工具 {tool_name}，请 {who} 回复 /allow 允许或 /deny 拒绝。",
+        NoticeKind.TOOL_CONFIRMATION_PROMPT: "助手请求执行工具 {tool_name}，输入为 {tool_input}。"
+        "请 {who} 回复 /allow 允许或 /deny 拒绝。",
         NoticeKind.CONFIRMATION_REFUSED: "只有 {who} 可以回复此确认。",
         NoticeKind.BUSY: "正在处理上一条消息，你的消息将随后处理。",
         NoticeKind.STOPPED: "已停止。",

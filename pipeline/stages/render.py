@@ -303,14 +303,21 @@ class RenderStage:
             if bot.confirm_policy == "anyone" or (turn is not None and turn.chat_type == "private"):
                 who = "anyone" if bot.confirm_policy == "anyone" else who
             names = ", ".join(sorted({p.name or "?" for p in confirmations}))
-            # The input is checked whole before it is shortened: a secret cut in two by the limit
-            # would otherwise leave a part no check can recognise. (Egress checks the prompt again.)
-            scanned = self.policies[(bot.platform, bot.bot_id)].leak_scanner.scan(
-                json.dumps(confirmations[0].input, ensure_ascii=False)
-            )
-            if scanned.hits:
-                metrics.LEAK_HITS.labels(bot.platform, "confirmation").inc(scanned.hits)
-            tool_input = _shortened(scanned.text, _TOOL_INPUT_CHARS)
+            # Whoever answers must see what they allow: every pending call's input is quoted (one
+            # /allow answers them all), each checked whole before it is shortened: a secret cut in
+            # two by the limit would otherwise leave a part no check can recognise. (Egress checks
+            # the whole prompt again, like every outbound text.)
+            scanner = self.policies[(bot.platform, bot.bot_id)].leak_scanner
+            quoted: list[str] = []
+            for call in confirmations[:_TOOL_INPUTS_QUOTED]:
+                scanned = scanner.scan(json.dumps(call.input, ensure_ascii=False))
+                if scanned.hits:
+                    metrics.LEAK_HITS.labels(bot.platform, "confirmation").inc(scanned.hits)
+                short = _shortened(scanned.text, _TOOL_INPUT_CHARS)
+                quoted.append(short if short == scanned.text else short + "…")
+            if len(confirmations) > _TOOL_INPUTS_QUOTED:
+                quoted.append(f"(+{len(confirmations) - _TOOL_INPUTS_QUOTED})")
+            tool_input = "; ".join(quoted)
             await self._notice(
                 bot,
                 record,
@@ -545,6 +552,7 @@ class RenderStage:
 
 
 _TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
+_TOOL_INPUTS_QUOTED = 3  # calls whose input a confirmation prompt quotes (the rest are counted)
 
 
 def _shortened(text: str, limit: int) -> str:

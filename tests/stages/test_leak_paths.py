@@ -95,10 +95,7 @@ def settings_for(api: FakeApi, policy: str) -> Settings:
         api_base=api.url,
         language="en",
         leak_policy=policy,
-        progress=True,
-        notices={
-            "tool_confirmation_prompt": "Run {tool_name} with {tool_input}? {who} may reply /allow or /deny.",
-        },
+        progress=True,  # the default notices: the confirmation prompt quotes the tool's input
     )
     telegram = BotConfig(
         platform="telegram",
