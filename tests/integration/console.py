@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from pipeline.bench.measure import metric_sum, scrape_metrics
 from pipeline.stack import Stack
 
 from .stacks import stack_idle
@@ -99,6 +100,13 @@ class ConsoleClient:
         seconds = time.monotonic() - since
         await stack_idle(self.stack)
         return {chat: texts(await self.messages(chat)) for chat in chats}, seconds
+
+    async def stack_idle(self) -> None:
+        await stack_idle(self.stack)
+
+    async def worker_idle(self) -> bool:
+        """This moment's `switchboard_worker_idle` of the worker the client talks to."""
+        return metric_sum(await scrape_metrics(self.url), "switchboard_worker_idle") == 1.0
 
     async def settle(self, chat_id: str, *, bot_id: str | None = None) -> list[dict[str, Any]]:
         """The chat's messages once the stack has nothing in flight (to prove 'exactly one')."""

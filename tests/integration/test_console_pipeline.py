@@ -122,6 +122,23 @@ async def test_stop_interrupts_a_running_turn(console: ConsoleClient) -> None:
     assert got[0]["kind"] == "notice"
 
 
+async def test_the_worker_is_not_idle_while_a_turn_runs_and_idle_after_it(console: ConsoleClient) -> None:
+    """What every "exactly one" check here waits on: `switchboard_worker_idle` is 0 while the agent
+    thinks, and 1 once the reply is out and nothing else is in flight."""
+    chat = console.chat()
+    await console.stack_idle()
+    await console.send(chat, "[sim:think=2] take your time")
+    seen_busy = False
+    async with asyncio.timeout(30):
+        while not (got := await console.messages(chat)):
+            seen_busy = seen_busy or not await console.worker_idle()
+            await asyncio.sleep(0.1)
+    assert seen_busy, "the worker said it was idle while the agent was thinking"
+    await console.stack_idle()
+    assert await console.worker_idle()
+    assert texts(got) == ["echo: take your time"]
+
+
 async def test_tool_confirmation_round_trip_with_authorisation(console: ConsoleClient) -> None:
     chat = console.chat("group")
     await console.send(chat, "[sim:confirm_tool] please", chat_type="group", user_id="starter", mentions=["bot"])

@@ -49,3 +49,20 @@ async def test_unread_records_downstream_keep_the_drain_waiting_until_its_time_i
     assert await drain.run(0.1) is False
     consumer.read[EVENTS] = 19
     assert not drain.unread_downstream()
+
+
+def test_idle_needs_an_assignment_every_record_read_and_nothing_busy() -> None:
+    """`switchboard_worker_idle` (what tests and the bench wait on): unread records on any topic,
+    intake included, pending work or no assignment at all each mean "not idle"."""
+    consumer = Consumer(set(), {}, {})
+    busy = False
+    drain = Drain(consumer, frozenset({"im.inbound"}), busy=lambda: busy)
+    assert not drain.idle()  # nothing assigned yet: records may be waiting unseen
+    consumer.assigned = {INBOUND, EVENTS}
+    consumer.highwaters, consumer.read = {INBOUND: 5, EVENTS: 3}, {INBOUND: 3, EVENTS: 2}
+    assert not drain.idle()  # a record of the intake topic not read yet
+    assert not drain.unread_downstream()  # which the SIGTERM drain does not wait for
+    consumer.read[INBOUND] = 4
+    assert drain.idle()
+    busy = True
+    assert not drain.idle()
