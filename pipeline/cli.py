@@ -515,7 +515,7 @@ def _banner(stack: Stack, run_dir: Path, onebot: OneBotWs | None = None) -> None
         out(f"  {'':<12} access token {onebot.token}")
         out(
             f"  {'':<12} NapCat: network.websocketClients += "
-            f'{{"url": "{url}", "token": "<the access token>", "messagePostFormat": "array"}}'
+            f'{{"url": "{url}", "token": "{onebot.token}", "messagePostFormat": "array"}}'
         )
     out(f"  {'logs':<12} {run_dir}")
     for name, part in stack.parts():

@@ -204,7 +204,8 @@ def reverse_handshake(
     bot: BotConfig, headers: Mapping[str, str], query: Mapping[str, str], path_role: str | None
 ) -> frozenset[str]:
     """The channels an incoming reverse connection carries, or `Refused`: the access token as
-    `Authorization: Bearer …` or `?access_token=…` (401), the role of `X-Client-Role` agreeing with
+    `Authorization: Bearer …` or `?access_token=…` (401 `missing_token` when neither is given,
+    `bad_token` when it differs), the role of `X-Client-Role` agreeing with
     the path (400), `X-Self-ID` naming the bot's own QQ number when one is configured (403).
     `headers` have lower-case names."""
     expected = bot.secret("access_token") or ""
@@ -216,7 +217,9 @@ def reverse_handshake(
         given = query["access_token"]
     # Compared as bytes: a header value with non-ASCII characters is a 401, never an exception.
     if not same_secret(given, expected):
-        raise Refused(401, "bad_token")
+        # Told apart because they have different fixes: an implementation sending no token at all
+        # lacks the `token` setting; one sending the wrong token has a stale or mistyped one.
+        raise Refused(401, "bad_token" if given else "missing_token")
     header_role = headers.get("x-client-role", "").strip().lower() or None
     if header_role is not None and header_role not in ROLES:
         raise Refused(400, "bad_role")

@@ -257,8 +257,14 @@ class OneBotPlatform(Platform):
                     continue
                 if not qq:
                     continue
-                segments.append(mention_segment(qq))
                 mentions.append(qq)
+                if qq == self_id:
+                    # The bot's own mention is how the message addressed it (`mentions_bot`), not
+                    # part of what was said: the agent would read a bare `@10001`. Ingest drops a
+                    # mention of `bot.self_id`, but a bot may leave that unset and learn its number
+                    # from the event, so it is left out here.
+                    continue
+                segments.append(mention_segment(qq))
                 if isinstance(data.get("name"), str) and data["name"]:
                     names[qq] = data["name"]
                 text.append(f"@{data.get('name') or qq}")

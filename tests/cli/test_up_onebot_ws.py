@@ -5,6 +5,7 @@ there gets its message answered over the same socket. Without the token it is re
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -54,6 +55,10 @@ async def test_up_with_onebot_ws_answers_a_napcat_on_the_printed_url(tmp_path: P
         assert match is not None, banner
         token = match.group(1)
         assert len(token) >= 24
+        # The NapCat line is ready to paste: the run's own token, not a placeholder.
+        napcat = re.search(r"websocketClients \+= (\{.*\})", banner)
+        assert napcat is not None, banner
+        assert json.loads(napcat.group(1)) == {"url": url, "token": token, "messagePostFormat": "array"}
 
         async with aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:

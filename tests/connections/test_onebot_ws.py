@@ -311,8 +311,10 @@ async def test_reverse_newest_connection_wins(redis_url: str, redis_prefix: str,
 @pytest.mark.parametrize(
     ("path", "headers", "status", "reason"),
     [
-        ("/onebot/ws/qq1", {}, 401, "bad_token"),
+        ("/onebot/ws/qq1", {}, 401, "missing_token"),
+        ("/onebot/ws/qq1", {"Authorization": "Bearer "}, 401, "missing_token"),
         ("/onebot/ws/qq1", {"Authorization": "Bearer wrong"}, 401, "bad_token"),
+        ("/onebot/ws/qq1?access_token=wrong", {}, 401, "bad_token"),
         ("/onebot/ws/qq1", {"Authorization": f"Bearer {TOKEN}", "X-Client-Role": "Admin"}, 400, "bad_role"),
         ("/onebot/ws/qq1/event", {"Authorization": f"Bearer {TOKEN}", "X-Client-Role": "API"}, 400, "bad_role"),
         ("/onebot/ws/qq1", {"Authorization": f"Bearer {TOKEN}", "X-Self-ID": "42"}, 403, "self_id_mismatch"),
@@ -339,6 +341,21 @@ async def test_reverse_handshakes_refused(
     assert refused.value.status == status
     assert metrics.CONNECTION_HANDSHAKES.labels("onebot", reason)._value.get() == before + 1
     assert TOKEN not in caplog.text and "wrong" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("headers", "answer"),
+    [({}, "missing_token"), ({"Authorization": "Bearer wrong"}, "bad_token")],
+)
+async def test_the_refusal_says_whether_the_token_is_missing_or_wrong(
+    redis_url: str, redis_prefix: str, produced: Produced, headers: dict[str, str], answer: str
+) -> None:
+    # What someone setting up NapCat reads with curl: a missing token is told apart from a wrong one.
+    async with running(redis_url, redis_prefix, produced, bot("ws-reverse")) as connections:
+        async with web_app(connections) as base, aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/onebot/ws/qq1", headers=headers) as response:
+                assert response.status == 401
+                assert await response.json() == {"error": answer}
 
 
 async def test_reverse_token_in_the_query_is_accepted(redis_url: str, redis_prefix: str, produced: Produced) -> None:

@@ -79,13 +79,13 @@ def group_event(message: Any, **extra: Any) -> dict[str, Any]:
 
 
 def bot_config(api: FakeApi | None = None, **extra: Any) -> BotConfig:
+    fields = {"self_id": "10001000", **extra}
     return BotConfig(
         platform="onebot",
         bot_id="qq1",
-        self_id="10001000",
         credentials={"secret": SECRET, "access_token": TOKEN},
         api_base=api.url if api else None,
-        **extra,
+        **fields,
     )
 
 
@@ -127,11 +127,12 @@ def test_group_cq_string_with_at_reply_image_and_escapes() -> None:
     assert m.sender.name == "群名片" and m.sender.is_admin
     assert m.mentions_bot and m.mentions == ["10001000"]
     assert m.reply_to is not None and m.reply_to.message_id == "1999"
-    assert [s.type for s in m.segments] == ["reply", "mention", "text", "image", "face"]
-    assert m.segments[2].data.text == " 看看 [这个] & "
-    assert m.segments[3].data.media.kind == "url"
-    assert m.segments[3].data.media.value == "https://gchat.qpic.cn/x?a=1&b=2"
-    assert m.text.startswith("@10001000 看看 [这个] &")
+    # The bot's own `at` addressed it (above); it is not part of what was said.
+    assert [s.type for s in m.segments] == ["reply", "text", "image", "face"]
+    assert m.segments[1].data.text == " 看看 [这个] & "
+    assert m.segments[2].data.media.kind == "url"
+    assert m.segments[2].data.media.value == "https://gchat.qpic.cn/x?a=1&b=2"
+    assert m.text.startswith("看看 [这个] &")
 
 
 def test_group_array_format_other_mention_and_per_user_scope() -> None:
@@ -167,6 +168,22 @@ def test_an_at_without_a_name_is_named_from_the_window() -> None:
     # Nobody in the window has that number: the agent sees the id, and may still mention it back.
     assert content_blocks(m, bot, label_sender=False)[0]["text"] == "ask @222 and @老王"
     assert "222" in reply_context(bot, m, []).mentionable_ids()
+
+
+@pytest.mark.parametrize("self_id", ["10001000", None])
+def test_the_bots_own_mention_triggers_but_is_not_what_the_agent_reads(self_id: str | None) -> None:
+    # `switchboard up --onebot-ws` configures no QQ number: the bot learns it from the event.
+    message = [
+        {"type": "at", "data": {"qq": "10001000", "name": "bot"}},
+        {"type": "text", "data": {"text": " what does "}},
+        {"type": "at", "data": {"qq": "222"}},
+        {"type": "text", "data": {"text": " think?"}},
+    ]
+    [m] = parse(group_event(message), self_id=self_id).messages
+    assert m.mentions_bot and m.mentions == ["10001000", "222"]
+    assert "10001000" not in m.text and m.text == "what does @222 think?"
+    bot = bot_config(self_id=self_id)
+    assert content_blocks(m, bot, label_sender=False)[0]["text"] == "what does @222 think?"
 
 
 def test_signature_and_ignored_and_malformed() -> None:
