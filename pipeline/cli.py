@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Start the embedded stack: a Tansu broker, a Redis server and the session simulator (each "
             "unless SWITCHBOARD_KAFKA_BOOTSTRAP, SWITCHBOARD_REDIS_URL or SWITCHBOARD_SESSION_BASE_URL "
-            "names your own), then one worker with the web console. Ctrl-C stops everything."
+            "names your own), then one worker with the web console, and says it is up once the worker's "
+            "stages consume. Ctrl-C, a hang-up (closed terminal) or SIGTERM stops everything."
         ),
     )
     up.add_argument(
