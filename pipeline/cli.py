@@ -228,6 +228,7 @@ def _worker(args: argparse.Namespace) -> int:
         preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
         preflight.redis_problem(settings.redis_url, env_name("redis_url")),
         preflight.session_api_problem(settings),
+        preflight.ark_openapi_problem(settings),
     )
     if settings.kafka_idempotence:
         # One InitProducerId now: a broker without idempotent producers otherwise stops the worker
@@ -354,6 +355,7 @@ def _up(args: argparse.Namespace) -> int:
         settings.kafka_bootstrap and preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
         settings.redis_url and preflight.redis_problem(settings.redis_url, env_name("redis_url")),
         settings.session_base_url and preflight.session_api_problem(settings),
+        settings.session_base_url and preflight.ark_openapi_problem(settings),
     )
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="switchboard-up-"))
     logging.basicConfig(level=logging.WARNING)

@@ -363,3 +363,46 @@ def session_api_problem(settings: Settings, timeout: float = DEFAULT_TIMEOUT) ->
 def _looks_like_a_session_api(response: Any) -> bool:
     """A 404 for an unknown session is a JSON error body; a wrong path is usually a plain page."""
     return "json" in response.headers.get("content-type", "")
+
+
+def ark_openapi_problem(settings: Settings, timeout: float = DEFAULT_TIMEOUT) -> str | None:
+    """For the ark-openapi provisioner, one signed call to Volcengine OpenAPI that changes nothing
+    (DeleteSession of a session nobody has: "not found" means the signature was accepted): None
+    when the keys are accepted or the endpoint cannot be reached or says something else, else
+    which keys it refused."""
+    if settings.session_provisioner != "ark-openapi" or not (settings.ark_access_key and settings.ark_secret_key):
+        return None
+    import asyncio
+
+    import httpx
+
+    from pipeline.session import ArkOpenAPIProvisioner
+    from pipeline.session.exceptions import AuthError, SessionAPIError
+    from pipeline.settings import env_name
+
+    endpoint = settings.ark_openapi_url or "https://open.volcengineapi.com"
+
+    async def call() -> str | None:
+        assert settings.ark_access_key and settings.ark_secret_key
+        provisioner = ArkOpenAPIProvisioner(
+            access_key=settings.ark_access_key.get_secret_value(),
+            secret_key=settings.ark_secret_key.get_secret_value(),
+            agent_id=settings.session_agent_id,
+            endpoint=endpoint,
+            timeout=timeout,
+            max_attempts=1,
+        )
+        try:
+            await provisioner.delete_session(_PROBE_SESSION)
+        except AuthError as exc:
+            return (
+                f"Volcengine OpenAPI at {redact_url(endpoint)} refused {env_name('ark_access_key')} / "
+                f"{env_name('ark_secret_key')} ({exc.status}): sessions could not be created"
+            )
+        except (SessionAPIError, httpx.HTTPError, ValueError):
+            return None  # unreachable now, or an answer that says nothing about the keys
+        finally:
+            await provisioner.aclose()
+        return None
+
+    return asyncio.run(call())

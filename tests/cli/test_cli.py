@@ -13,7 +13,7 @@ import pytest
 from pipeline.cli import build_parser
 from pipeline.embedded import RedisServer, TansuBroker, free_port
 from pipeline.platforms import known_platforms
-from pipeline.stack import SimProcess
+from pipeline.stack import SIM_API_KEY, SIM_OPENAPI_AK, SimProcess
 from tests.cli.support import run, worker_env
 
 
@@ -358,4 +358,27 @@ def test_a_key_the_session_api_refuses_stops_the_worker_before_it_starts(
     assert result.stderr.strip().splitlines() == [
         f"switchboard: the session API at {sim.url}/api/v3 (SWITCHBOARD_SESSION_BASE_URL) refused "
         "SWITCHBOARD_SESSION_API_KEY (401)"
+    ]
+
+
+def test_control_plane_keys_the_endpoint_refuses_stop_the_worker_before_it_starts(
+    tansu_broker: TansuBroker, redis_server: RedisServer, sim: SimProcess
+) -> None:
+    """The ark-openapi provisioner: one signed call that changes nothing (deleting a session nobody
+    has) tells keys Volcengine OpenAPI accepts from keys it refuses."""
+    env = worker_env(tansu_broker.bootstrap, redis_server.url_for_db(7), free_port())
+    env |= {
+        "SWITCHBOARD_SESSION_BASE_URL": f"{sim.url}/api/v3",
+        "SWITCHBOARD_SESSION_API_KEY": SIM_API_KEY,
+        "SWITCHBOARD_SESSION_PROVISIONER": "ark-openapi",
+        "SWITCHBOARD_SESSION_AGENT_ID": "agent-1",
+        "SWITCHBOARD_ARK_OPENAPI_URL": sim.url,
+        "SWITCHBOARD_ARK_ACCESS_KEY": SIM_OPENAPI_AK,
+        "SWITCHBOARD_ARK_SECRET_KEY": "not-the-secret-key",
+    }
+    result = run("worker", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"switchboard: Volcengine OpenAPI at {sim.url} refused SWITCHBOARD_ARK_ACCESS_KEY / "
+        "SWITCHBOARD_ARK_SECRET_KEY (401): sessions could not be created"
     ]
