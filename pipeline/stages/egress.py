@@ -29,8 +29,10 @@ from .notify import Notifier
 from .outputs import Outputs
 
 log = logging.getLogger(__name__)
-# One INFO line per delivered message (conversation key, kind, time since the webhook; never the
-# text): what `switchboard up` shows in its terminal.
+# One INFO line per delivered message (conversation key, kind, time since the inbound message that
+# started its turn; never the text): what `switchboard up` shows in its terminal. Said as "after the
+# message", not "after the webhook": the message may have come over a WebSocket or the console, and
+# after a confirmation the time includes the wait for its answer.
 turns_log = logging.getLogger("pipeline.turns")
 
 Work = Callable[[], Awaitable[None]]
@@ -126,7 +128,7 @@ class EgressStage:
         self._observe(message)
         if turns_log.isEnabledFor(logging.INFO):
             ingress = message.hops.get("ingress")
-            since = f"{now_ms() - ingress:.0f} ms after the webhook" if ingress is not None else "no webhook time"
+            since = f"{now_ms() - ingress:.0f} ms after the message" if ingress is not None else "no message time"
             turns_log.info("%s: %s delivered, %s", message.conversation_key, message.kind, since)
 
     async def _send_with_retries(

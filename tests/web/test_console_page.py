@@ -238,6 +238,16 @@ class FakeConsole:
         self.base = ""
         self.stream_broken = False  # answer 503 on the stream: the page must fall back to polling
         self.unauthorized = 0
+        self.restarts = 0  # each ends the open streams: a worker restart, on fresh Redis
+
+    def restart(self) -> None:
+        """As a `switchboard up` run after another: every chat empty and numbered afresh, streams ended."""
+        self.chats.clear()
+        self.notes.clear()
+        self.busy.clear()
+        self.restarts += 1
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     @staticmethod
     def _json(body: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -324,10 +334,11 @@ class FakeConsole:
         chat_id = request.query["chat_id"]
         sent = int(request.query.get("after", "0"))  # the last seq the page has (seq n is index n - 1)
         noted = len(self.notes.get(chat_id, []))  # notes are live only: none from before
+        restarts = self.restarts
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         try:
-            while True:
+            while restarts == self.restarts:
                 messages = self.chats.get(chat_id, [])
                 for index in range(sent, len(messages)):
                     data = json.dumps(messages[index], ensure_ascii=False)
@@ -343,6 +354,8 @@ class FakeConsole:
                     await response.write(b": keep-alive\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
+        else:
+            await response.write_eof()
         return response
 
     async def webhook(self, request: web.Request) -> web.Response:
@@ -1003,3 +1016,113 @@ async def test_console_page_mentions_statuses_refusals_and_quotes() -> None:
         assert fits[0] == "Message the group…" and fits[1] <= fits[2], fits
         await page.wait_for_timeout(300)  # the sidebar's slide out, for the picture only
         await shot(page, "7-phone-375.png")
+
+
+def bot_message(fake: FakeConsole, kind: str, text: str, reply_to: str, trace_id: str) -> str:
+    """A delivery of the bot answering `reply_to` (hops from its webhook, as the worker stamps them)."""
+    outbound_id = f"out-{kind}-{len(fake.chats.get(CHAT, [])) + 1}"
+    fake.deliver(
+        CHAT,
+        {
+            "id": outbound_id,
+            "kind": kind,
+            "chat_id": CHAT,
+            "reply_to": reply_to,
+            "segments": [_seg("text", text=text)],
+            "trace_id": trace_id,
+            "hops": {"ingress": fake.received[reply_to]},
+            "delivered_at": time.time() * 1000,
+        },
+    )
+    return outbound_id
+
+
+async def test_console_page_shows_the_bot_typing_while_its_turn_runs() -> None:
+    async with console_session() as session:
+        fake = session.fake
+        page = await session.page()
+        await page.goto(f"{fake.base}/console/#token={TOKEN}")
+        await page.wait_for_selector("html[data-ready=true]")
+        await open_team_chat(page)
+        await page.wait_for_selector('.msg[data-id="out-8"]')
+        typing = page.get_by_test_id("typing")
+        assert await typing.count() == 0  # history only: nothing running
+
+        # Chatter the bot does not read starts nothing.
+        await page.get_by_test_id("input").fill("just chatting")
+        await page.get_by_test_id("input").press("Enter")
+        await page.locator(".msg--person", has_text="just chatting").locator(".note-unaddressed").wait_for()
+        assert await typing.count() == 0
+
+        # A message to the bot that it takes long over: typing until the answer, progress or not.
+        await page.get_by_test_id("mention-bot").click()
+        await page.get_by_test_id("input").fill("[busy] think it over")
+        await page.get_by_test_id("input").press("Enter")
+        await _wait_for(lambda: len(fake.webhooks) >= 2, what="the webhook")
+        asked = fake.webhooks[1]["message_id"]
+        await typing.wait_for()
+        assert "is typing" in (await typing.text_content() or "")
+        last = await page.eval_on_selector("#messages", "box => box.lastElementChild.id")
+        assert last == "typing"  # below the newest message
+        progress = bot_message(fake, "progress", "Searching…", asked, "trace-busy")
+        await page.locator(f'.msg[data-id="{progress}"]').wait_for()
+        assert await typing.count() == 1
+        confirmation = bot_message(fake, "confirmation", "Run bash with {}? /allow or /deny", asked, "trace-busy")
+        await page.locator(f'.msg[data-id="{confirmation}"]').wait_for()
+        await typing.wait_for(state="detached")  # the bot waits for people now, it is not working
+
+        # The answer starts it again; the reply ends it, and its latency says what it includes.
+        await page.locator(f'.msg[data-id="{confirmation}"] [data-testid=confirm-allow]').click()
+        await _wait_for(lambda: len(fake.webhooks) >= 3, what="/allow")
+        await typing.wait_for()
+        reply = bot_message(fake, "reply", "Done.", asked, "trace-busy")
+        await page.locator(f'.msg[data-id="{reply}"]').wait_for()
+        await typing.wait_for(state="detached")
+        chip = page.locator(f'.msg[data-id="{reply}"] [data-testid=latency]')
+        assert "until /allow" in (await chip.text_content() or "")
+        title = await chip.get_attribute("title") or ""
+        assert "after the message that started this turn" in title and "waiting for /allow" in title
+        assert "webhook" not in title
+        await shot(page, "8-typing-done.png")
+
+
+async def test_console_page_keeps_both_sides_of_a_chat_or_neither_after_a_restart() -> None:
+    async with console_session() as session:
+        fake = session.fake
+        page = await session.page()
+        await page.goto(f"{fake.base}/console/#token={TOKEN}")
+        await page.wait_for_selector("html[data-ready=true]")
+        await open_team_chat(page)
+        await page.wait_for_selector("[data-testid=conn][data-state=live]")
+        await page.get_by_test_id("mention-bot").click()
+        await page.get_by_test_id("input").fill("before the restart")
+        await page.get_by_test_id("input").press("Enter")
+        await page.locator('.msg[data-id="out-echo-1"]').wait_for()
+
+        # A reload with the server as it was: both sides.
+        await page.reload()
+        await page.wait_for_selector('.msg[data-id="out-echo-1"]')
+        assert await page.locator(".msg--person", has_text="before the restart").count() == 1
+
+        # The server restarts on fresh storage while the page is open: the page sees its chat is
+        # gone and clears its own side too; what comes next is shown (the new server numbers the
+        # chat from 1 again, below what the page had seen).
+        fake.restart()
+        await page.locator(".msg--person", has_text="before the restart").wait_for(state="detached")
+        assert await page.locator('.msg[data-id="out-echo-1"]').count() == 0
+        assert await page.locator("#messages .msg").count() == 0
+        assert "cleared here too" in (await page.locator("#banner").text_content() or "")
+        await page.wait_for_selector("[data-testid=conn][data-state=live]")
+        await page.get_by_test_id("mention-bot").click()
+        await page.get_by_test_id("input").fill("after the restart")
+        await page.get_by_test_id("input").press("Enter")
+        await page.locator('.msg[data-id="out-echo-2"]').wait_for()
+        assert fake.chats[CHAT][0]["id"] == "out-echo-2" and fake.chats[CHAT][0]["seq"] == 1
+        assert await page.locator(".msg--person", has_text="after the restart").count() == 1
+
+        # A restart while the tab is closed: the reload finds the chat gone, and shows neither side.
+        fake.restart()
+        await page.reload()
+        await page.wait_for_selector("html[data-ready=true]")
+        await page.wait_for_selector("[data-testid=conn][data-state=live]")
+        assert await page.locator("#messages .msg").count() == 0

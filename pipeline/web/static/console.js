@@ -2,7 +2,10 @@
  *
  * Plain browser JS, no build step. The server only keeps the BOT's delivered messages per chat
  * (GET api/messages, live on api/stream); what the people typed here is kept locally (per chat, in
- * sessionStorage) and interleaved by time. Chats, users and settings live in localStorage.
+ * sessionStorage) and interleaved by time, with the last seq seen of the chat: when the server's
+ * chat turns out older than that (a restart on fresh storage, or it expired), the local half goes
+ * too, so a chat never shows people talking to a bot that never answered. Chats, users and
+ * settings live in localStorage.
  *
  * A bot with a token needs it on every request (`Authorization: Bearer`), the live stream included:
  * the stream is read with fetch(), which can send the header, not with EventSource, which cannot.
@@ -28,6 +31,7 @@
   const BACKGROUND_POLL_MS = 5000;
   const LS_KEY = "switchboard.console.v1";
   const SS_KEY = "switchboard.console.sent.v1";
+  const SS_SEEN_KEY = "switchboard.console.seen.v1";
   const QUERY = new URLSearchParams(location.search);
 
   function enc(value) {
@@ -47,6 +51,7 @@
     token: "", // the console's bearer token (every bot that has one)
     transport: "auto",
     sent: {}, // chatKey → [local message]
+    seen: {}, // chatKey → the highest seq of the chat this tab has shown (kept with `sent`)
   };
   const runtime = new Map(); // chatKey → {delivered, ids, loaded, es, timer, mode, ...}
   const arrivals = new WeakMap(); // delivered message → when this page first saw it (browser clock)
@@ -68,6 +73,11 @@
       state.sent = JSON.parse(sessionStorage.getItem(SS_KEY) || "{}") || {};
     } catch (_) {
       state.sent = {};
+    }
+    try {
+      state.seen = JSON.parse(sessionStorage.getItem(SS_SEEN_KEY) || "{}") || {};
+    } catch (_) {
+      state.seen = {};
     }
     if (!Array.isArray(state.users)) state.users = [];
     if (!Array.isArray(state.chats)) state.chats = [];
@@ -102,6 +112,7 @@
     }
     try {
       sessionStorage.setItem(SS_KEY, JSON.stringify(state.sent));
+      sessionStorage.setItem(SS_SEEN_KEY, JSON.stringify(state.seen));
     } catch (_) { /* in memory only */ }
   }
 
@@ -823,7 +834,60 @@
         rendered.delete(k);
       }
     }
+    renderTyping(key, prev);
     if (forceBottom || nearBottom) box.scrollTop = box.scrollHeight;
+  }
+
+  // The bot at work: a message of this chat reached the agent and nothing but progress came back
+  // yet. Platforms show their own typing indicator; this is the console's. Shown at most this long
+  // after the message, so a turn lost to an outage does not leave it up for good.
+  const TYPING_MAX_MS = 10 * 60 * 1000;
+  const ENDS_TURNS = /^\s*\/(stop|reset)\b/i; // commands that start no turn (their notice comes at once)
+  let typingTimer = null;
+
+  /** When the bot started on the oldest message of the chat it still works on (browser clock), or
+   *  null. Started: sent, reached the agent (the worker said so in its answer), not dropped; for a
+   *  message held behind a running turn, when it was taken up (held, the bot is busy anyway).
+   *  Ended by any delivery but progress after it (a reply, a notice, a confirmation: that one waits
+   *  for people) or by one quoting it. */
+  function workingSince(key) {
+    const chatRt = rt(key);
+    const now = Date.now();
+    let since = null;
+    for (const m of state.sent[key] || []) {
+      if (m.status !== "sent" || m.addressed !== true || m.note === "dropped" || ENDS_TURNS.test(m.text)) continue;
+      const start = Math.max(m.postedAt || m.sentAt, m.noteAt || 0);
+      if (now - start > TYPING_MAX_MS) continue;
+      const after = (d) => {
+        const at = Number(d.delivered_at); // the server's clock: also right for what a reload loads
+        return Number.isFinite(at) ? at >= start + clockSkew : (arrivals.get(d) ?? 0) >= start;
+      };
+      const ended = m.note !== "held" && chatRt.delivered.some((d) => d.kind !== "progress" && (d.reply_to === m.id || after(d)));
+      if (!ended && (since === null || start < since)) since = start;
+    }
+    return since;
+  }
+
+  function renderTyping(key, prev) {
+    const since = key ? workingSince(key) : null;
+    let typing = $("#typing");
+    clearTimeout(typingTimer);
+    if (since === null) {
+      if (typing) typing.remove();
+      return;
+    }
+    const bot = currentBot();
+    const name = (bot && bot.bot_id) || "bot";
+    if (!typing || typing.dataset.bot !== name) {
+      if (typing) typing.remove();
+      typing = h("div", { class: "typing-row", id: "typing", role: "status", dataset: { testid: "typing", bot: name } },
+        avatar(name, `bot:${name}`, "bot"),
+        h("div", { class: "bubble", title: "The bot is working on a message of this chat" },
+          h("span", { class: "typing-dots", "aria-hidden": "true" }, h("i"), h("i"), h("i")),
+          h("span", { class: "typing-label", text: `${name} is typing…` })));
+    }
+    if (prev.nextSibling !== typing) prev.after(typing);
+    typingTimer = setTimeout(() => renderMessages(), since + TYPING_MAX_MS - Date.now() + 100);
   }
 
   function signature(item, grouped) {
@@ -985,13 +1049,43 @@
     }
     meta.append(h("time", { text: fmtTime(delivered), datetime: Number.isFinite(delivered) ? new Date(delivered).toISOString() : undefined }));
     if (Number.isFinite(ingress) && Number.isFinite(delivered)) {
+      // Measured from the message that started the turn (its `ingress`): after a confirmation that
+      // includes the time people took to answer it, which is said, not hidden in the figure.
+      const total = delivered - ingress;
+      const waited = confirmationWait(msg);
       const stages = Object.entries(hops).filter(([, v]) => Number.isFinite(Number(v))).sort((x, y) => x[1] - y[1])
         .map(([k, v]) => `${k} +${fmtDuration(Number(v) - ingress)}`);
-      stages.push(`delivered +${fmtDuration(delivered - ingress)}`);
-      meta.append(h("span", { class: "latency", dataset: { testid: "latency" }, title: `${stages.join("\n")}${msg.trace_id ? `\ntrace ${msg.trace_id}` : ""}` },
-        icon("clock"), fmtDuration(delivered - ingress)));
+      stages.push(`delivered +${fmtDuration(total)}`);
+      const lines = [`${fmtDuration(total)} after the message that started this turn`];
+      if (waited) lines.push(waited.ms === null ? "including the wait for an answer to the confirmation"
+        : `${fmtDuration(waited.ms)} of it waiting for ${waited.answer}`);
+      const text = waited && waited.ms !== null ? `${fmtDuration(total)} (${fmtDuration(waited.ms)} until ${waited.answer})` : fmtDuration(total);
+      meta.append(h("span", { class: "latency", dataset: { testid: "latency" },
+        title: `${lines.join("\n")}\n\n${stages.join("\n")}${msg.trace_id ? `\ntrace ${msg.trace_id}` : ""}` },
+      icon("clock"), text));
     }
     return meta;
+  }
+
+  /** For a message of a turn that asked for a confirmation first: how long the confirmation waited
+   *  for its answer (ms, from this tab's answers; null when answered elsewhere) and the answer. */
+  function confirmationWait(msg) {
+    if (!msg.trace_id || msg.kind === "confirmation") return null;
+    const chatRt = state.chatKey ? runtime.get(state.chatKey) : null;
+    if (!chatRt) return null;
+    const at = Number(msg.delivered_at);
+    const asked = chatRt.delivered.filter((d) => d.kind === "confirmation" && d.trace_id === msg.trace_id && Number(d.delivered_at) < at);
+    if (!asked.length) return null;
+    let ms = 0;
+    let answer = "";
+    for (const d of asked) {
+      const answers = confirmationAnswers(d).filter((m) => m.status === "sent" && !refusalOf(m.id));
+      if (!answers.length) return { ms: null, answer: "" };
+      const first = answers.reduce((a, b) => ((a.postedAt || a.sentAt) <= (b.postedAt || b.sentAt) ? a : b));
+      ms += Math.max(0, (first.postedAt || first.sentAt) + clockSkew - Number(d.delivered_at));
+      answer = first.text.trim().split(/\s/)[0];
+    }
+    return { ms, answer };
   }
 
   function msgNote(note, text, title) {
@@ -1073,12 +1167,51 @@
       added++;
       learnSkew(key, msg);
     }
+    noteSeen(key);
     if (added && key === state.chatKey) renderMessages();
     else if (added) {
       chatRt.unread += added;
       renderChatList();
     }
     return added;
+  }
+
+  /** Kept with the messages typed here: how far this tab has seen the chat on the server. */
+  function noteSeen(key) {
+    const chatRt = rt(key);
+    if (chatRt.lastSeq <= (Number(state.seen[key]) || 0)) return;
+    state.seen[key] = chatRt.lastSeq;
+    saveSent();
+  }
+
+  /** Whether the server's chat (its newest seq) is older than what this tab has shown of it. */
+  function chatWasReset(key, messages) {
+    const newest = messages.reduce((n, m) => (m && Number.isInteger(m.seq) && m.seq > n ? m.seq : n), 0);
+    return newest < Math.max(rt(key).lastSeq, Number(state.seen[key]) || 0);
+  }
+
+  /** The server no longer has what this tab showed of a chat (a restart on fresh storage, or the
+   *  chat expired): the bot's side is gone, so the people's side goes with it; a chat never shows
+   *  messages the bot seems not to have answered. Kept: messages sent since the connection broke
+   *  (they went to the server as it is now), and those quoted by what the server has now. */
+  function forgetChat(key, messages) {
+    const chatRt = rt(key);
+    chatRt.delivered = [];
+    chatRt.ids.clear();
+    chatRt.lastSeq = 0;
+    const quoted = new Set(messages.map((m) => m && m.reply_to).filter(Boolean));
+    const since = chatRt.brokeAt || Infinity;
+    const local = state.sent[key] || [];
+    const kept = local.filter((m) => quoted.has(m.id) || (m.postedAt || m.sentAt) >= since);
+    state.sent[key] = kept;
+    state.seen[key] = 0;
+    saveSent();
+    if (key === state.chatKey) {
+      if (kept.length < local.length) {
+        showBanner("The server no longer has this chat's earlier messages (restarted on fresh storage, or expired): they are cleared here too.", "info");
+      }
+      renderMessages();
+    }
   }
 
   function learnSkew(key, msg) {
@@ -1102,6 +1235,7 @@
     for (const m of state.sent[key] || []) {
       if (ids.has(m.id) && m.note !== note.note) {
         m.note = note.note;
+        m.noteAt = Date.now(); // a held message's turn starts when it is taken up (the typing bubble)
         changed = true;
       }
     }
@@ -1129,14 +1263,7 @@
     const body = await fetchJson(API.messages(botId, chatId), { headers: authHeaders() });
     const chatRt = rt(key);
     const messages = Array.isArray(body && body.messages) ? body.messages : [];
-    const newest = messages.reduce((n, m) => (m && Number.isInteger(m.seq) && m.seq > n ? m.seq : n), 0);
-    if (newest < chatRt.lastSeq) {
-      // The chat on the server is older than what we showed (it expired or was flushed): start over.
-      chatRt.delivered = [];
-      chatRt.ids.clear();
-      chatRt.lastSeq = 0;
-      if (key === state.chatKey) renderMessages();
-    }
+    if (chatWasReset(key, messages)) forgetChat(key, messages);
     chatRt.loaded = true;
     chatRt.seen = messages.length;
     return addDelivered(key, messages);
@@ -1223,8 +1350,15 @@
         return;
       }
       if (key === state.chatKey) setConn("connecting", "Reconnecting to the live stream…");
+      chatRt.brokeAt = chatRt.brokeAt || Date.now();
       const delay = Math.min(1000 * 2 ** (chatRt.failures - 1), 8000);
-      chatRt.timer = setTimeout(() => {
+      chatRt.timer = setTimeout(async () => {
+        if (!current()) return;
+        // A restarted server may number the chat afresh: look at the chat before asking for what
+        // comes after our last seq, or its new messages would all count as seen.
+        try {
+          await loadMessages(key);
+        } catch (_) { /* the stream's own attempt says what is wrong */ }
         if (current()) openStream(key);
       }, delay);
     };
@@ -1255,6 +1389,7 @@
       }
       chatRt.opened = true;
       chatRt.failures = 0;
+      chatRt.brokeAt = null;
       if (key === state.chatKey) setConn("live");
       try {
         await readEvents(res.body, (event, data) => {
@@ -1309,6 +1444,7 @@
       try {
         const body = await fetchJson(API.messages(c.botId, c.id), { headers: authHeaders() });
         const messages = Array.isArray(body && body.messages) ? body.messages : [];
+        if (chatWasReset(key, messages)) forgetChat(key, messages);
         if (!chatRt.loaded) {
           // First look: what is already there counts as read.
           chatRt.loaded = true;
@@ -1317,6 +1453,7 @@
             chatRt.delivered.push(msg);
             if (Number.isInteger(msg.seq) && msg.seq > chatRt.lastSeq) chatRt.lastSeq = msg.seq;
           }
+          noteSeen(key);
           return;
         }
         addDelivered(key, messages);
@@ -1719,6 +1856,7 @@
     runtime.delete(key);
     state.chats = state.chats.filter((c) => c !== chat);
     delete state.sent[key];
+    delete state.seen[key];
     saveSent();
     if (state.chatKey === key) {
       const next = state.chats.find((c) => c.botId === state.botId);
