@@ -159,7 +159,7 @@ CONNECTION_HOLDER_MISSING = Gauge(
 )
 CONNECTION_HANDSHAKES = Counter(
     "switchboard_connection_handshakes_total", "Connections dialed or accepted, and refused", ["platform", "outcome"]
-)  # dialed | dial_failed | accepted | bad_token | bad_role | self_id_mismatch | not_a_connection_bot
+)  # dialed | dial_failed | accepted | missing_token | bad_token | bad_role | self_id_mismatch | not_a_connection_bot
 CONNECTION_REPLACEMENTS = Counter(
     "switchboard_connection_replacements_total",
     "Accepted connections that found the bot's connection held: replaced it (the newest wins), or refused",

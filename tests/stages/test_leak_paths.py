@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
+import re
 import unicodedata
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +27,7 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from pipeline.records import OutboundMessage, SessionEventRecord
+from pipeline.records import OutboundMessage, SessionEventRecord, now_ms
 from pipeline.runtime import leak_scanner, reply_policy
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.egress import EgressStage
@@ -210,6 +212,7 @@ async def new_turn(p: Pipeline) -> str:
         chat_type="group",
         starter_id="12345678",
         reply_to_message_id=f"{n}",
+        hops={"ingress": now_ms()},  # as dispatch records it: when the message came in
     )
     await running_turn(p.state, conversation, turn, f"m{n}")
     return conversation
@@ -336,3 +339,16 @@ async def test_clean_messages_pass_unchanged(pipeline: Pipeline) -> None:
         assert MARKER not in shown and LEAK_NOTICE not in shown
         # The confirmation quotes the first 200 characters of the input: only the start shows.
         assert ("key: no" if path == "confirmation" else "nothing secret, 100% sure") in shown
+
+
+async def test_the_terminal_line_says_after_the_message_and_quotes_nothing(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What `switchboard up` prints per delivery: the time since the message that started the turn
+    # (it may have come over a WebSocket or the console: no "webhook"), never what anyone wrote.
+    caplog.set_level(logging.INFO, logger="pipeline.turns")
+    await via_confirmation(pipeline, "harmless-words")
+    await pipeline.deliver()
+    [line] = [r.getMessage() for r in caplog.records if r.name == "pipeline.turns"]
+    assert re.fullmatch(r"onebot:qq1:group_\d+: confirmation delivered, \d+ ms after the message", line), line
+    assert "harmless" not in line and "bash" not in line
