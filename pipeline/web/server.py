@@ -10,7 +10,6 @@ are open (probes). The console (page, API, stream) is served only when enabled.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import logging
 import os
@@ -19,10 +18,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.web import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline import metrics
-from pipeline.platforms import Platform, UnknownPlatform, WebhookRejected, WebhookRequest, get_platform
+from pipeline.platforms import (
+    Platform,
+    UnknownPlatform,
+    WebhookRejected,
+    WebhookRequest,
+    get_platform,
+    known_platforms,
+)
 from pipeline.platforms.console import bearer_ok
 from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import BotConfig, Settings
@@ -33,8 +40,8 @@ from pipeline.topics import IM_INBOUND
 from ._console import add_console_routes
 from ._deps import DEPS, STATIC_DIR, ConsoleDeps, ProduceAcked, WebDeps
 from ._exposure import metrics_open
-from ._front import FrontRequest, Reply, WebhookFront, WebhookFrontSite
-from ._guard import GuardedAppRunner
+from ._front import ONEBOT_WS_PREFIX, WEBHOOK_METHODS, WEBHOOK_PREFIX, Reply, header_problem, webhook_target
+from ._guard import Front, GuardedAppRunner, GuardedSite
 from ._hub import ConsoleHub
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,7 @@ DEAD_LETTER_EXCERPT_CHARS = 1000
 SHUTDOWN_SECONDS = 3.0
 # The console's Redis connections are named so in CLIENT LIST.
 CONSOLE_CLIENT_NAME = "switchboard-console"
+PLATFORMS = frozenset(known_platforms())  # metric labels stay bounded: any other name is "unknown"
 
 
 def build_web_app(deps: WebDeps) -> web.Application:
@@ -125,12 +133,7 @@ class WebServer:
             access_log=None,
         )
         await self._runner.setup()
-        site: web.BaseSite
-        if s.web_webhook_front:
-            site = front_site(self._runner, self.deps, host, port)
-        else:
-            site = web.TCPSite(self._runner, host, port, reuse_address=True, backlog=s.web_max_connections)
-        await site.start()
+        await GuardedSite(self._runner, host, port, front=make_front(self.deps, webhooks=s.web_webhook_front)).start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else port
         log.info("web listening on http://%s:%s", host, self.port)
@@ -156,7 +159,7 @@ class WebServer:
 _TEXT_PLAIN = "text/plain; charset=utf-8"
 
 
-def webhook_target(deps: WebDeps, platform_name: str, bot_id: str, method: str) -> tuple[BotConfig, Platform] | Reply:
+def bot_target(deps: WebDeps, platform_name: str, bot_id: str, method: str) -> tuple[BotConfig, Platform] | Reply:
     """The bot and platform a webhook is for, or the refusal when there is none to take it."""
     bot = deps.settings.bot(platform_name, bot_id)
     try:
@@ -211,44 +214,25 @@ async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire
     return Reply.json(result.body if result.body is not None else {}, status=result.status)
 
 
-async def answer_front(deps: WebDeps, request: FrontRequest) -> Reply:
-    """A webhook the front took (the same steps as the route below, without aiohttp)."""
+async def serve_webhook(deps: WebDeps, request: web.BaseRequest, platform_name: str, bot_id: str) -> Reply:
+    """One webhook request, from the front or from the app's route: the same steps, the same answer."""
     received = now_ms()
-    target = webhook_target(deps, request.platform, request.bot_id, request.method)
+    target = bot_target(deps, platform_name, bot_id, request.method)
     if isinstance(target, Reply):
         return target
     bot, platform = target
-    wire = WebhookRequest(
-        headers=request.headers, body=request.body, query=request.query, received_at_ms=received, method=request.method
-    )
-    return await answer_webhook(deps, bot, platform, wire)
-
-
-def front_site(runner: GuardedAppRunner, deps: WebDeps, host: str, port: int) -> WebhookFrontSite:
-    """A listening site whose plain webhook requests the front answers, and the app the rest."""
-    front = WebhookFront(
-        runner,
-        functools.partial(answer_front, deps),
-        max_body=MAX_WEBHOOK_BYTES,
-        keepalive_timeout=deps.settings.web_keepalive_seconds,
-        shutdown_timeout=SHUTDOWN_SECONDS,
-    )
-    return WebhookFrontSite(runner, host, port, front=front)
-
-
-async def webhook(request: web.Request) -> web.StreamResponse:
-    """The webhook route of the aiohttp app (the front hands it what it does not take itself)."""
-    deps: WebDeps = request.app[DEPS]
-    received = now_ms()
-    target = webhook_target(deps, request.match_info["platform"], request.match_info["bot_id"], request.method)
-    if isinstance(target, Reply):
-        return target.response()
-    bot, platform = target
+    problem = header_problem(request)
+    if problem is not None:
+        metrics.WEBHOOKS.labels(platform.name, problem).inc()
+        return Reply.json({"error": problem}, status=400)
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         metrics.WEBHOOKS.labels(platform.name, "too_large").inc()
-        return web.json_response({"error": "payload too large"}, status=413)
+        return Reply.json({"error": "payload too large"}, status=413)
+    except RequestPayloadError:  # a body the parser refused (malformed chunks, a bad length)
+        metrics.WEBHOOKS.labels(platform.name, "bad_body").inc()
+        return Reply.json({"error": "bad_body"}, status=400)
     wire = WebhookRequest(
         headers=request.headers,  # case-insensitive already: `header()` finds any spelling
         body=body,
@@ -256,7 +240,53 @@ async def webhook(request: web.Request) -> web.StreamResponse:
         received_at_ms=received,
         method=request.method,
     )
-    reply = await answer_webhook(deps, bot, platform, wire)
+    return await answer_webhook(deps, bot, platform, wire)
+
+
+def make_front(deps: WebDeps, *, webhooks: bool) -> Front:
+    """What meets every request before the app: webhooks answered here when `webhooks` (the app's
+    router and request machinery cost about as much as a filtered message in the pipeline); and,
+    either way, the refusals the app would leave uncounted: an `Expect` other than `100-continue`
+    on a webhook or handshake path (aiohttp's route answers 417 before any handler), and OneBot
+    handshakes whose headers platform code cannot be handed."""
+
+    async def front(request: web.BaseRequest) -> web.StreamResponse | None:
+        path = request.path
+        if path.startswith(WEBHOOK_PREFIX):
+            target = webhook_target(path)
+            if target is None:
+                return None
+            expect = request.headers.get("Expect")
+            if expect is not None:
+                if expect.lower() == "100-continue":
+                    return None  # the app's route says "100 Continue" before it reads the body
+                platform = target[0] if target[0] in PLATFORMS else "unknown"
+                metrics.WEBHOOKS.labels(platform, "bad_expect").inc()
+                return web.json_response({"error": "bad_expect"}, status=417)
+            if not webhooks or request.method not in WEBHOOK_METHODS:
+                return None
+            return (await serve_webhook(deps, request, *target)).response()
+        if path.startswith(ONEBOT_WS_PREFIX):
+            problem = header_problem(request)
+            if problem is None and "Expect" in request.headers:
+                problem = "bad_expect"  # a WebSocket handshake has no body to expect
+            if problem is not None:
+                metrics.CONNECTION_HANDSHAKES.labels("onebot", problem).inc()
+                return web.json_response({"error": problem}, status=417 if problem == "bad_expect" else 400)
+        return None
+
+    return front
+
+
+def front_site(runner: GuardedAppRunner, deps: WebDeps, host: str, port: int) -> GuardedSite:
+    """A listening site whose webhooks the front answers, and the app the rest."""
+    return GuardedSite(runner, host, port, front=make_front(deps, webhooks=True))
+
+
+async def webhook(request: web.Request) -> web.StreamResponse:
+    """The webhook route of the app (with the front on, it sees only what the front leaves)."""
+    info = request.match_info
+    reply = await serve_webhook(request.app[DEPS], request, info["platform"], info["bot_id"])
     return reply.response()
 
 

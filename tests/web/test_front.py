@@ -1,6 +1,6 @@
-"""The webhook front on raw sockets: the plain webhook requests it answers itself, everything else
-handed to aiohttp on the same connection from that request's first byte, and the same answers
-either way. Each test that compares runs on both (`web_webhook_front` on and off)."""
+"""The webhook front on raw sockets: aiohttp's parser reads every request; the front answers webhooks
+without the app's router and leaves everything else to the app, on the same connection, with the
+same answers either way. Each test that compares runs on both (`web_webhook_front` on and off)."""
 
 from __future__ import annotations
 
@@ -126,8 +126,8 @@ async def test_the_same_refusals_with_the_same_status_body_and_headers(start_wor
 
 
 async def test_requests_the_front_does_not_take_are_aiohttps_to_answer(start_worker: StartWorker) -> None:
-    """Framing the front does not handle (chunked bodies, `Expect`, HTTP/1.0) is read by aiohttp;
-    ambiguous framing (a length and chunks, two lengths) is refused by aiohttp and never produced."""
+    """Chunked bodies, `Expect: 100-continue` and HTTP/1.0 are read as aiohttp reads them; ambiguous
+    framing (a length and chunks, two lengths) is refused by aiohttp's parser and never produced."""
     worker = await start_worker(web_webhook_front=True)
     body = json.dumps({"chat_id": "c", "chat_type": "group", "user_id": "u1", "text": "chunked"}).encode()
     head = f"POST /webhooks/console/locked HTTP/1.1\r\nHost: w\r\nAuthorization: Bearer {TOKEN}\r\n"
@@ -211,3 +211,35 @@ async def test_stopping_lets_a_webhook_being_answered_finish_and_closes_idle_con
     assert status == 200 and headers.get("connection") == "close"
     await asyncio.wait_for(stopping, 10)
     assert texts(worker) == ["in flight"]
+
+
+async def test_header_and_query_values_beyond_ascii_are_refused_before_any_verifier(
+    start_worker: StartWorker, front: bool
+) -> None:
+    """Platform code is handed ASCII header values and query values only: anything else (here with
+    a valid token) is a counted 400 from the web server, on either path, and nothing is produced."""
+    worker = await start_worker(web_webhook_front=front)
+
+    def count(outcome: str) -> float:
+        labels = {"platform": "console", "outcome": outcome}
+        return REGISTRY.get_sample_value("switchboard_webhooks_total", labels) or 0.0
+
+    before = {outcome: count(outcome) for outcome in ("bad_header", "bad_query")}
+    hostile = {
+        "bad_header": [
+            webhook("utf-8", extra="X-Note: caf\u00e9\r\n".encode()),
+            webhook("latin-1", extra=b"X-Note: caf\xe9\r\n"),
+            webhook("token").replace(TOKEN.encode(), TOKEN.encode() + b"\xff"),
+        ],
+        "bad_query": [webhook("query").replace(b"/webhooks/console/locked", b"/webhooks/console/locked?n=%C3%A9")],
+    }
+    for outcome, requests in hostile.items():
+        for raw in requests:
+            reader, writer = await connect(worker)
+            writer.write(raw)
+            status, _, body = await read_response(reader)
+            assert (status, json.loads(body)) == (400, {"error": outcome})
+            writer.close()
+    assert count("bad_header") - before["bad_header"] == 3
+    assert count("bad_query") - before["bad_query"] == 1
+    assert worker.produced.records == []
