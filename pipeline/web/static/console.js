@@ -840,8 +840,9 @@
 
   // The bot at work: a message of this chat reached the agent and nothing but progress came back
   // yet. Platforms show their own typing indicator; this is the console's. Shown at most this long
-  // after the message, so a turn lost to an outage does not leave it up for good.
-  const TYPING_MAX_MS = 10 * 60 * 1000;
+  // after the message or the chat's last progress message: a turn the agent ends without a reply
+  // (it may choose silence) or one lost to an outage sends nothing, and must not leave it up.
+  const TYPING_MAX_MS = 3 * 60 * 1000;
   const ENDS_TURNS = /^\s*\/(stop|reset)\b/i; // commands that start no turn (their notice comes at once)
   let typingTimer = null;
 
@@ -853,26 +854,29 @@
   function workingSince(key) {
     const chatRt = rt(key);
     const now = Date.now();
+    // The server's clock, as this browser's: also right for what a reload loads.
+    const at = (d) => (Number.isFinite(Number(d.delivered_at)) ? Number(d.delivered_at) - clockSkew : arrivals.get(d) ?? 0);
+    const progress = chatRt.delivered.reduce((t, d) => (d.kind === "progress" ? Math.max(t, at(d)) : t), 0);
     let since = null;
+    let until = 0;
     for (const m of state.sent[key] || []) {
       if (m.status !== "sent" || m.addressed !== true || m.note === "dropped" || ENDS_TURNS.test(m.text)) continue;
       const start = Math.max(m.postedAt || m.sentAt, m.noteAt || 0);
-      if (now - start > TYPING_MAX_MS) continue;
-      const after = (d) => {
-        const at = Number(d.delivered_at); // the server's clock: also right for what a reload loads
-        return Number.isFinite(at) ? at >= start + clockSkew : (arrivals.get(d) ?? 0) >= start;
-      };
-      const ended = m.note !== "held" && chatRt.delivered.some((d) => d.kind !== "progress" && (d.reply_to === m.id || after(d)));
-      if (!ended && (since === null || start < since)) since = start;
+      const shownUntil = Math.max(start, progress) + TYPING_MAX_MS;
+      if (now > shownUntil) continue;
+      const ended = m.note !== "held" && chatRt.delivered.some((d) => d.kind !== "progress" && (d.reply_to === m.id || at(d) >= start));
+      if (ended) continue;
+      if (since === null || start < since) since = start;
+      until = Math.max(until, shownUntil);
     }
-    return since;
+    return since === null ? null : { since, until };
   }
 
   function renderTyping(key, prev) {
-    const since = key ? workingSince(key) : null;
+    const working = key ? workingSince(key) : null;
     let typing = $("#typing");
     clearTimeout(typingTimer);
-    if (since === null) {
+    if (working === null) {
       if (typing) typing.remove();
       return;
     }
@@ -887,7 +891,7 @@
           h("span", { class: "typing-label", text: `${name} is typing…` })));
     }
     if (prev.nextSibling !== typing) prev.after(typing);
-    typingTimer = setTimeout(() => renderMessages(), since + TYPING_MAX_MS - Date.now() + 100);
+    typingTimer = setTimeout(() => renderMessages(), working.until - Date.now() + 100);
   }
 
   function signature(item, grouped) {
