@@ -196,22 +196,28 @@ KNOWN_PLATFORM_FAULTS = {
 }
 
 
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [
-        pytest.param(*target, marks=pytest.mark.xfail(strict=True, reason=KNOWN_PLATFORM_FAULTS[target]))
-        if target in KNOWN_PLATFORM_FAULTS
-        else target
-        for target in TARGETS
-    ],
-    ids=[f"{method} {path}" for method, path in TARGETS],
-)
+def target_params() -> list[object]:
+    """Every target with the front on; with it off (webhooks through the app's route), the console's
+    and Telegram's webhooks and the handshake (the refusals before the app are the same code)."""
+    params: list[object] = []
+    aiohttp_too = {("POST", "/webhooks/console/locked"), ("POST", "/webhooks/telegram/tg1"), TARGETS[-2]}
+    for target in TARGETS:
+        for front in (True, False) if target in aiohttp_too else (True,):
+            marks = []
+            if target in KNOWN_PLATFORM_FAULTS:
+                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_PLATFORM_FAULTS[target]))
+            name = f"{target[0]} {target[1]} {'front' if front else 'aiohttp'}"
+            params.append(pytest.param(*target, front, marks=marks, id=name))
+    return params
+
+
+@pytest.mark.parametrize(("method", "path", "front"), target_params())
 async def test_hostile_requests_are_refused_counted_and_never_a_server_error(
-    start_worker: StartWorker, caplog: pytest.LogCaptureFixture, method: str, path: str
+    start_worker: StartWorker, caplog: pytest.LogCaptureFixture, method: str, path: str, front: bool
 ) -> None:
     caplog.set_level(logging.WARNING)
     # A short deadline: every connection ends by itself (answered, refused, or idle) within it.
-    worker = await start_worker(bots=[*BOTS, ONEBOT_REVERSE], web_request_timeout_seconds=0.5)
+    worker = await start_worker(bots=[*BOTS, ONEBOT_REVERSE], web_request_timeout_seconds=0.5, web_webhook_front=front)
     cases = hostile_requests(method, path)
     gate = asyncio.Semaphore(64)
     answers: list[tuple[bytes, list[int], bool]] = []
