@@ -9,11 +9,12 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import redis.asyncio as aioredis
 
-from pipeline.bench.measure import metric_sum, scrape_metrics
+from pipeline.bench.measure import TLS, metric_sum, scrape_metrics
 from pipeline.stack import Stack
 
 from .stacks import stack_idle
@@ -62,7 +63,7 @@ class ConsoleClient:
             body["mentions"] = mentions
         if message_id:
             body["message_id"] = message_id
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
             response = await client.post(
                 f"{self.url}/webhooks/console/{bot_id or self.bot_id}", json=body, headers=self.headers
             )
@@ -70,7 +71,7 @@ class ConsoleClient:
         return dict(response.json())
 
     async def messages(self, chat_id: str, *, bot_id: str | None = None) -> list[dict[str, Any]]:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
             response = await client.get(
                 f"{self.url}/console/api/messages",
                 params={"chat_id": chat_id, "bot_id": bot_id or self.bot_id},
@@ -101,6 +102,24 @@ class ConsoleClient:
         await stack_idle(self.stack)
         return {chat: texts(await self.messages(chat)) for chat in chats}, seconds
 
+    async def session_of(self, chat_id: str, *, bot_id: str | None = None) -> str | None:
+        """The session the chat is mapped to in Redis (None before its first turn starts)."""
+        settings = self.stack.settings()
+        client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
+        try:
+            key = f"{settings.redis_prefix}c2s:console:{bot_id or self.bot_id}:{chat_id}"
+            return cast(str | None, await client.get(key))
+        finally:
+            await client.aclose()
+
+    async def session_started(self, chat_id: str, *, timeout: float = 30.0) -> None:
+        """Until the chat's first turn has a session: messages sent from now on find it running
+        (a fixed sleep is too short on a busy machine)."""
+        deadline = time.monotonic() + timeout
+        while await self.session_of(chat_id) is None:
+            assert time.monotonic() < deadline, f"{chat_id}: no session after {timeout} s"
+            await asyncio.sleep(0.05)
+
     async def stack_idle(self) -> None:
         await stack_idle(self.stack)
 
@@ -118,7 +137,7 @@ class ConsoleClient:
         """The chat's live stream (`/console/api/stream`), open until the block ends."""
         params = {"chat_id": chat_id, "bot_id": self.bot_id, "after": str(after)}
         async with (
-            httpx.AsyncClient(timeout=httpx.Timeout(30, read=60)) as client,
+            httpx.AsyncClient(timeout=httpx.Timeout(30, read=60), verify=TLS) as client,
             client.stream("GET", f"{url or self.url}/console/api/stream", params=params, headers=self.headers) as r,
         ):
             yield LiveStream(r)

@@ -25,7 +25,7 @@ TEST_LEASE_SECONDS = 3.0
 async def stack_idle(stack: Stack, *, quiet: float = IDLE_QUIET_SECONDS, timeout: float = 60.0) -> None:
     """Until the stack's workers have nothing in flight (no unread records, no pending work, no
     turn): after that no reply can still come, which proves "exactly one" without a quiet window."""
-    await wait_idle(lambda: [w.url for w in stack.workers], quiet=quiet, timeout=timeout)
+    await wait_idle(lambda: [w.url for w in stack.workers if w.is_running], quiet=quiet, timeout=timeout)
 
 
 @contextlib.contextmanager

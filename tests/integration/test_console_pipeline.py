@@ -6,7 +6,6 @@ Each test uses its own chats; the simulator's agent is steered by `[sim:…]` di
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 import httpx
 import redis.asyncio as aioredis
@@ -75,8 +74,8 @@ async def test_held_messages_are_noted_live_then_merged_or_dropped(console: Cons
     one turn (or released alone), or dropped by /stop."""
     chat = console.chat()
     async with console.stream(chat) as live:
-        await console.send(chat, "[sim:think=2] first")
-        await asyncio.sleep(0.8)  # the first turn is running now
+        await console.send(chat, "[sim:think=4] first")
+        await console.session_started(chat)  # the first turn is running now
         held = [(await console.send(chat, word))["message_id"] for word in ("alpha", "beta")]
         await live.next()  # echo: first
         await live.next()  # the merged turn's reply
@@ -88,7 +87,7 @@ async def test_held_messages_are_noted_live_then_merged_or_dropped(console: Cons
     other = console.chat()
     async with console.stream(other) as live:
         await console.send(other, "[sim:think=6] a long task")
-        await asyncio.sleep(1.0)
+        await console.session_started(other)
         waiting = (await console.send(other, "later"))["message_id"]
         await console.send(other, "/stop")
         _, stopped = await live.next(timeout=20)
@@ -98,8 +97,8 @@ async def test_held_messages_are_noted_live_then_merged_or_dropped(console: Cons
 
 async def test_messages_sent_while_running_are_merged_into_one_turn(console: ConsoleClient) -> None:
     chat = console.chat()
-    await console.send(chat, "[sim:think=2] first")
-    await asyncio.sleep(0.8)  # the first turn is running now
+    await console.send(chat, "[sim:think=4] first")
+    await console.session_started(chat)  # the first turn is running now
     for word in ("alpha", "beta", "gamma"):
         await console.send(chat, word)
     await console.wait_for(chat, 2, timeout=40)
@@ -114,7 +113,7 @@ async def test_messages_sent_while_running_are_merged_into_one_turn(console: Con
 async def test_stop_interrupts_a_running_turn(console: ConsoleClient) -> None:
     chat = console.chat()
     await console.send(chat, "[sim:think=6] a long task")
-    await asyncio.sleep(1.0)
+    await console.session_started(chat)
     await console.send(chat, "/stop")
     got = await console.wait_for(chat, 1, timeout=20)
     got = await console.settle(chat)
@@ -216,13 +215,7 @@ async def test_exhausted_retries_give_a_notice_and_the_session_stays_usable(cons
 
 
 async def _session_of(stack: Stack, chat: str) -> str | None:
-    settings = stack.settings()
-    client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
-    try:
-        value = cast(str | None, await client.get(f"{settings.redis_prefix}c2s:console:demo:{chat}"))
-    finally:
-        await client.aclose()
-    return value
+    return await ConsoleClient(stack).session_of(chat)
 
 
 async def test_terminal_error_notice_and_next_message_starts_a_new_session(

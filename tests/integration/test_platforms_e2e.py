@@ -29,6 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from telegram import Chat, Message, MessageEntity, Update, User
 
+from pipeline.bench.measure import TLS
 from pipeline.embedded import RedisServer
 from pipeline.kafka import ConsumeTimeoutError, consume_until
 from pipeline.platforms import WebhookRequest
@@ -183,7 +184,7 @@ def _n() -> int:
 
 async def post(stack: Stack, platform: str, request: WebhookRequest) -> httpx.Response:
     url = f"{stack.workers[0].url}/webhooks/{platform}/{({**BOTS, **OWN_TESTS})[platform]}"
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         return await client.post(url, content=request.body, headers=dict(request.headers))
 
 
@@ -440,7 +441,7 @@ async def test_bad_signature_is_rejected_and_reaches_nothing(stack: Stack, stand
         assert reply_text(call) == f"echo: genuine {platform}", reply_text(call)
     assert not [c for c in calls if b"forged" in c.seen.body or "forged" in json.dumps(c.seen.form)]
 
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
         metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
     for platform in BOTS:
         assert f'switchboard_webhooks_total{{outcome="bad_signature",platform="{platform}"}} 1.0' in metrics
@@ -810,7 +811,7 @@ async def test_dingtalk_stream_mode_one_reply_per_message(stack: Stack, standins
 
 async def wecom_call(stack: Stack, request: WebhookRequest) -> httpx.Response:
     url = f"{stack.workers[0].url}/webhooks/wecom/{WECOM_BOT}"
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         if request.method == "GET":
             return await client.get(url, params=dict(request.query))
         return await client.post(url, params=dict(request.query), content=request.body, headers=dict(request.headers))
@@ -884,7 +885,7 @@ async def test_wecom_forged_callback_is_refused_and_redelivery_answered_once(sta
     await standins.settle()
     assert [wecom_text(c) for c in standins.calls_for("wecom", user)] == ["echo: genuine wecom"]
     assert standins.calls_for("wecom", chat) == []
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
         metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
     assert 'switchboard_webhooks_total{outcome="bad_signature",platform="wecom"} 2.0' in metrics
 
@@ -945,7 +946,7 @@ async def test_wecom_media_reply_is_uploaded_first(stack: Stack, standins: Stand
 
 async def post_qq(stack: Stack, request: WebhookRequest, bot: str = QQ_BOT) -> httpx.Response:
     url = f"{stack.workers[0].url}/webhooks/qqbot/{bot}"
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         return await client.post(url, content=request.body, headers=dict(request.headers))
 
 
@@ -960,12 +961,10 @@ def qq_c2c(n: int, text: str) -> tuple[dict[str, Any], str, str]:
 
 
 async def test_qqbot_url_validation_group_and_c2c(stack: Stack, standins: StandIns) -> None:
-    # The callback URL check QQ makes when the URL is set (its docs' example): answered with the
-    # signature QQ computes itself.
-    url = f"{stack.workers[0].url}/webhooks/qqbot/{QQ_BOT}"
+    # The callback URL check QQ makes when the URL is set (its docs' example), signed like every
+    # callback: answered with the signature QQ computes itself.
     validation = b'{"d":{"plain_token":"Arq0D5A61EgUu4OxUvOp","event_ts":"1725442341"},"op":13}'
-    async with httpx.AsyncClient(timeout=30) as client:
-        response = await client.post(url, content=validation, headers={"x-bot-appid": qq_fx.APP_ID})
+    response = await post_qq(stack, qq_fx.signed_raw(validation))
     assert response.status_code == 200, response.text
     answer = response.json()
     assert answer["plain_token"] == "Arq0D5A61EgUu4OxUvOp"
@@ -1007,7 +1006,7 @@ async def test_qqbot_forged_and_malformed_webhooks_reach_nothing(stack: Stack, s
     assert call.seen.json["content"] == "echo: genuine qqbot"
     await standins.settle()
     assert len(standins.calls_for("qqbot", chat)) == 1
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
         metrics = (await client.get(f"{stack.workers[0].url}/metrics")).text
     assert 'switchboard_webhooks_total{outcome="bad_signature",platform="qqbot"} 1.0' in metrics
 
@@ -1108,7 +1107,7 @@ async def test_qqbot_a_turn_outliving_the_reply_window_gets_one_notice_while_it_
     5 s before that: a fast turn answers in time and gets no notice; a slow one (the agent thinks
     15 s) gets exactly one notice, a passive reply sent while the window was open, and then its
     late answer is dead-lettered, or, for the bot with active messages, sent as an active message."""
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
         before = notices_counted((await client.get(f"{stack.workers[0].url}/metrics")).text)
     fast, fast_chat, fast_id, fast_sent = qq_late_group(_n(), "quick one qqbot", age=276)
     slow, slow_chat, slow_id, slow_sent = qq_late_group(_n(), "slow one qqbot [sim:think=15]", age=280)
@@ -1146,7 +1145,7 @@ async def test_qqbot_a_turn_outliving_the_reply_window_gets_one_notice_while_it_
     assert reply.accepted and "msg_id" not in reply.seen.json
     assert reply.seen.json["content"].endswith("slow active qqbot")
 
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
         after = notices_counted((await client.get(f"{stack.workers[0].url}/metrics")).text)
     for kind in ("reply_window_closing", "reply_window_closing_active"):
         assert after.get(kind, 0.0) - before.get(kind, 0.0) == 1.0, (kind, before, after)

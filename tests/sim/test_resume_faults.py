@@ -83,18 +83,26 @@ async def test_explicit_drop_mid_turn(sim: SimServer, ark: SessionClient) -> Non
     seen: list[ServerEvent] = []
     subscription = ark.subscribe(sid, reconnect_base=0.01)
 
+    first_event = asyncio.Event()
+
     async def consume() -> None:
         async for item in subscription:
             assert not isinstance(item, Preview)
             seen.append(item)
+            first_event.set()
             if item.type == "session.status_idle":
                 return
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.1)
-    await ark.send(sid, [user_message("slow [sim:think=0.4] [sim:progress]"), system_message()])
-    await asyncio.sleep(0.2)
     async with httpx.AsyncClient(base_url=sim.root_url) as http:
+        # The stream is open before the turn starts, and the turn thinks long enough to be cut in
+        # the middle whatever the machine's load (it is dropped as soon as its first event is seen).
+        for _ in range(1500):
+            if (await http.get("/_sim/stats")).json()["open_streams"] >= 1:
+                break
+            await asyncio.sleep(0.02)
+        await ark.send(sid, [user_message("slow [sim:think=3] [sim:progress]"), system_message()])
+        await asyncio.wait_for(first_event.wait(), 30)
         dropped = (await http.post("/_sim/drop_streams", json={"session_id": sid})).json()["dropped"]
     assert dropped == 1
     await asyncio.wait_for(task, 10)
