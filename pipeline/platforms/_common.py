@@ -84,10 +84,11 @@ def missing_credential(bot: BotConfig, credential: str, consequence: str) -> lis
 def require_fresh(bot: BotConfig, request: WebhookRequest, timestamp: str | None) -> None:
     """A signed request's timestamp (Unix seconds) within `bot.replay_window_seconds` of its receipt,
     else 401: the signature proves who sent it, the timestamp that it is not a recording."""
-    try:
-        sent = int(timestamp or "")
-    except ValueError:
-        raise WebhookRejected(401, "bad_signature", "no request timestamp") from None
+    # Unix seconds have 10 digits until the year 2286: a longer number is no timestamp (and one of
+    # hundreds of digits would overflow the float arithmetic below).
+    if not timestamp or len(timestamp) > 12 or not timestamp.isascii() or not timestamp.isdigit():
+        raise WebhookRejected(401, "bad_signature", "no request timestamp")
+    sent = int(timestamp)
     now = request.received_at_ms / 1000 if request.received_at_ms else time.time()
     if abs(now - sent) > bot.replay_window_seconds:
         raise WebhookRejected(
@@ -155,8 +156,18 @@ def verify_guard(fn: Callable[P, None]) -> Callable[P, None]:
             fn(*args, **kwargs)
         except WebhookRejected:
             raise
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError, LookupError, RecursionError) as exc:
-            # ValueError covers UnicodeError; LookupError an unknown codec.
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            IndexError,
+            LookupError,
+            RecursionError,
+            ArithmeticError,
+        ) as exc:
+            # ValueError covers UnicodeError; LookupError an unknown codec; ArithmeticError a number
+            # too large for the arithmetic done on it.
             name = fn.__qualname__.split(".")[0]
             warn_limited(
                 f"verify:{name}:{type(exc).__name__}",
