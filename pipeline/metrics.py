@@ -33,10 +33,11 @@ CHAT_COMMANDS = Counter("switchboard_chat_commands_total", "Chat commands handle
 WEB_CONNECTIONS_OPEN = Gauge("switchboard_web_connections_open", "Open connections to this worker's web server")
 WEB_CONNECTIONS_CLOSED = Counter(
     "switchboard_web_connections_closed_total", "Connections closed by the web server's limits", ["reason"]
-)  # header_timeout | body_timeout | over_limit
+)  # idle_timeout | header_timeout | body_timeout | evicted | over_limit
 WEB_REJECTED = Counter(
     "switchboard_web_rejected_total", "Console and metrics requests refused", ["surface", "reason"]
-)  # unauthorized | bad_request | over_viewer_limit | unavailable
+)  # surface: console | metrics | http (aiohttp refused a malformed request: bad_request)
+# reason: unauthorized | bad_request | over_viewer_limit | unavailable
 CONSOLE_VIEWERS = Gauge("switchboard_console_viewers", "Open console streams on this worker")
 CONSOLE_STREAMS_ENDED = Counter(
     "switchboard_console_streams_ended_total", "Console streams ended", ["reason"]
@@ -160,6 +161,7 @@ CONNECTION_HOLDER_MISSING = Gauge(
 CONNECTION_HANDSHAKES = Counter(
     "switchboard_connection_handshakes_total", "Connections dialed or accepted, and refused", ["platform", "outcome"]
 )  # dialed | dial_failed | accepted | missing_token | bad_token | bad_role | self_id_mismatch | not_a_connection_bot
+# | bad_header | bad_query | bad_expect (a OneBot handshake refused before its token is checked)
 CONNECTION_REPLACEMENTS = Counter(
     "switchboard_connection_replacements_total",
     "Accepted connections that found the bot's connection held: replaced it (the newest wins), or refused",

@@ -187,15 +187,19 @@ class Settings(BaseSettings):
     # Web (ingress, console, metrics, health).
     web_host: str = "127.0.0.1"
     web_port: int = Field(default=8080, ge=0, le=65535)
-    # A connection must deliver a whole request (headers and body) within this many seconds of its
-    # first byte, or it is closed (slow clients cannot hold connections open).
+    # A connection must deliver a whole request (headers and body) within this many seconds of being
+    # accepted or of its previous answer, or it is closed: silent, idle between requests, mid-head or
+    # mid-body alike (`pipeline/web/_guard.py`). A request that is all in is never cut.
     web_request_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
-    # An idle keep-alive connection is closed after this long (above a proxy's own idle timeout).
+    # aiohttp's keep-alive time; an idle connection is closed at the request deadline above when that
+    # is shorter (by default it is: idle connections last 10 s, not 75 s).
     web_keepalive_seconds: float = Field(default=75.0, gt=0, le=3600)
-    # Open connections per worker at most (console streams included); more are closed at once.
+    # Connections per worker holding a slot (console streams included). At the cap a new connection
+    # takes the slot of the one that has waited longest without a whole request; when every slot is
+    # answering, a few more are let in for /healthz, /readyz and /metrics only.
     web_max_connections: int = Field(default=2048, ge=1)
-    # Plain webhook requests are answered by the worker's own HTTP/1.1 front, everything else by
-    # aiohttp (`pipeline/web/_front.py`); off: aiohttp answers every request.
+    # On: webhooks are answered without the app's router (`pipeline/web/_front.py`); off: through
+    # the app's route. aiohttp's parser reads every request either way, and the answers are the same.
     web_webhook_front: bool = True
     # `Authorization: Bearer <token>` required on /metrics when set (/healthz and /readyz stay open).
     metrics_token: SecretStr | None = None
