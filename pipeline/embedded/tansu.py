@@ -14,6 +14,23 @@ must allow for (details in tests/embedded/test_tansu.py and the module docs of p
   50 ms 0.6+1.3, 100 ms 0.35+0.75, 500 ms 0.1+0.25.
 * Storage is memory only (``memory://``; ``file://`` and ``sqlite://`` are not compiled in):
   a restart loses every topic, record and committed offset.
+* A fetch gets slower with every batch its partition ever stored, and the log never shrinks (no
+  retention; DeleteRecords is unimplemented). Each produced batch is one stored object; to find the
+  batches at or after the fetch offset, the broker lists *all* of the partition's objects (once per
+  partition that has records to read, on every look), and stops listing when the fetch's
+  ``max_wait`` budget, shared by every partition of the request, runs out: a partition whose list
+  was cut off gets no records in that answer and is listed again, in full, on the next look. A
+  producer with no linger at a few records/s per partition writes one batch per record, so the
+  broker's CPU per record read grows linearly over a run, and once one look over the partitions
+  with new data outlasts the fetch wait, delivery turns into stalls and bursts. One partition of
+  20,000 single-record batches: a consumer at its last record gets nothing in 10 s with a 1 or
+  5 ms wait, 1.3 s with 20 ms, 39 ms with 100 ms (100 batches: 2 ms whatever the wait). 4 topics x
+  8 partitions, 160 records/s, wait 20 ms: 100 batches per partition -> p50 7 / p99 19 ms;
+  4,000 -> p50 1.0 / p99 6.0 s. The same records in large batches do not slow down. More
+  partitions push it back in proportion (the same 4,000 x 8 records per topic over 32 partitions:
+  p50 11 / p99 55 ms); a longer wait only moves the cliff (100 ms: p50 89 / p99 995 ms). The
+  pipeline at 60 msg/s on 8 partitions reaches it after 5-10 minutes (bench/README.md, "The
+  embedded broker over ten minutes"); long or heavy runs belong on Apache Kafka (``--broker kafka``).
 * Topics are auto-created by Produce *and by Metadata requests* naming an unknown topic
   (so "describe topic X" creates X). Replication factor is ignored (always 1 replica) and unknown
   topic configs are accepted silently.
