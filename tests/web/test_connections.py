@@ -23,6 +23,7 @@ from pipeline.topics import DEADLETTER
 from tests.platforms import test_discord as discord_fx
 
 from .conftest import TOKEN, StartWorker, Worker
+from .rawhttp import closed_by_server
 
 BURST = 300
 
@@ -37,19 +38,6 @@ def closed_total(reason: str) -> float:
 
 async def connect(worker: Worker) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection("127.0.0.1", worker.port)
-
-
-async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
-    """Whether the server closes the connection (EOF or reset) within `within` seconds."""
-    try:
-        async with asyncio.timeout(within):
-            while await reader.read(4096):
-                pass
-    except TimeoutError:
-        return False
-    except ConnectionError:
-        pass
-    return True
 
 
 async def test_half_sent_requests_are_closed_after_the_request_timeout(start_worker: StartWorker) -> None:
