@@ -114,6 +114,17 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         if inspect.isawaitable(result):
             self.add_future(result)
 
+    async def commit(self, offsets: Mapping[TP, int]) -> bool:
+        """Faust's commit drops the partitions no longer assigned and hands aiokafka the rest; for a
+        commit computed just before a rebalance took every partition it names, the rest is empty,
+        which aiokafka refuses with `ValueError({})`, and Faust crashes the worker on it (seen
+        under chaos on a loaded machine). Nothing to commit is no commit."""
+        assigned = self.assignment()
+        mine = {tp: offset for tp, offset in offsets.items() if tp in assigned}
+        if not mine:
+            return False
+        return bool(await super().commit(mine))
+
     async def seek_to_committed(self) -> Mapping[TP, int]:
         """Faust seeks every assigned partition to its committed offset after a rebalance, but
         aiokafka seeks only partitions whose committed offset is above 0: one never committed stays

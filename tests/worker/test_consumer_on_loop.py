@@ -11,7 +11,7 @@ from typing import cast
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from faust.types import Message
+from faust.types import TP, Message
 
 from pipeline.embedded import ApacheKafka, TansuBroker
 from pipeline.kafka import TopicSpec, apply_topics
@@ -68,6 +68,11 @@ async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
         (tp,) = [tp for tp in kafka.assignment() if await kafka.position(tp) > 0]
         await service.seek_to_committed()
         assert await kafka.position(tp) == 0
+        # A commit naming only partitions no longer assigned (computed before a rebalance took
+        # them) commits nothing instead of crashing the worker on aiokafka's ValueError({}).
+        assert await service.commit({TP(unique_name("gone"), 0): 5}) is False
+        assert await service.commit({tp: 0}) is True
+        assert not service.should_stop
         # aiohttp/DNS executors aside, the app started no thread that runs a loop of its own.
         new = [t for t in threading.enumerate() if t.ident not in threads_before]
         assert not [t for t in new if type(t).__name__ == "WorkerThread"], new
