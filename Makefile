@@ -73,7 +73,10 @@ test-all: $(STAMP) $(SYSTEM_STAMP) check ## the full tier (CI): everything on Ta
 	@command -v java >/dev/null && command -v mvn >/dev/null || { \
 	  echo "make test-all: Apache Kafka needs java (17+) and mvn on PATH; install them (apt-get install openjdk-17-jre-headless maven)"; exit 2; }
 	SWITCHBOARD_TEST_BROKERS=tansu,kafka SWITCHBOARD_TEST_TIER=all \
-	  $(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=$(DURATIONS) $(PYTEST_ARGS)
+	  $(BIN)/pytest -q -p no:cacheprovider -m "not alone" -n $(TEST_WORKERS) --dist loadgroup --durations=$(DURATIONS) $(PYTEST_ARGS)
+	@echo "==> the fault suites, one test at a time on an otherwise idle machine"
+	SWITCHBOARD_TEST_BROKERS=tansu,kafka SWITCHBOARD_TEST_TIER=all \
+	  $(BIN)/pytest -q -p no:cacheprovider -m alone --durations=$(DURATIONS) $(PYTEST_ARGS)
 
 check: lint typecheck ## lint, format check and type check
 

@@ -81,6 +81,11 @@ FULL_TIER: dict[str, str] = {
     "tests/integration/test_discord_e2e.py::test_the_holder_sigkilled": "SIGKILLs the Gateway holder",
 }
 
+#: Tests the full tier runs after the others, one at a time (no pytest-xdist): they SIGKILL workers,
+#: brokers and Redis under a minute of load and count every reply, and on a machine shared with
+#: other tests the faults they inject become timing they do not control.
+ALONE: tuple[str, ...] = ("tests/faults/",)
+
 #: Skip reasons the full tier accepts (a substring of the reason); any other skip fails it.
 EXPECTED_SKIPS: tuple[str, ...] = ("Tansu-only characterisation",)
 
@@ -101,6 +106,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.nodeid.split("::", 1)[0]
         if any(item.nodeid.startswith(prefix) for prefix in FULL_TIER):
             item.add_marker(pytest.mark.full)
+        if any(item.nodeid.startswith(prefix) for prefix in ALONE):
+            item.add_marker(pytest.mark.alone)
         if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
             # Under pytest-xdist (`--dist loadgroup`) a module's integration tests on one broker

@@ -28,6 +28,15 @@ async def stack_idle(stack: Stack, *, quiet: float = IDLE_QUIET_SECONDS, timeout
     await wait_idle(lambda: [w.url for w in stack.workers if w.is_running], quiet=quiet, timeout=timeout)
 
 
+async def add_workers(stack: Stack, count: int = 1) -> None:
+    """Start `count` more workers, then wait until the group has settled (every worker owns
+    partitions, nothing in flight): a test starts after the joins' rebalances, not during them,
+    when a record may be handled twice (harmless, but not what a test counting calls expects)."""
+    for _ in range(count):
+        await stack.add_worker()
+    await stack_idle(stack, timeout=120)
+
+
 @contextlib.contextmanager
 def running_stack(
     broker_kind: str,
@@ -67,7 +76,7 @@ def running_stack(
     stack = Stack(settings_env=env, web_port=0, think=0.0, run_dir=run_dir, redis_aof=redis_aof)
     try:
         asyncio.run(stack.start(workers=0))
-        asyncio.run(stack.add_worker())
+        asyncio.run(add_workers(stack))
         yield stack
     finally:
         asyncio.run(stack.stop())

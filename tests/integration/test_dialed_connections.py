@@ -33,7 +33,7 @@ from tests.platforms import test_lark as lark_fx
 from tests.platforms.test_slack import BOT_TOKEN, BOT_USER, DM, callback
 
 from .loop_thread import LoopThread
-from .stacks import running_stack
+from .stacks import add_workers, running_stack
 from .test_long_connections import answered_exactly_once, lease_holder, metric, wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -96,7 +96,7 @@ def stack(
         f'credentials = {{ app_id = "{lark_fx.APP_ID}", app_secret = "{lark_fx.APP_SECRET}" }}\n'
     )
     with running_stack(broker_kind, name="dial", bots_toml=toml, redis_url=redis_server.url, partitions=4) as s:
-        asyncio.run(s.add_worker())
+        asyncio.run(add_workers(s))
         yield s
 
 
@@ -268,4 +268,4 @@ async def test_holder_sigkilled_mid_traffic_a_survivor_dials_and_every_message_i
         f"\n{platform.name} {platform.transport}: {len(sent)} messages, takeover {takeover:.2f} s after SIGKILL "
         f"(bound: lease 3 s + 0.5 s), {again} sent again after the holder died without acknowledging them"
     )
-    await stack.add_worker()  # for the tests after this one
+    await add_workers(stack)  # for the tests after this one

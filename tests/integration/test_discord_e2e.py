@@ -32,7 +32,7 @@ from tests.connections.discord_standin import DiscordGatewayStandIn
 from tests.platforms.test_discord import BOT_USER, PUBLIC_KEY, SLASH, TOKEN, message_create, signed
 
 from .loop_thread import LoopThread
-from .stacks import running_stack, stack_idle
+from .stacks import add_workers, running_stack, stack_idle
 from .test_long_connections import TAKEOVER_QUIET_SECONDS, lease_holder, wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -90,7 +90,7 @@ def stack(broker_kind: str, redis_server: RedisServer, discord: DiscordThread) -
         f'credentials = {{ token = "{TOKEN}", public_key = "{PUBLIC_KEY}" }}\n'
     )
     with running_stack(broker_kind, name="discord", bots_toml=toml, redis_url=redis_server.url) as s:
-        asyncio.run(s.add_worker())
+        asyncio.run(add_workers(s))
         yield s
 
 
@@ -220,4 +220,4 @@ async def test_the_holder_sigkilled_a_survivor_resumes_and_every_message_is_answ
     await stack_idle(stack, quiet=TAKEOVER_QUIET_SECONDS)
     counts = answered(discord, sent)
     assert [n for n in sent if counts[n] != 1] == [], counts
-    await stack.add_worker()
+    await add_workers(stack)

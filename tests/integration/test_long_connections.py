@@ -30,7 +30,7 @@ from tests.conftest import enabled_brokers
 from tests.platforms.test_onebot import SPEC_PRIVATE, TOKEN
 
 from .onebot_peers import PeerThread
-from .stacks import running_stack, stack_idle
+from .stacks import add_workers, running_stack, stack_idle
 
 #: After a holder's takeover the stand-ins send again what was not acknowledged; the outcome is
 #: final once the stack stays idle a little longer than after plain traffic.
@@ -78,7 +78,7 @@ def stack(broker_kind: str, redis_server: RedisServer, napcat_server: PeerThread
     with running_stack(
         broker_kind, name="conn", bots_toml=toml, redis_url=redis_server.url, partitions=PARTITIONS
     ) as s:
-        asyncio.run(s.add_worker())
+        asyncio.run(add_workers(s))
         yield s
 
 
@@ -241,7 +241,7 @@ async def sigkill_holder_mid_traffic(stack: Stack, peer: PeerThread, bot_id: str
     assert new_holder is not None and new_holder is not holder and new_token > token
     await asyncio.sleep(3.0)
     sent = await traffic.stop()
-    await stack.add_worker()  # for the tests after this one
+    await add_workers(stack)  # for the tests after this one
     return sent, takeover
 
 

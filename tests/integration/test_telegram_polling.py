@@ -24,7 +24,7 @@ from tests.connections.telegram_bot_api import USER_BASE, BotApi
 from tests.platforms.test_telegram import TOKEN
 
 from .loop_thread import LoopThread
-from .stacks import running_stack
+from .stacks import add_workers, running_stack
 from .test_long_connections import answered_exactly_once, lease_holder, metric, wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -75,7 +75,7 @@ def stack(broker_kind: str, redis_server: RedisServer, bot_api: BotApiThread) ->
         f'language = "en"\ncredentials = {{ token = "{TOKEN}" }}\n'
     )
     with running_stack(broker_kind, name="poll", bots_toml=toml, redis_url=redis_server.url) as s:
-        asyncio.run(s.add_worker())
+        asyncio.run(add_workers(s))
         yield s
 
 
@@ -163,4 +163,4 @@ async def test_holder_sigkilled_mid_traffic_the_other_polls_on_and_every_update_
         stack, range(sent[0], sent[-1] + 1), delivered=lambda: delivered(bot_api), answered=lambda: answered(bot_api)
     )
     await wait_for(lambda: bot_api.api.pending == [], "every update confirmed", 30)
-    await stack.add_worker()  # as many workers as before, for any test after this one
+    await add_workers(stack)  # as many workers as before, for any test after this one
