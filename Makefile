@@ -72,11 +72,13 @@ test: $(STAMP) $(SYSTEM_STAMP) check ## the fast tier: lint, types, unit tests, 
 test-all: $(STAMP) $(SYSTEM_STAMP) check ## the full tier (CI): everything on Tansu and Apache Kafka, faults, chaos, clusters
 	@command -v java >/dev/null && command -v mvn >/dev/null || { \
 	  echo "make test-all: Apache Kafka needs java (17+) and mvn on PATH; install them (apt-get install openjdk-17-jre-headless maven)"; exit 2; }
-	SWITCHBOARD_TEST_BROKERS=tansu,kafka SWITCHBOARD_TEST_TIER=all \
-	  $(BIN)/pytest -q -p no:cacheprovider -m "not alone" -n $(TEST_WORKERS) --dist loadgroup --durations=$(DURATIONS) $(PYTEST_ARGS)
-	@echo "==> the fault suites, one test at a time on an otherwise idle machine"
-	SWITCHBOARD_TEST_BROKERS=tansu,kafka SWITCHBOARD_TEST_TIER=all \
-	  $(BIN)/pytest -q -p no:cacheprovider -m alone --durations=$(DURATIONS) $(PYTEST_ARGS)
+	@# Both parts run whatever the first one says; the target fails if either did.
+	@export SWITCHBOARD_TEST_BROKERS=tansu,kafka SWITCHBOARD_TEST_TIER=all; status=0; \
+	echo "==> everything but the fault suites, $(TEST_WORKERS) test processes"; \
+	$(BIN)/pytest -q -p no:cacheprovider -m "not alone" -n $(TEST_WORKERS) --dist loadgroup --durations=$(DURATIONS) $(PYTEST_ARGS) || status=$$?; \
+	echo "==> the fault suites, one test at a time on an otherwise idle machine"; \
+	$(BIN)/pytest -q -p no:cacheprovider -m alone --durations=$(DURATIONS) $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 check: lint typecheck ## lint, format check and type check
 

@@ -82,9 +82,10 @@ FULL_TIER: dict[str, str] = {
 }
 
 #: Tests the full tier runs after the others, one at a time (no pytest-xdist): they SIGKILL workers,
-#: brokers and Redis under a minute of load and count every reply, and on a machine shared with
-#: other tests the faults they inject become timing they do not control.
-ALONE: tuple[str, ...] = ("tests/faults/",)
+#: brokers and Redis under a minute of load and count every reply, or time a Sentinel failover
+#: against a client's re-check; on a machine shared with other tests the faults they inject become
+#: timing they do not control.
+ALONE: tuple[str, ...] = ("tests/faults/", "tests/state/test_sentinel.py")
 
 #: Skip reasons the full tier accepts (a substring of the reason); any other skip fails it.
 EXPECTED_SKIPS: tuple[str, ...] = ("Tansu-only characterisation",)
