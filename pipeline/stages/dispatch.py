@@ -179,8 +179,13 @@ class DispatchStage:
         if start.decision == "done":
             metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
             return True
-        if start.decision == "held":
+        if start.decision in ("held", "behind"):
             metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+            if start.decision == "behind":
+                # Idle, but messages held during the last turn wait for its flush, which may still
+                # be on its way: flush now, oldest first (the flush that arrives later finds the
+                # session busy and does nothing).
+                await self._flush(bot, command, partition)
             return False
         if start.decision != "start" or start.session_id is None:
             return False  # busy (a flush while another turn runs: that turn's end flushes again)

@@ -105,7 +105,7 @@ class InflightStream:
     trace_id: str | None = None
 
 
-Decision = Literal["start", "held", "hold", "busy", "done", "resume", "no_session"]
+Decision = Literal["start", "held", "behind", "hold", "busy", "done", "resume", "no_session"]
 
 
 @dataclass(frozen=True)

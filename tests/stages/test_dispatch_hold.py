@@ -11,7 +11,8 @@ from prometheus_client import REGISTRY
 
 from pipeline.records import SessionCommand
 from pipeline.session import SessionClient, StaticPoolProvisioner
-from pipeline.settings import Settings
+from pipeline.settings import BotConfig, Settings
+from pipeline.sim import SimServer, SimSettings
 from pipeline.stages.dispatch import DispatchStage, turn_message_id
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
@@ -105,3 +106,53 @@ async def test_a_copy_of_a_message_merged_into_a_sent_turn_is_skipped(redis_url:
         )
         assert (after or 0.0) - (skipped or 0.0) == 1
         assert [t for t, _ in recorder.records] == []
+
+
+async def test_a_message_arriving_before_the_owed_flush_goes_behind_the_held_one(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Queue policy: A runs, B is held; A ends (a flush is now owed and on its way through the
+    topic), and C reaches dispatch before that flush. C must not overtake B: it is held behind it,
+    and dispatch flushes B at once. The late flush then finds the session busy and does nothing."""
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
+    settings = Settings(redis_prefix=redis_prefix, bots=[bot])
+    state = State.connect(redis_url, settings.redis_prefix)
+    async with SimServer(SimSettings(api_key="k", seed=7)) as sim:
+        session_id = await sim.create_session()
+        client = SessionClient(api_key="k", base_url=sim.base_url("ark"))
+        outputs = Outputs(Recorder())
+        stage = DispatchStage(
+            settings,
+            state,
+            client,
+            StaticPoolProvisioner([session_id]),
+            StreamRegistry(state.streams, client, outputs),
+            outputs,
+            Notifier(settings),
+        )
+        try:
+            running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+            await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
+            await stage.handle(command("m-B"), 0)
+            conversations = state.conversations
+            await conversations.bind_turn_end(CONVERSATION, "idle-A", bind=True)
+            owed = await conversations.finish_turn(
+                CONVERSATION, 0, session_id=session_id, event_id="idle-A", turn_id="msg-A"
+            )
+            assert owed == 1  # A's end owes a flush for B
+
+            await stage.handle(command("m-C"), 0)
+            assert [t for t, _ in await conversations.peek_held(CONVERSATION)] == ["msg-m-C"]
+            assert await conversations.turns_in_session(CONVERSATION) == ["msg-m-B"]
+            sent = [e.id async for e in client.list(session_id, order="asc") if e.type == "user.message"]
+            assert sent == ["msg-m-B"]
+
+            flush = command("flush").model_copy(update={"kind": "flush", "events": [], "inbound_ids": []})
+            await stage.handle(flush, 0)  # the owed flush, late: B runs, so C keeps waiting
+            assert [t for t, _ in await conversations.peek_held(CONVERSATION)] == ["msg-m-C"]
+            sent = [e.id async for e in client.list(session_id, order="asc") if e.type == "user.message"]
+            assert sent == ["msg-m-B"]
+        finally:
+            await stage.streams.close()
+            await client.aclose()
+            await state.redis.aclose()

@@ -136,7 +136,20 @@ async def test_busy_session_holds_the_turn_once_and_its_end_flushes_it(state: St
     assert await state.markers.marker("turnend", "idle-1", "k") == "flush"
     assert await state.markers.marker("sent", "t1", "k") == "1"
     assert await state.streams.inflight(2) == []
-    assert await begin(state, "t4") == "start"  # after the end: a new turn starts
+    assert await begin(state, "t4") == "behind"  # idle, but t2 waits for its flush: t4 goes after it
+    assert [t for t, _ in await conversations.peek_held("k")] == ["t2", "t4"]
+    assert await begin(state, "t4") == "behind"  # a replay is not held twice
+    assert (await conversations.conversation("k")).held == 2
+    assert await begin(state, "t2", "flush") == "start"  # the flush starts the oldest
+
+
+async def test_a_turn_starts_at_once_when_nothing_is_held(state: State) -> None:
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1", "queue") == "start"
+    await conversations.bind_turn_end("k", "idle-1", bind=True)
+    assert await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-1", turn_id="t1") == 0
+    assert await begin(state, "t2", "queue") == "start"
 
 
 async def test_a_copy_of_a_message_merged_into_another_turn_is_not_sent_again(state: State) -> None:

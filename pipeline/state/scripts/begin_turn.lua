@@ -9,7 +9,8 @@
 -- Returns {decision, session id, cursor, interrupt}: 'done' (sent before, or every message it
 -- carries already started, held or merged: a replay), 'resume' (a
 -- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'hold' (busy,
--- and no held entry was given: call again with one; most turns never need it), 'busy' (a flush while
+-- and no held entry was given: call again with one; most turns never need it), 'behind' (idle, but
+-- messages held before it still wait for their flush: kept after them; flush now), 'busy' (a flush while
 -- another turn runs), 'no_session' (create one, then call again), 'start' (recorded; send it now).
 local conv, held, turns, turn_key, inflight, sent_key, c2s = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local turn_id, held_entry, mode, turn_json, stream_json = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -42,21 +43,28 @@ if mode ~= 'flush' and mode ~= 'resume' and #KEYS >= 8 then
 end
 local busy = status and status ~= 'idle' and session
 if busy and mode == 'flush' then return {'busy', session, cursor, '0'} end
-if busy and (mode == 'merge' or mode == 'queue') then
+-- Keep this turn for later: once (a replay finds it held), and only with its command.
+local function hold(decision)
   local prefix = turn_id .. '\n'
   for _, item in ipairs(redis.call('LRANGE', held, 0, -1)) do
     if string.sub(item, 1, #prefix) == prefix then
       mark_inbound()
-      return {'held', session, cursor, '0'}
+      return {decision, session or '', cursor, '0'}
     end
   end
-  if held_entry == '' then return {'hold', session, cursor, '0'} end
+  if held_entry == '' then return {'hold', session or '', cursor, '0'} end
   redis.call('RPUSH', held, held_entry)
   redis.call('EXPIRE', held, ttl)
   redis.call('HINCRBY', conv, 'held', 1)
   mark_inbound()
   if note_channel ~= '' then redis.call('PUBLISH', note_channel, note) end
-  return {'held', session, cursor, '0'}
+  return {decision, session or '', cursor, '0'}
+end
+if mode == 'merge' or mode == 'queue' then
+  if busy then return hold('held') end
+  -- Idle, but messages held during the last turn still wait for its flush: starting this one now
+  -- would overtake them. It goes behind them, and the caller flushes at once.
+  if redis.call('LLEN', held) > 0 then return hold('behind') end
 end
 if not session then
   if new_session == '' then return {'no_session', '', cursor, '0'} end
