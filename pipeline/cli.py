@@ -18,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.errors import SwitchboardError
 
@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         "up",
         help="everything on this machine: embedded broker, Redis, session simulator, one worker (what `make run` runs)",
         description=(
-            "Start the embedded stack: a Tansu broker, a Redis server and the session simulator (each "
+            "Start the embedded stack: a broker (Apache Kafka when Java 17+ is here, else Tansu; see "
+            "--broker), a Redis server and the session simulator (each "
             "unless SWITCHBOARD_KAFKA_BOOTSTRAP, SWITCHBOARD_REDIS_URL or SWITCHBOARD_SESSION_BASE_URL "
             "names your own), then one worker with the web console, and says it is up once the worker's "
             "stages consume. Ctrl-C, a hang-up (closed terminal) or SIGTERM stops everything."
@@ -67,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PORT",
         help="port of the worker's web server: webhooks, console, /metrics (default: SWITCHBOARD_WEB_PORT, else 8080)",
+    )
+    up.add_argument(
+        "--broker",
+        choices=("auto", "kafka", "tansu"),
+        default="auto",
+        help=(
+            "the embedded broker: `kafka` (Apache Kafka, a JVM: jars fetched with Maven on the first run; "
+            "stays as fast after a day of traffic), `tansu` (in memory, starts at once; its fetches slow "
+            "down after some ten thousand messages), `auto` (default): kafka when Java 17+ and Maven "
+            "or the cached jars are here, else tansu"
+        ),
     )
     up.add_argument("--think", type=float, default=0.3, help="the simulator agent's think time, seconds (default 0.3)")
     up.add_argument("--run-dir", type=Path, default=None, help="keep logs and data here (default: a new temp dir)")
@@ -357,11 +369,29 @@ def _up(args: argparse.Namespace) -> int:
         settings.session_base_url and preflight.session_api_problem(settings),
         settings.session_base_url and preflight.ark_openapi_problem(settings),
     )
+    broker = _embedded_broker(args.broker) if not settings.kafka_bootstrap else "tansu"
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="switchboard-up-"))
     logging.basicConfig(level=logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_run_stack(web_port, args.think, run_dir, how, onebot))
+        return asyncio.run(_run_stack(web_port, args.think, run_dir, how, onebot, broker))
     return 0
+
+
+def _embedded_broker(choice: str) -> Literal["kafka", "tansu"]:
+    """The broker `up` starts. Tansu's in-memory log makes every fetch slower as it grows (after
+    some ten thousand messages replies stall), so Apache Kafka is the default wherever it can run."""
+    from pipeline.embedded import kafka_jars_cached, kafka_unavailable
+
+    if choice == "tansu":
+        return "tansu"
+    reason = kafka_unavailable()
+    if reason is not None:
+        _check(reason if choice == "kafka" else None, code=EXIT_ENVIRONMENT)
+        say(f"using the embedded Tansu broker ({reason}); it slows down after some ten thousand messages")
+        return "tansu"
+    if not kafka_jars_cached():
+        say("fetching Apache Kafka's jars with Maven (the first run only; about a minute)…")
+    return "kafka"
 
 
 ONEBOT_WS_BOT = "napcat"
@@ -416,13 +446,18 @@ def _suggest(port: int) -> int:
 
 
 async def _run_stack(
-    web_port: int, think: float, run_dir: Path, how_to_change_port: str, onebot: OneBotWs | None = None
+    web_port: int,
+    think: float,
+    run_dir: Path,
+    how_to_change_port: str,
+    onebot: OneBotWs | None = None,
+    broker: Literal["kafka", "tansu"] = "tansu",
 ) -> int:
     from pipeline.embedded import EmbeddedServiceError, PortInUseError
     from pipeline.stack import Stack
 
     settings_env = {"SWITCHBOARD_BOTS": onebot.bots_json} if onebot is not None else {}
-    stack = Stack(settings_env=settings_env, web_port=web_port, think=think, run_dir=run_dir)
+    stack = Stack(settings_env=settings_env, web_port=web_port, think=think, run_dir=run_dir, embedded_broker=broker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # SIGHUP too: a closed terminal or a dropped SSH connection hangs up the process group, and the

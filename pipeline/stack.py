@@ -15,10 +15,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
-from pipeline.embedded import ManagedProcess, RedisServer, TansuBroker, free_port
+from pipeline.embedded import ApacheKafka, ManagedProcess, RedisServer, TansuBroker, free_port
 from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka import apply_topics
 from pipeline.redact import redact_url
@@ -154,7 +155,10 @@ class Stack:
     run_dir: Path | None = None
     # The embedded Redis with an append-only file, so its state survives a restart (as in production).
     redis_aof: bool = False
-    broker: TansuBroker | None = None
+    # The broker started when no SWITCHBOARD_KAFKA_BOOTSTRAP is given: Tansu (in memory, starts in
+    # a second) or Apache Kafka (a JVM; its fetches do not slow down as the log grows).
+    embedded_broker: Literal["tansu", "kafka"] = "tansu"
+    broker: TansuBroker | ApacheKafka | None = None
     redis: RedisServer | None = None
     sim: SimProcess | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
@@ -170,7 +174,10 @@ class Stack:
         # unless switched off explicitly. Workers of a deployment keep it off by default.
         env.setdefault("SWITCHBOARD_CONSOLE_ENABLED", "true")
         if not env.get("SWITCHBOARD_KAFKA_BOOTSTRAP"):
-            self.broker = TansuBroker(run_dir=self._dir("broker"))
+            if self.embedded_broker == "kafka":
+                self.broker = ApacheKafka(run_dir=self._dir("broker"))
+            else:
+                self.broker = TansuBroker(run_dir=self._dir("broker"))
             await self.broker.start()
             env["SWITCHBOARD_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
             env.setdefault("SWITCHBOARD_KAFKA_FETCH_MAX_WAIT_MS", str(self.broker.recommended_fetch_max_wait_ms))
@@ -245,6 +252,9 @@ class Stack:
         named += [(f"worker {i}", worker) for i, worker in enumerate(self.workers)]
         return [(name, part) for name, part in named if part is not None]
 
+    def broker_name(self) -> str:
+        return "Apache Kafka" if isinstance(self.broker, ApacheKafka) else "Tansu"
+
     def describe(self) -> list[tuple[str, str]]:
         """(name, where) of each part, for the banner: URLs without their passwords."""
 
@@ -252,7 +262,7 @@ class Stack:
             return redact_url(self.env.get(variable, "")) + note
 
         rows = [
-            ("kafka", where("SWITCHBOARD_KAFKA_BOOTSTRAP", " (embedded Tansu)" if self.broker else "")),
+            ("kafka", where("SWITCHBOARD_KAFKA_BOOTSTRAP", f" (embedded {self.broker_name()})" if self.broker else "")),
             ("redis", where("SWITCHBOARD_REDIS_URL", " (embedded)" if self.redis else "")),
             ("session API", where("SWITCHBOARD_SESSION_BASE_URL", " (switchboard sim)" if self.sim else "")),
         ]

@@ -12,7 +12,13 @@ Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc
 """
 
 from pipeline.embedded._process import ManagedProcess, free_port, port_open, run_sync
-from pipeline.embedded.apache_kafka import DEFAULT_KAFKA_VERSION, ApacheKafka, ensure_kafka_jars
+from pipeline.embedded.apache_kafka import (
+    DEFAULT_KAFKA_VERSION,
+    ApacheKafka,
+    ensure_kafka_jars,
+    kafka_jars_cached,
+    kafka_unavailable,
+)
 from pipeline.embedded.exceptions import (
     BinaryNotFoundError,
     EmbeddedServiceError,
@@ -45,6 +51,8 @@ __all__ = [
     "TansuBroker",
     "ensure_kafka_jars",
     "free_port",
+    "kafka_jars_cached",
+    "kafka_unavailable",
     "port_open",
     "redis_cli_binary",
     "redis_server_binary",

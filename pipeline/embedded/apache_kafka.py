@@ -132,6 +132,24 @@ def ensure_kafka_jars(version: str = DEFAULT_KAFKA_VERSION, *, timeout: float = 
     return libs
 
 
+def kafka_unavailable(version: str = DEFAULT_KAFKA_VERSION) -> str | None:
+    """Why an embedded Apache Kafka cannot start here (None: it can): no Java 17+, or its jars
+    neither cached nor fetchable (no Maven)."""
+    try:
+        java = java_binary()
+    except BinaryNotFoundError as exc:
+        return str(exc)
+    if java_major_version(java) < 17:
+        return f"Apache Kafka {version} needs Java 17+; {java} is older"
+    if not kafka_jars_cached(version) and not shutil.which("mvn"):
+        return "fetching Apache Kafka needs Maven (`mvn`) on PATH"
+    return None
+
+
+def kafka_jars_cached(version: str = DEFAULT_KAFKA_VERSION) -> bool:
+    return bool(os.environ.get("SWITCHBOARD_KAFKA_LIBS")) or (kafka_cache_dir(version) / "libs" / ".complete").exists()
+
+
 def random_cluster_id() -> str:
     """A Kafka cluster id: base64url of 16 random bytes, unpadded, never starting with ``-`` (as
     ``kafka-storage random-uuid``): ``kafka-storage format -t -abc…`` would read the id as an option."""
