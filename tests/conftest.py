@@ -69,6 +69,7 @@ FULL_TIER: dict[str, str] = {
     "tests/integration/test_worker_crash.py": "workers SIGKILLed mid-turn",
     "tests/packaging/": "builds the wheel and installs it into a fresh virtualenv",
     "tests/embedded/test_apache_kafka.py": "boots Apache Kafka (a JVM)",
+    "tests/cli/test_up_lifecycle.py::test_hang_up_stops_every_part_on_apache_kafka": "`up` on Apache Kafka (a JVM)",
     "tests/bench/test_chaos_onebot.py": "the bench's chaos run, a minute of load",
     "tests/bench/test_bench_smoke.py": "runs `switchboard bench --quick`: a stack and the bare turn under load",
     "tests/bench/test_capacity.py::test_a_short_capacity_run": "a capacity run: a stack per CPU set under load",

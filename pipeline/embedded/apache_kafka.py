@@ -1,8 +1,10 @@
-"""A real Apache Kafka broker (KRaft, one node acting as broker and controller) for tests.
+"""A real Apache Kafka broker (KRaft, one node acting as broker and controller): `switchboard up`'s
+broker wherever Java 17+ runs, and the tests' second broker.
 
-The broker's jars come from Maven Central through Maven (``deploy/kafka/pom.xml``), are cached in
-``~/.m2`` and copied once into ``~/.cache/switchboard/kafka-<version>/libs``; after that a start is
-only the JVM boot (about 3-4 s here). Slow compared to Tansu, so the test fixtures only use it when
+The broker's jars come from Maven Central through Maven (``kafka-pom.xml`` beside this module,
+shipped in the package), are cached in ``~/.m2`` and copied once into
+``~/.cache/switchboard/kafka-<version>/libs``; after that a start is only the JVM boot (about 3-4 s
+here). Slower to start than Tansu, so the test fixtures only use it when
 ``SWITCHBOARD_TEST_BROKERS`` names ``kafka``.
 
 Unlike Tansu, Apache Kafka answers a fetch as soon as data arrives (latency does not depend on
@@ -47,13 +49,9 @@ Configuration:
 """
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def kafka_pom_path() -> Path:
     explicit = os.environ.get("SWITCHBOARD_KAFKA_POM")
-    return Path(explicit) if explicit else _repo_root() / "deploy" / "kafka" / "pom.xml"
+    return Path(explicit) if explicit else Path(__file__).with_name("kafka-pom.xml")
 
 
 def kafka_cache_dir(version: str) -> Path:
@@ -141,8 +139,11 @@ def kafka_unavailable(version: str = DEFAULT_KAFKA_VERSION) -> str | None:
         return str(exc)
     if java_major_version(java) < 17:
         return f"Apache Kafka {version} needs Java 17+; {java} is older"
-    if not kafka_jars_cached(version) and not shutil.which("mvn"):
-        return "fetching Apache Kafka needs Maven (`mvn`) on PATH"
+    if not kafka_jars_cached(version):
+        if not shutil.which("mvn"):
+            return "fetching Apache Kafka needs Maven (`mvn`) on PATH"
+        if not kafka_pom_path().exists():
+            return f"the Kafka pom is missing ({kafka_pom_path()})"
     return None
 
 

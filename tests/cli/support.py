@@ -48,12 +48,13 @@ BANNER = "switchboard is up"
 class Up:
     """A `switchboard up` child whose output goes to a pipe the test reads (as a terminal would)."""
 
-    def __init__(self, port: int, run_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, port: int, run_dir: Path, env: dict[str, str] | None = None, *, broker: str = "tansu") -> None:
         self.port = port
         self.run_dir = run_dir
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")} | (env or {})
+        command = ["up", "--web-port", str(port), "--run-dir", str(run_dir), "--broker", broker]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "up", "--web-port", str(port), "--run-dir", str(run_dir)],
+            [sys.executable, "-m", "pipeline.cli", *command],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -181,3 +181,49 @@ def test_log_follower_picks_turn_lines_and_warnings(tmp_path: Path) -> None:
         "  12:00:05 k: reply",
     ]
     assert follower.new_lines() == []
+
+
+def _java(tmp_path: Path, version: str) -> str:
+    """A directory holding a `java` that reports `version` (a machine with another JDK), for PATH."""
+    bin_dir = tmp_path / "jdk" / "bin"
+    bin_dir.mkdir(parents=True)
+    java = bin_dir / "java"
+    java.write_text(f'#!/bin/sh\necho \'openjdk version "{version}" 2023-01-17\' >&2\n')
+    java.chmod(0o755)
+    return str(bin_dir)
+
+
+def test_up_falls_back_to_tansu_and_says_why_where_java_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import _embedded_broker
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", _java(tmp_path, "11.0.2") + os.pathsep + os.environ["PATH"])
+    assert _embedded_broker("auto") == "tansu"
+    said = capsys.readouterr().out
+    assert "using the embedded Tansu broker" in said and "needs Java 17+" in said, said
+    assert _embedded_broker("tansu") == "tansu"
+
+
+def test_up_asked_for_kafka_without_java_17_refuses_before_starting_anything(tmp_path: Path) -> None:
+    env = {"PATH": _java(tmp_path, "11.0.2") + os.pathsep + os.environ["PATH"], "JAVA_HOME": ""}
+    result = run("up", "--broker", "kafka", "--web-port", str(free_port()), "--run-dir", str(tmp_path / "run"), env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "needs Java 17+" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_up_picks_apache_kafka_where_java_17_and_its_jars_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import _embedded_broker
+
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", _java(tmp_path, "17.0.9") + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("SWITCHBOARD_KAFKA_LIBS", str(libs))  # jars at hand: nothing to fetch
+    assert _embedded_broker("auto") == "kafka"
+    assert _embedded_broker("kafka") == "kafka"
+    assert "fetching" not in capsys.readouterr().out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.embedded import free_port
 from tests.cli.support import Up, run
 
 pytestmark = [pytest.mark.integration]
@@ -40,6 +41,21 @@ def _bindable(port: int) -> bool:
 
 
 def test_hang_up_stops_every_part_and_frees_the_port(up: Up) -> None:
+    _hang_up_stops_everything(up)
+
+
+def test_hang_up_stops_every_part_on_apache_kafka_too(tmp_path: Path) -> None:
+    """The default broker wherever Java 17+ is installed: a JVM, which must go with the rest."""
+    up = Up(free_port(), tmp_path / "run", broker="kafka")
+    try:
+        _hang_up_stops_everything(up)
+        assert "(embedded Apache Kafka)" in up.output
+    finally:
+        if up.proc.poll() is None:
+            up.kill()
+
+
+def _hang_up_stops_everything(up: Up) -> None:
     up.wait_for_banner()
     children = up.descendants()
     assert len(children) >= 4, f"broker, Redis, simulator and worker: {children}"

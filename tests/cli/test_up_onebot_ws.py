@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration]
 
 def _up(port: int, tmp_path: Path, out: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
-    command = [sys.executable, "-m", "pipeline.cli", "up", "--onebot-ws", "--web-port", str(port)]
+    command = [sys.executable, "-m", "pipeline.cli", "up", "--onebot-ws", "--broker", "tansu", "--web-port", str(port)]
     with open(out, "wb") as handle:
         return subprocess.Popen(
             [*command, "--run-dir", str(tmp_path / "run")],
