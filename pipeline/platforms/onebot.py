@@ -141,9 +141,10 @@ class HeldActions(Protocol):
 
 class OneBotPlatform(Platform):
     name: ClassVar[str] = "onebot"
-    required_credentials = ()  # `secret`, `access_token`: optional with webhooks
+    required_credentials = ()  # per transport: `secret` (webhook), `access_token` (ws-reverse)
     # A reverse WebSocket is an endpoint on every worker that carries the bot's replies: never open.
-    transports = {"webhook": (), "ws-reverse": ("access_token",), "ws-forward": ()}
+    # A webhook without `secret` would take any request from anyone who knows its URL.
+    transports = {"webhook": ("secret",), "ws-reverse": ("access_token",), "ws-forward": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset(
             {"text", "mention", "image", "audio", "video", "file", "reply", "forward", "face", "dice", "rps", "share"}
@@ -177,8 +178,8 @@ class OneBotPlatform(Platform):
     @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         secret = bot.secret("secret")
-        if not secret:
-            return  # the implementation signs only when it has a secret
+        if not secret:  # required for webhook bots; a bot on a WebSocket takes no unsigned posts either
+            raise WebhookRejected(401, "bad_signature", "no secret configured for this bot's webhook")
         given = (request.header("x-signature") or "").lower()
         expected = "sha1=" + hmac.new(secret.encode(), request.body, hashlib.sha1).hexdigest()
         if not same_secret(given, expected):
@@ -192,14 +193,7 @@ class OneBotPlatform(Platform):
                 "the implementation's WebSocket server, which Switchboard dials, accepts anyone who can "
                 "reach it. Set access_token here and the same token in its WebSocket server settings",
             )
-        if bot.transport != "webhook":
-            return []  # ws-reverse: the token is required (checked with the settings)
-        return missing_credential(
-            bot,
-            "secret",
-            "its webhook accepts any request, from anyone who knows the URL. "
-            "Set secret here and the same secret in the OneBot implementation's HTTP POST settings",
-        )
+        return []  # webhook, ws-reverse: their credential is required (checked with the settings)
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:

@@ -35,7 +35,6 @@ from pipeline.platforms._common import (
     media_placeholder,
     media_segment,
     mention_segment,
-    missing_credential,
     network_outcome,
     notice,
     obj,
@@ -117,7 +116,8 @@ class TelegramPlatform(Platform):
     name: ClassVar[str] = "telegram"
     required_credentials = ("token",)
     # `polling`: getUpdates long polling (`pipeline.connections.telegram`), held by one worker.
-    transports = {"webhook": (), "polling": ()}
+    # A webhook without `webhook_secret` would take any request from anyone who knows its URL.
+    transports = {"webhook": ("webhook_secret",), "polling": ()}
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "image", "audio", "video", "file", "reply", "dice"}),
         max_text_chars=MAX_TEXT,
@@ -135,8 +135,8 @@ class TelegramPlatform(Platform):
     @verify_guard
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
         secret = bot.secret("webhook_secret")
-        if not secret:
-            return  # no secret_token was set on the webhook: nothing to check
+        if not secret:  # required for webhook bots; a polling bot takes no unsigned posts either
+            raise WebhookRejected(401, "bad_signature", "no webhook_secret configured for this bot")
         if not same_secret(request.header("x-telegram-bot-api-secret-token"), secret):
             raise WebhookRejected(401, "bad_signature")
 
@@ -147,16 +147,6 @@ class TelegramPlatform(Platform):
         given = {"delete_webhook": entry.get("delete_webhook") not in (None, False)}
         given["poll_timeout_seconds"] = entry.get("poll_timeout_seconds") not in (None, 30)
         return [(field, 'applies to transport = "polling" only') for field, set_ in given.items() if set_]
-
-    def startup_warnings(self, bot: BotConfig) -> list[str]:
-        if bot.transport != "webhook":
-            return []  # no webhook: updates are polled
-        return missing_credential(
-            bot,
-            "webhook_secret",
-            "its webhook accepts any request, from anyone who knows the URL. "
-            "Set webhook_secret and pass the same value as secret_token to setWebhook",
-        )
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:

@@ -17,6 +17,7 @@ BOTS = """
 [[bots]]
 platform = "onebot"
 bot_id = "hook"
+credentials = { secret = "s" }
 
 [[bots]]
 platform = "onebot"
@@ -44,12 +45,13 @@ transport = "websocket"
 platform = "onebot"
 bot_id = "http"
 api_base = "ws://127.0.0.1:3001"
+credentials = { secret = "s" }
 
 [[bots]]
 platform = "telegram"
 bot_id = "hooked"
 delete_webhook = true
-credentials = { token = "123:abc" }
+credentials = { token = "123:abc", webhook_secret = "s" }
 """
 
 
@@ -73,10 +75,27 @@ def test_every_transport_problem_is_named_by_entry_and_field(tmp_path: Path, mon
     ]
 
 
+def test_a_webhook_bot_without_its_secret_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Safe by default: a webhook nobody signs would take any request from anyone who knows its URL."""
+    config = tmp_path / "bots.toml"
+    config.write_text(
+        '[[bots]]\nplatform = "onebot"\nbot_id = "qq"\n\n'
+        '[[bots]]\nplatform = "telegram"\nbot_id = "tg"\ncredentials = { token = "123:abc" }\n\n'
+        '[[bots]]\nplatform = "telegram"\nbot_id = "polled"\ntransport = "polling"\ncredentials = { token = "1:a" }\n'
+    )
+    monkeypatch.setenv("SWITCHBOARD_CONFIG", str(config))
+    with pytest.raises(ConfigurationError) as error:
+        load_settings("up", bots_check=bot_problems)
+    assert error.value.problems == [
+        f"{config}: bots[0].credentials.secret: required for onebot webhook (bot 'qq')",
+        f"{config}: bots[1].credentials.webhook_secret: required for telegram webhook (bot 'tg')",
+    ]
+
+
 def test_valid_transports_load_and_webhook_stays_the_default() -> None:
     settings = Settings(
         bots=[
-            {"platform": "onebot", "bot_id": "a"},
+            {"platform": "onebot", "bot_id": "a", "credentials": {"secret": "s"}},
             {"platform": "onebot", "bot_id": "b", "transport": "ws-reverse", "credentials": {"access_token": "t"}},
             {"platform": "onebot", "bot_id": "c", "transport": "ws-forward", "api_base": "wss://napcat:3001"},
             {"platform": "telegram", "bot_id": "d", "transport": "polling", "credentials": {"token": "1:a"}},

@@ -195,7 +195,9 @@ def test_signature_and_ignored_and_malformed() -> None:
     unsigned = WebhookRequest(headers={}, body=json.dumps(SPEC_PRIVATE).encode())
     with pytest.raises(WebhookRejected):
         platform.verify(bot, unsigned)
-    platform.verify(BotConfig(platform="onebot", bot_id="open"), unsigned)  # no secret: no check
+    with pytest.raises(WebhookRejected) as exc:  # no secret configured: nothing is taken unsigned
+        platform.verify(BotConfig(platform="onebot", bot_id="open"), unsigned)
+    assert (exc.value.status, exc.value.reason) == (401, "bad_signature")
 
     heartbeat = {
         "time": 1,

@@ -21,9 +21,7 @@ async def test_secret_less_bots_are_named_at_start_up(redis_url: str, caplog: py
     settings = Settings(
         redis_url=redis_url,
         bots=[
-            BotConfig(platform="telegram", bot_id="tg-open", credentials={"token": "123:TOKEN-VALUE"}),
             BotConfig(platform="telegram", bot_id="tg-closed", credentials={"token": "1:t", "webhook_secret": "s"}),
-            BotConfig(platform="onebot", bot_id="qq-open", credentials={"access_token": "ACCESS-VALUE"}),
             BotConfig(platform="onebot", bot_id="qq-closed", credentials={"secret": "s"}),
             BotConfig(
                 platform="lark", bot_id="lk-token-only", credentials={**LARK_APP, "verification_token": "VERIFY-VALUE"}
@@ -39,13 +37,12 @@ async def test_secret_less_bots_are_named_at_start_up(redis_url: str, caplog: py
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         # The leak check's own warnings (these test credentials are short) are tested elsewhere.
         warnings = [w for w in warnings if not w.startswith("leak check:")]
-        assert len(warnings) == 3, warnings
-        telegram, onebot, lark = warnings  # in the order of the bots
-        assert telegram.startswith("telegram bot 'tg-open': no webhook_secret credential: its webhook accepts any")
-        assert "secret_token to setWebhook" in telegram
-        assert onebot.startswith("onebot bot 'qq-open': no secret credential: its webhook accepts any request")
+        # Telegram and OneBot webhooks without their secret are refused with the settings (see
+        # tests/connections/test_settings.py); Lark's token-only mode stays allowed, with a warning.
+        assert len(warnings) == 1, warnings
+        (lark,) = warnings
         assert lark.startswith("lark bot 'lk-token-only': no encrypt_key credential: Lark does not sign")
         # A warning names what is missing, never a credential's value.
-        assert not any(v in w for w in warnings for v in ("TOKEN-VALUE", "ACCESS-VALUE", "VERIFY-VALUE"))
+        assert "VERIFY-VALUE" not in lark
     finally:
         await runtime.stop()
