@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def apply_mode_defaults(args: argparse.Namespace) -> None:
+    """`--rate` and `--duration` not given: the load phase's defaults, or the soak's."""
+    if args.rate is None:
+        args.rate = SOAK_RATE if args.soak else LOAD_RATE
+    if args.duration is None:
+        args.duration = SOAK_DURATION if args.soak else LOAD_DURATION
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -191,10 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.kafka_cluster < 2:
             parser.error("--chaos-kill needs --kafka-cluster N, N >= 2 (one broker has no replica to fail over to)")
-    if args.rate is None:
-        args.rate = SOAK_RATE if args.soak else LOAD_RATE
-    if args.duration is None:
-        args.duration = SOAK_DURATION if args.soak else LOAD_DURATION
+    apply_mode_defaults(args)
     if args.soak and (args.window <= 0 or args.duration <= 0 or args.rate <= 0):
         parser.error("--soak needs a positive --duration, --window and --rate")
     if args.quick:
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.get("ok", True) else 1
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["apply_mode_defaults", "build_parser", "main"]
 
 
 def _now() -> str:

@@ -433,7 +433,9 @@ async def soak_on(bs: BenchStack, args: argparse.Namespace, label: str) -> dict[
         t0 = time.monotonic()
         gen.start()
         while len(windows) < len(bounds):
-            await asyncio.sleep(0.5)
+            # Wake on a window's end, so its sample is taken then (not up to a tick into the next).
+            next_end = bounds[len(samples) - 1][1] if len(samples) <= len(bounds) else math.inf
+            await asyncio.sleep(max(0.0, min(0.5, next_end - (time.monotonic() - t0))))
             now = time.monotonic() - t0
             while len(samples) <= len(bounds) and now >= bounds[len(samples) - 1][1]:
                 samples.append(await take_sample(bs, http, gen.stats.acked))
