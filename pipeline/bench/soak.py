@@ -271,6 +271,7 @@ class ReplyTap:
         self.bot = bot
         self.replies = WindowedReplies()
         self.last_at = time.monotonic()
+        self.resubscribed = 0  # times the live channel's connection broke (replies may be missing)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -279,9 +280,19 @@ class ReplyTap:
         await subscription.subscribe(channel)
 
         async def loop() -> None:
+            nonlocal subscription
             try:
                 while True:
-                    msg = await subscription.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    try:
+                        msg = await subscription.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    except Exception:  # the connection broke: subscribe again (what it missed is lost)
+                        self.resubscribed += 1
+                        await asyncio.sleep(0.5)
+                        with contextlib.suppress(Exception):
+                            await subscription.aclose()
+                            subscription = await pubsub(self.bs.redis)
+                            await subscription.subscribe(channel)
+                        continue
                     if msg is None:
                         continue
                     try:
@@ -472,6 +483,7 @@ async def soak_on(bs: BenchStack, args: argparse.Namespace, label: str) -> dict[
         "grace_s": grace,
         "messages": {"sent": stats.sent, "accepted": stats.acked, "failed": stats.failed, "http_errors": stats.errors},
         "generator_behind_max_ms": round(stats.behind_max_ms, 1),
+        "reply_channel_resubscribed": tap.resubscribed,
         "start": start,
         "windows": windows,
         "targets": verdict,
