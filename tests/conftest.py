@@ -73,6 +73,7 @@ FULL_TIER: dict[str, str] = {
     "tests/bench/test_chaos_onebot.py": "the bench's chaos run, a minute of load",
     "tests/bench/test_bench_smoke.py": "runs `switchboard bench --quick`: a stack and the bare turn under load",
     "tests/bench/test_capacity.py::test_a_short_capacity_run": "a capacity run: a stack per CPU set under load",
+    "tests/bench/test_soak.py::test_a_short_soak_run": "`switchboard bench --soak`: a stack under a minute of load",
     # The holders' takeovers: the fast tier keeps each transport's end-to-end tests (held once,
     # answered once, replies from any worker); these SIGKILL the holder under traffic.
     "tests/integration/test_long_connections.py::test_forward_holder_sigkilled": "SIGKILLs the OneBot holder",

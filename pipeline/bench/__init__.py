@@ -10,6 +10,7 @@ and chaos.
     switchboard bench --chaos --redis cluster           # the same on a Redis Cluster (a primary killed)
     switchboard bench --chaos --kafka-cluster 3 --chaos-kill leader,rolling   # broker faults, lag recovery
     switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
+    switchboard bench --soak                            # an hour at 80 msg/s, per 5-minute window: latency, RSS, Redis
 
 Writes bench/results/<name>.json and .png (see bench/README.md for every field).
 """
@@ -21,6 +22,17 @@ import asyncio
 import time
 from pathlib import Path
 from typing import Any
+
+#: defaults of the load phase, and of `--soak` (pipeline/bench/soak.py)
+LOAD_RATE = 150.0
+LOAD_DURATION = 20.0
+#: Half the worker's max: 165 turns/s measured on the 2-core reference machine, so `--soak` without
+#: `--rate` offers 80 msg/s. Deriving it per run would need a ramp first (minutes of overload right
+#: before the soak, a noisy figure on a shared machine); `--rate` overrides.
+SOAK_RATE = 80.0
+SOAK_DURATION = 3600.0
+SOAK_WINDOW = 300.0
+SOAK_WARMUP = 300.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--mode", choices=["fixed", "max"], default="fixed")
-    p.add_argument("--rate", type=float, default=150.0, help="offered inbound messages/s (fixed mode)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of load per phase")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help=f"offered inbound messages/s (fixed mode; default {LOAD_RATE:g}, with --soak {SOAK_RATE:g})",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help=f"seconds of load per phase (default {LOAD_DURATION:g}; with --soak the whole soak, {SOAK_DURATION:g})",
+    )
     p.add_argument("--conversations", type=int, default=200)
     p.add_argument("--private-share", type=float, default=0.3, help="share of conversations that are private")
     p.add_argument("--filtered-share", type=float, default=0.8, help="share of group messages without @bot")
@@ -136,11 +158,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="py-spy record the worker for S seconds during the load (raw folded output)",
     )
+    p.add_argument(
+        "--soak",
+        action="store_true",
+        help="only a soak: steady load for --duration (an hour) at --rate (half the worker's max), figures per "
+        "--window, judged against issue #39's targets after --warmup (bench/README.md)",
+    )
+    p.add_argument("--window", type=float, default=SOAK_WINDOW, metavar="S", help="with --soak: seconds per window")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=SOAK_WARMUP,
+        metavar="S",
+        help="with --soak: seconds of the soak before the targets are judged (its windows are reported, not judged)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny load for a smoke test (a few seconds)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--name", default=None, help="result file name (default bench-<timestamp>)")
     p.add_argument("--run-dir", type=Path, default=None, help="keep the stack's logs here")
     return p
+
+
+def apply_mode_defaults(args: argparse.Namespace) -> None:
+    """`--rate` and `--duration` not given: the load phase's defaults, or the soak's."""
+    if args.rate is None:
+        args.rate = SOAK_RATE if args.soak else LOAD_RATE
+    if args.duration is None:
+        args.duration = SOAK_DURATION if args.soak else LOAD_DURATION
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.kafka_cluster < 2:
             parser.error("--chaos-kill needs --kafka-cluster N, N >= 2 (one broker has no replica to fail over to)")
+    apply_mode_defaults(args)
+    if args.soak and (args.window <= 0 or args.duration <= 0 or args.rate <= 0):
+        parser.error("--soak needs a positive --duration, --window and --rate")
     if args.quick:
         args.rate, args.duration, args.conversations = min(args.rate, 20.0), min(args.duration, 4.0), 10
         args.limit_messages = min(args.limit_messages, 2000)
@@ -169,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.get("ok", True) else 1
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["apply_mode_defaults", "build_parser", "main"]
 
 
 def _now() -> str:

@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +117,9 @@ class GeneratorStats:
 
 class Generator:
     """Fires a plan at the ingress from a dedicated thread. `urls` is read on every send (chaos
-    tests swap workers); a refused/failed webhook is retried with the same body, as platforms do."""
+    tests swap workers); a refused/failed webhook is retried with the same body, as platforms do.
+    `schedule`, when given, replaces the plan's messages: (message, seconds after the start) pairs
+    read lazily from the generator's thread, so a long run never holds all of its messages."""
 
     def __init__(
         self,
@@ -128,8 +130,10 @@ class Generator:
         retry_delay: float = 0.5,
         connections: int = 256,
         timeout: float = 30.0,
+        schedule: Iterable[tuple[Sent, float]] | None = None,
     ) -> None:
         self.plan = plan
+        self.schedule = schedule
         self.urls = urls
         self.retries = retries
         self.retry_delay = retry_delay
@@ -184,7 +188,10 @@ class Generator:
         try:
             start = time.monotonic()
             self.start_epoch_ms = time.time() * 1000 - (time.monotonic() - start) * 1000
-            for sent, offset in zip(self.plan.messages, self.plan.offsets, strict=True):
+            schedule = self.schedule
+            if schedule is None:
+                schedule = zip(self.plan.messages, self.plan.offsets, strict=True)
+            for sent, offset in schedule:
                 if self._stop.is_set():
                     break
                 delay = start + offset - time.monotonic()
@@ -234,23 +241,26 @@ async def read_deliveries(redis: Any, keys: Keys, bot: str, chat_ids: Sequence[s
                 pipe.lrange(keys.scoped("console", f"{bot}:{chat}"), 0, -1)
             results = await pipe.execute()
         for chat, raw_list in zip(chunk, results, strict=True):
-            for raw in raw_list:
-                d = json.loads(raw)
-                text = "".join(
-                    s.get("data", {}).get("text", "") for s in d.get("segments", []) if s.get("type") == "text"
-                )
-                out.append(
-                    Delivery(
-                        chat_id=chat,
-                        kind=str(d.get("kind")),
-                        reply_to=d.get("reply_to"),
-                        text=text,
-                        hops={k: float(v) for k, v in (d.get("hops") or {}).items()},
-                        delivered_at=float(d.get("delivered_at") or 0.0),
-                        outbound_id=str(d.get("id")),
-                    )
-                )
+            out += [parse_delivery(chat, raw) for raw in raw_list]
     return out
+
+
+def parse_delivery(chat_id: str, raw: str | bytes, *, keep_text: bool = True) -> Delivery:
+    """One console delivery as stored (and published on the live channel). `keep_text=False` drops
+    the reply's text (only the tokens need it), for a reader that holds many deliveries at once."""
+    d = json.loads(raw)
+    text = ""
+    if keep_text:
+        text = "".join(s.get("data", {}).get("text", "") for s in d.get("segments", []) if s.get("type") == "text")
+    return Delivery(
+        chat_id=chat_id,
+        kind=str(d.get("kind")),
+        reply_to=d.get("reply_to"),
+        text=text,
+        hops={k: float(v) for k, v in (d.get("hops") or {}).items()},
+        delivered_at=float(d.get("delivered_at") or 0.0),
+        outbound_id=str(d.get("id")),
+    )
 
 
 @dataclass

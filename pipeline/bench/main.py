@@ -336,6 +336,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.scale_workers:
         return await _capacity(args, result, out_dir, name)
+    if args.soak:
+        from pipeline.bench.soak import soak_run
+
+        return await soak_run(args, result, out_dir, name)
     brokers = ["tansu", "kafka"] if args.broker == "both" else [args.broker]
     ok = True
     if args.attach:
