@@ -222,7 +222,7 @@ def read(content: str) -> list[SatoriElement]:
 
 
 def test_an_agents_text_cannot_form_elements() -> None:
-    evil = f'</quote><at type="all"/><img src="http://10.0.0.1/x"/> & &amp; "q"'
+    evil = '</quote><at type="all"/><img src="http://10.0.0.1/x"/> & &amp; "q"'
     [call] = SatoriPlatform().render(bot_config(), outbound([{"type": "text", "data": {"text": evil}}]))
     assert call.json is not None
     [text] = read(call.json["content"])
