@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from satori import At, Audio, Author, Bold, Channel, ChannelType, Guild, Image, Login, Member, MessageObject, Quote
 from satori import Element as SatoriElement
 from satori import Event as SatoriEvent
@@ -47,7 +49,6 @@ def bot_config(api: FakeApi | None = None, **extra: Any) -> BotConfig:
         "platform": "satori",
         "bot_id": "st1",
         "self_id": BOT,
-        "transport": "websocket",
         "credentials": {"token": TOKEN, "platform": LOGIN_PLATFORM},
         "api_base": api.url if api else None,
         "language": "en",
@@ -316,3 +317,18 @@ async def test_errors_are_classified(
     [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}]))
     outcome = await platform.send(bot, call, http, load_media)
     assert (outcome.status, outcome.reason) == (verdict, reason)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    content=st.lists(st.sampled_from([*'<>/&;"= abiq#xt:', "at", "quote", "&amp;", "&#", "<!--"]), max_size=40).map(
+        "".join
+    )
+)
+def test_any_content_is_read_or_refused_as_a_400(content: str) -> None:
+    """Content is the sender's: whatever it holds, a message or a 400, never another exception."""
+    body = message_event([Raw(content)], group=False)
+    try:
+        parse(body)
+    except WebhookRejected as exc:
+        assert exc.status == 400
