@@ -82,6 +82,7 @@ from pipeline.segments.models import (
     ForwardSegment,
     ImageSegment,
     MarkdownSegment,
+    Media,
     MentionSegment,
     ReplySegment,
     RpsSegment,
@@ -231,7 +232,7 @@ class SatoriPlatform(Platform):
         calls: list[PlatformCall] = []
         rich = RichText()
 
-        def add(content: str, meta: dict[str, Any] | None = None, media: Any = None) -> None:
+        def add(content: str, meta: dict[str, Any] | None = None, media: Media | None = None) -> None:
             if not calls and reply_to:
                 content = f'<quote id="{escape_attr(reply_to)}"/>' + content
             body = {"channel_id": message.chat_id, "content": content}
@@ -240,7 +241,9 @@ class SatoriPlatform(Platform):
         def flush() -> None:
             nonlocal rich
             if not rich.is_blank():
-                for text in pieces_within(rich, MAX_TEXT, to_elements, MAX_TEXT * 2):
+                # Escapes make the content longer than the text (`&` is five characters): room for
+                # that, so a piece is never cut inside an element.
+                for text in pieces_within(rich, MAX_TEXT, to_elements, MAX_TEXT * 5):
                     add(text)
             rich = RichText()
 

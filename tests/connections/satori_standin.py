@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 from satori import Login
-from satori.model import Opcode, Ready
+from satori.model import LoginPartial, Opcode, Ready
 
 from tests.connections.standin_support import ServedSocket, start_app
 from tests.connections.standin_support import seen as seen_request
@@ -87,6 +87,12 @@ class SatoriStandIn:
         for socket in self.open_sockets():
             await socket.ws.send_json({"op": Opcode.EVENT.value, "body": event})
         return sn
+
+    def ready_logins(self) -> list[LoginPartial]:
+        return [
+            LoginPartial(sn=x.sn, status=x.status, adapter=x.adapter, platform=x.platform, user=x.user)
+            for x in self.logins
+        ]
 
     def messages_to(self, channel: str) -> list[Created]:
         return [c for c in self.created if c.channel == channel]
@@ -155,7 +161,7 @@ class SatoriStandIn:
         if sn is not None and not (isinstance(sn, int) and 0 < sn <= len(self.events)):
             self.errors.append(f"IDENTIFY with sn {sn!r}; this server gave up to {len(self.events)}")
         socket.identify = body
-        await socket.ws.send_json({"op": Opcode.READY.value, "body": Ready(self.logins).dump()})
+        await socket.ws.send_json({"op": Opcode.READY.value, "body": Ready(self.ready_logins()).dump()})
         if isinstance(sn, int):
             for event in self.events:  # the events after the client's last, again
                 if event["sn"] > sn:

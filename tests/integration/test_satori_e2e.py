@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from satori import At, MessageObject, Quote
+from satori import At, Element, MessageObject, Quote
 from satori import Text as SatoriText
 
 from pipeline.embedded import RedisServer
@@ -56,14 +56,15 @@ class SatoriThread(LoopThread[SatoriStandIn]):
     async def send(self, n: int, *, group: bool, self_id: str = BOT, think: float = 0.0) -> int:
         """`m<n>` from user n in its own channel (a group one mentions the bot); the event's sn."""
         text = f"m{n}" + (f" [sim:think={think}]" if think else "")
-        content = [At(BOT), SatoriText(f" {text}")] if group else [SatoriText(text)]
+        content: list[Element] = [At(BOT), SatoriText(f" {text}")] if group else [SatoriText(text)]
         event = message_event(
-            content, group=group, message_id=message_id(n), user_id=f"{22 * 10**17 + n}", channel=channel(n, group)
+            content,
+            group=group,
+            message_id=message_id(n),
+            user_id=f"{22 * 10**17 + n}",
+            channel=channel(n, group),
+            self_id=self_id,
         )
-        if self_id != BOT:
-            event = message_event(
-                content, group=group, message_id=message_id(n), self_id=self_id, channel=channel(n, group)
-            )
         return int(await self._on_loop(self.it.send_event(event)))
 
 

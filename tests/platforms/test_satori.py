@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -62,7 +63,7 @@ def login(self_id: str = BOT, platform: str = LOGIN_PLATFORM) -> Login:
 
 
 def message_event(
-    content: list[SatoriElement] | str,
+    content: Sequence[SatoriElement] | str,
     *,
     group: bool = True,
     message_id: str = "7700000000000000007",
@@ -73,7 +74,7 @@ def message_event(
     channel: str | None = None,
 ) -> dict[str, Any]:
     """A `message-created` event as a Satori server sends it (the SDK's `Event.dump()`)."""
-    elements = [SatoriText(content)] if isinstance(content, str) else content
+    elements: list[SatoriElement] = [SatoriText(content)] if isinstance(content, str) else list(content)
     channel_id = channel or (CHANNEL if group else DM_CHANNEL)
     chan = Channel(channel_id, ChannelType.TEXT if group else ChannelType.DIRECT, name="general" if group else None)
     sender = SatoriUser(user_id, name="alice", nick="Alice")
@@ -126,6 +127,11 @@ def test_a_quote_of_the_bots_message_is_a_reply_to_the_bot() -> None:
     assert m.reply_to.is_bot and m.reply_to.user_id == BOT and m.reply_to.text == "earlier answer"
     assert m.mentions_bot and m.text == "and then?"
     assert m.segments[0].type == "reply"
+
+
+def test_at_all_is_text_and_not_a_mention() -> None:
+    [m] = parse(message_event([At(type="all"), SatoriText(" news")])).messages
+    assert m.text == "@all news" and m.mentions == [] and not m.mentions_bot
 
 
 def test_entities_and_markup_in_text_are_read_as_text() -> None:
@@ -228,6 +234,19 @@ def test_an_agents_text_cannot_form_elements() -> None:
     assert call.json is not None
     [text] = read(call.json["content"])
     assert isinstance(text, SatoriText) and text.text == evil
+
+
+def test_long_text_is_split_at_4000_characters_each_piece_whole_elements() -> None:
+    text = "&<" * 4500
+    calls = SatoriPlatform().render(bot_config(), outbound([{"type": "text", "data": {"text": text}}]))
+    assert len(calls) == 3
+    pieces = []
+    for call in calls:
+        assert call.json is not None
+        [piece] = read(call.json["content"])
+        assert isinstance(piece, SatoriText) and len(piece.text) <= 4000
+        pieces.append(piece.text)
+    assert "".join(pieces) == text
 
 
 def test_mentions_markdown_and_the_reply_are_elements() -> None:
