@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from satori import At, Audio, Author, Bold, Channel, ChannelType, Guild, Image, Login, Member, MessageObject, Quote
@@ -28,9 +29,12 @@ from satori.model import LoginStatus
 from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.checks import bot_problems
 from pipeline.platforms.satori import SatoriPlatform, escape_text
-from pipeline.records import OutboundMessage
+from pipeline.records import InboundMessage, OutboundMessage
 from pipeline.segments import segment_list_adapter
-from pipeline.settings import BotConfig
+from pipeline.settings import BotConfig, Settings
+from pipeline.stages.outputs import Outputs
+from pipeline.topics import IM_INBOUND
+from pipeline.web import WebDeps, build_web_app
 
 from .conftest import PNG, PNG_B64, Answer, FakeApi, Seen, broken_loader, load_media
 
@@ -351,3 +355,44 @@ def test_any_content_is_read_or_refused_as_a_400(content: str) -> None:
         parse(body)
     except WebhookRejected as exc:
         assert exc.status == 400
+
+
+# --- the webhook, over real HTTP to the worker's web app ---------------------------------------------
+
+
+@pytest.fixture
+async def web_app(redis_url: str, redis_prefix: str) -> AsyncIterator[tuple[str, list[tuple[str, bytes]]]]:
+    """The worker's web app with a Satori webhook bot; what it would produce is recorded."""
+    settings = Settings(redis_prefix=redis_prefix, bots=[bot_config()])
+    produced: list[tuple[str, bytes]] = []
+
+    async def produce(topic: str, key: str | None, value: bytes) -> None:
+        produced.append((topic, value))
+
+    async def ready() -> dict[str, bool]:
+        return {"started": True}
+
+    deps = WebDeps(settings=settings, produce=produce, outputs=Outputs(produce), ready=ready)
+    runner = web.AppRunner(build_web_app(deps))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/webhooks/satori/st1", produced
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_forged_webhook_is_refused_and_produces_nothing(
+    web_app: tuple[str, list[tuple[str, bytes]]], http: httpx.AsyncClient
+) -> None:
+    url, produced = web_app
+    body = json.dumps(message_event([At(BOT), SatoriText(" hi")])).encode()
+    for headers in ({"Authorization": "Bearer forged"}, {}):
+        response = await http.post(url, content=body, headers={**headers, "Satori-OpCode": "0"})
+        assert response.status_code == 401
+    assert produced == []
+    genuine = {"Authorization": f"Bearer {TOKEN}", "Satori-OpCode": "0", "Content-Type": "application/json"}
+    assert (await http.post(url, content=body, headers=genuine)).status_code == 200
+    [(topic, value)] = produced
+    assert topic == IM_INBOUND and InboundMessage.model_validate_json(value).mentions_bot
