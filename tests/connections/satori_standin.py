@@ -39,6 +39,7 @@ class Socket(ServedSocket):
     identify: dict[str, Any] = field(default_factory=dict)
     pings: int = 0
     close_code: int | None = None
+    replayed: int = 0  # events sent again on IDENTIFY (those after its `sn`)
 
 
 @dataclass
@@ -166,4 +167,5 @@ class SatoriStandIn:
             for event in self.events:  # the events after the client's last, again
                 if event["sn"] > sn:
                     await socket.ws.send_json({"op": Opcode.EVENT.value, "body": event})
+                    socket.replayed += 1
         socket.identified = True
