@@ -192,7 +192,7 @@ class SatoriSocket(Connection):
         silent = 0
         while True:
             self._heard.clear()
-            await self.ws.send_str(json.dumps({"op": PING, "body": {}}))
+            await self.ws.send_str(json.dumps({"op": PING}))
             await asyncio.sleep(PING_SECONDS)
             silent = 0 if self._heard.is_set() else silent + 1
             if silent >= _SILENT_PINGS:
