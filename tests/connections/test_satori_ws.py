@@ -163,3 +163,16 @@ async def test_a_new_holder_resumes_where_the_last_stopped(
         assert server.identifies[1] == {"token": TOKEN, "sn": sn}
         await until(lambda: len(inbound(produced)) == 2, "the missed event")
         assert inbound(produced)[1].message_id == mention(2)["message"]["id"] and missed == sn + 1
+
+
+async def test_an_event_numbered_by_id_as_before_v1_2_is_committed_by_it(
+    server: SatoriStandIn, store_url: str, redis_prefix: str, produced: Produced, store: ConnectionStore
+) -> None:
+    async with running(store_url, redis_prefix, produced, bot(server)):
+        await until(lambda: bool(server.open_sockets()), "identified")
+        event = mention(1)
+        del event["sn"]
+        old = dict(event, id=41)  # a v1.0/v1.1 server numbers events with `id`
+        await server.open_sockets()[0].ws.send_json({"op": 0, "body": old})
+        await until(lambda: len(inbound(produced)) == 1, "produced")
+        await until_committed(store, 41)

@@ -199,6 +199,13 @@ def test_the_webhook_needs_the_bearer_token() -> None:
     assert platform.parse(bot, meta).ignored == "meta"
 
 
+def test_a_websocket_bot_without_a_token_is_warned_about_and_one_with_it_is_not() -> None:
+    platform = get_platform("satori")
+    [warning] = platform.startup_warnings(bot_config(transport="websocket", credentials={"platform": "qq"}))
+    assert warning.startswith("no token credential")
+    assert platform.startup_warnings(bot_config(transport="websocket")) == []
+
+
 def test_the_bots_file_needs_the_login() -> None:
     entry = {"platform": "satori", "bot_id": "s", "transport": "websocket", "credentials": {}}
     problems = {(p.loc[1:], p.message.split(" (")[0]) for p in bot_problems([entry])}
