@@ -181,20 +181,17 @@ class SatoriPlatform(Platform):
         assert isinstance(message_id, str) and isinstance(channel_id, str) and isinstance(user_id, str)
         if user_id == bot.self_id:
             return WebhookResult(ignored="own_message")
-        content = message.get("content")
-        reader = ContentReader(bot.self_id or "")
-        reader.feed(content if isinstance(content, str) else "")
-        reader.close()
+        reader = read_content(message.get("content"), bot.self_id or "")
         parts = reader.parts
         reply_to = reader.reply_to
         quoted = obj(message.get("quote"))
         if reply_to is None and isinstance(quoted.get("id"), str) and quoted["id"]:
             author = obj(quoted.get("user")).get("id")
-            text = quoted.get("content")
+            text = "".join(read_content(quoted.get("content"), bot.self_id or "").parts.plain).strip()
             reply_to = ReplyRef(
                 message_id=quoted["id"],
                 user_id=author if isinstance(author, str) else None,
-                text=text if isinstance(text, str) and text else None,
+                text=text or None,
                 is_bot=author == bot.self_id,
             )
             parts.segments.insert(0, reply_segment(quoted["id"]))
@@ -202,7 +199,8 @@ class SatoriPlatform(Platform):
         member = obj(event.get("member")) or obj(message.get("member"))
         mentions = list(dict.fromkeys(parts.mentions))
         mentions_bot = reader.mentions_bot or (reply_to is not None and reply_to.is_bot)
-        route = {"guild_id": str(obj(event.get("guild")).get("id"))} if obj(event.get("guild")).get("id") else {}
+        guild_id = obj(event.get("guild")).get("id")
+        route = {"guild_id": str(guild_id)} if guild_id else {}
         inbound = build_inbound(
             self.name,
             bot,
@@ -461,6 +459,14 @@ class ContentReader(HTMLParser):
             self.parts.add_mention(target, attrs.get("name", ""))
         elif attrs.get("name"):
             self.parts.text(f"@{attrs['name']}")
+
+
+def read_content(content: Any, self_id: str) -> ContentReader:
+    """Satori content (a string of elements) read; anything else read as empty."""
+    reader = ContentReader(self_id)
+    reader.feed(content if isinstance(content, str) else "")
+    reader.close()
+    return reader
 
 
 def _is_direct(channel: dict[str, Any], event: dict[str, Any]) -> bool:

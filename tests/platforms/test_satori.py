@@ -138,6 +138,17 @@ def test_at_all_is_text_and_not_a_mention() -> None:
     assert m.text == "@all news" and m.mentions == [] and not m.mentions_bot
 
 
+def test_a_quote_object_of_a_v1_1_message_is_a_reply_with_its_text() -> None:
+    body = message_event("yes?", group=False)
+    quoted = MessageObject.from_elements(
+        "q-9", [Bold()(SatoriText("bold")), SatoriText(" & more")], user=SatoriUser(BOT)
+    )
+    body["message"]["quote"] = quoted.dump()
+    [m] = parse(body).messages
+    assert m.reply_to is not None and (m.reply_to.message_id, m.reply_to.text) == ("q-9", "bold & more")
+    assert m.reply_to.is_bot and m.mentions_bot
+
+
 def test_entities_and_markup_in_text_are_read_as_text() -> None:
     # The SDK escapes `<`, `>`, `&` in text: a user's "<at id=…/>" typed as text is no mention.
     [m] = parse(message_event(f'1 < 2 & "x" <at id="{BOT}"/>')).messages
