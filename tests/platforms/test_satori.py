@@ -217,6 +217,15 @@ def test_a_websocket_bot_without_a_token_is_warned_about_and_one_with_it_is_not(
     assert platform.startup_warnings(bot_config(transport="websocket")) == []
 
 
+def test_a_non_ascii_authorization_is_a_401_never_another_error() -> None:
+    body = message_event("hi", group=False)
+    for raw in (b"Bearer \xc3\xa9t\xc3\xa9", b"\xff\xfe1"):
+        headers = {"authorization": raw.decode("utf-8", "surrogateescape")}
+        with pytest.raises(WebhookRejected) as refused:
+            get_platform("satori").verify(bot_config(transport="webhook"), request(body, headers))
+        assert refused.value.status == 401
+
+
 def test_the_bots_file_needs_the_login() -> None:
     entry = {"platform": "satori", "bot_id": "s", "transport": "websocket", "credentials": {}}
     problems = {(p.loc[1:], p.message.split(" (")[0]) for p in bot_problems([entry])}
