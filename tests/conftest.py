@@ -81,6 +81,7 @@ FULL_TIER: dict[str, str] = {
     "tests/integration/test_dialed_connections.py::test_holder_sigkilled": "SIGKILLs each dialed connection's holder",
     "tests/integration/test_telegram_polling.py::test_holder_sigkilled": "SIGKILLs the getUpdates holder",
     "tests/integration/test_discord_e2e.py::test_the_holder_sigkilled": "SIGKILLs the Gateway holder",
+    "tests/integration/test_satori_e2e.py::test_the_holder_sigkilled": "SIGKILLs the Satori event socket's holder",
 }
 
 #: Tests the full tier runs after the others, one at a time (no pytest-xdist): they SIGKILL workers,

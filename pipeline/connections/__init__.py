@@ -12,6 +12,7 @@ one worker at a time, taken over by another when the holder dies.
 - `dingtalk`: DingTalk Stream mode (a WebSocket opened with a ticket of `connections/open`).
 - `discord`: Discord's Gateway (resumed from the session state kept under the lease).
 - `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
+- `satori`: a Satori server's event WebSocket (resumed from the last durable `sn` kept under the lease).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
 """
@@ -30,13 +31,14 @@ from .dingtalk import TRANSPORTS as _DINGTALK
 from .discord import TRANSPORTS as _DISCORD
 from .lark import TRANSPORTS as _LARK
 from .onebot import TRANSPORTS as _ONEBOT
+from .satori import TRANSPORTS as _SATORI
 from .slack import TRANSPORTS as _SLACK
 from .telegram import TRANSPORTS as _TELEGRAM
 
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD}
+    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD, **_SATORI}
 
 
 def open_connections(

@@ -25,6 +25,7 @@ _REGISTRY: dict[str, str] = {
     "dingtalk": "pipeline.platforms.dingtalk:DingTalkPlatform",
     "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
     "discord": "pipeline.platforms.discord:DiscordPlatform",
+    "satori": "pipeline.platforms.satori:SatoriPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}

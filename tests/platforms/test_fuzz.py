@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult, get_platform
 from pipeline.settings import BotConfig
 
-from . import test_dingtalk, test_discord, test_lark, test_onebot, test_qqbot, test_slack
+from . import test_dingtalk, test_discord, test_lark, test_onebot, test_qqbot, test_satori, test_slack
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -149,6 +149,15 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
             ),
         ],
     ),
+    "satori": (
+        test_satori.bot_config(),
+        [
+            test_satori.message_event(
+                [test_satori.Quote("q1")(test_satori.Author("1")), test_satori.At(test_satori.BOT)], group=True
+            ),
+            test_satori.message_event([test_satori.Image("https://x/a.png")], group=False),
+        ],
+    ),
     "qqbot": (
         test_qqbot.bot_config(),
         [
@@ -177,6 +186,7 @@ IGNORED = {
     "no_staff_id",
     "empty_message",
     "ping",
+    "other_login",
 }
 
 
