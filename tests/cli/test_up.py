@@ -188,7 +188,7 @@ def _java(tmp_path: Path, version: str) -> str:
     bin_dir = tmp_path / "jdk" / "bin"
     bin_dir.mkdir(parents=True)
     java = bin_dir / "java"
-    java.write_text(f'#!/bin/sh\necho \'openjdk version "{version}" 2023-01-17\' >&2\n')
+    java.write_text(f"#!/bin/sh\necho 'openjdk version \"{version}\" 2023-01-17' >&2\n")
     java.chmod(0o755)
     return str(bin_dir)
 
