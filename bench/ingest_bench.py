@@ -30,7 +30,7 @@ from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.state import State
 from pipeline.topics import IM_INBOUND
-from pipeline.worker.app import GC_THRESHOLDS
+from pipeline.worker import collector
 from pipeline.worker.stage import Stage, StageRunner
 
 _PARTITIONS = 8
@@ -80,7 +80,7 @@ async def _run(url: str, messages: int, batch: int, rounds: int) -> None:
         acked += 1
 
     runner = StageRunner(Stage("ingest", IM_INBOUND, InboundMessage, ingest.admit), executor, outputs, ack)
-    gc.set_threshold(*GC_THRESHOLDS)  # as the worker runs
+    collector.tune()  # as the worker runs
     offset = 0
     for number in range(rounds + 1):  # round 0 warms up
         gc.unfreeze()

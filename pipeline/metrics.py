@@ -130,6 +130,11 @@ WORKER_IDLE = Gauge(
     "1 when nothing is in flight here: no unread records in this worker's partitions, no pending work, no turn",
 )
 EVENT_LOOP_STALLS = Counter("switchboard_event_loop_stalls_total", "Times the event loop was held for 1 s or more")
+GC_FULL_COLLECTION = Histogram(
+    "switchboard_gc_full_collection_seconds",
+    "The worker's timed full collections of cyclic garbage: how long each held the event loop",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 CONSUMER_LAG = Gauge("switchboard_consumer_lag", "High watermark minus committed offset", ["topic", "partition"])
 COMMITS_HELD = Counter(
     "switchboard_commits_held_total",

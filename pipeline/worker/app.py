@@ -28,6 +28,7 @@ from pipeline.runtime import Runtime
 from pipeline.settings import Settings
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
+from . import collector
 from .drain import Drain
 from .driver import SCHEME, BatchConsumer, BatchSink, ConsumerTuning, KeyPartitioner, Transport, broker_url
 from .loopwatch import LoopWatch
@@ -95,13 +96,6 @@ class SwitchboardApp(faust.App):
         return consumer
 
 
-# The cyclic collector took a quarter of a busy worker's CPU with Python's defaults (a young
-# collection every 700 allocations, each also scanning the long-lived objects of Faust, pydantic and
-# the clients). Nearly all of the pipeline's garbage is freed by reference counting; cycles are rare
-# (failed futures, tracebacks), so collect young objects far less often.
-GC_THRESHOLDS = (50_000, 20, 100)
-
-
 def create_app(
     settings: Settings, *, stages: Iterable[str] = ALL_STAGES, platforms: Iterable[str] | None = None
 ) -> SwitchboardApp:
@@ -118,7 +112,7 @@ def create_app(
     check_bots(settings)
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
     _check_driver_registered()
-    gc.set_threshold(*GC_THRESHOLDS)
+    collector.tune()
     assert settings.kafka_bootstrap is not None
     app = SwitchboardApp(
         settings.app_id,
@@ -213,6 +207,10 @@ def create_app(
             await runtime.start_web(settings.web_host, settings.web_port)
             # What lives now lives as long as the worker: the collector need not scan it again.
             gc.freeze()
+
+        @mode.Service.timer(collector.FULL_COLLECTION_INTERVAL)
+        async def _collect_cycles(self) -> None:
+            collector.collect_cycles()
 
         async def on_stop(self) -> None:
             for executor in executors.values():
