@@ -26,6 +26,8 @@ _REGISTRY: dict[str, str] = {
     "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
     "discord": "pipeline.platforms.discord:DiscordPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
+    "line": "pipeline.platforms.line:LinePlatform",
+    "whatsapp": "pipeline.platforms.whatsapp:WhatsAppPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
 
