@@ -167,7 +167,9 @@ class LinePlatform(Platform):
         # An empty `events` list is LINE's "Verify" button in the console: answered 200, nothing made.
         return WebhookResult(messages=messages, ignored=None if messages else "not_message")
 
-    def _message(self, bot: BotConfig, event: dict[str, Any], self_ids: set[str], received: float) -> InboundMessage | None:
+    def _message(
+        self, bot: BotConfig, event: dict[str, Any], self_ids: set[str], received: float
+    ) -> InboundMessage | None:
         content = event.get("message")
         if not isinstance(content, dict) or not isinstance(content.get("id"), str) or not content["id"]:
             raise WebhookRejected(400, "malformed_payload", "message event without message.id")
@@ -272,9 +274,9 @@ class LinePlatform(Platform):
                 elif https:
                     # Audio needs its duration and video a preview image, which Switchboard does not
                     # have; files cannot be sent at all: the link, which LINE shows as one.
-                    rich.append(media.value, "link", url=media.value)
+                    _apart(rich, media.value, "link", url=media.value)
                 else:  # LINE has no upload for messages: only a URL its servers fetch can be shown
-                    rich.append(attachment_unavailable(bot, segment.type, media.kind, "unsupported_by_platform"))
+                    _apart(rich, attachment_unavailable(bot, segment.type, media.kind, "unsupported_by_platform"))
             elif isinstance(segment, ShareSegment):
                 title = segment.data.title
                 rich.append(f"{title} ({segment.data.url})" if title else segment.data.url)
@@ -289,7 +291,8 @@ class LinePlatform(Platform):
             # A reply segment: the first text quotes the user's message (its quote token) instead.
         flush()
 
-        quote = message.route.get("quote_token")
+        # In a group the answer quotes the message it answers (in a one-to-one chat it is plain).
+        quote = message.route.get("quote_token") if group else None
         if quote and (message.reply_to_message_id or any(s.type == "reply" for s in message.segments)):
             first_text = next((o for o in objects if o["type"] in ("text", "textV2")), None)
             if first_text is not None:
@@ -389,6 +392,13 @@ def _classify(response: httpx.Response) -> SendOutcome:
         return SendOutcome("permanent", reason="reply_token_invalid", detail=detail)
     reason = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 413: "too_large"}
     return SendOutcome("permanent", reason=reason.get(response.status_code, "api_error"), detail=detail)
+
+
+def _apart(rich: RichText, text: str, kind: Any = None, **attrs: str) -> None:
+    """`text` set apart by a space from the text before it (a notice or a link in place of media)."""
+    if rich.text and not rich.text[-1].isspace():
+        rich.append(" ")
+    rich.append(text, kind, **attrs)
 
 
 def _text_object(piece: RichText) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from linebot.v3.webhooks import (
 )
 from prometheus_client import REGISTRY
 
-from pipeline.platforms import WebhookRejected, WebhookRequest, get_platform
+from pipeline.platforms import PlatformCall, WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.line import LOADING_PATH, PUSH_PATH, REPLY_PATH, LinePlatform, retry_key
 from pipeline.records import OutboundMessage, conversation_key, now_ms
 from pipeline.settings import BotConfig
@@ -114,7 +114,9 @@ def private_text(text: str, user: str = ALICE, **kw: Any) -> MessageEvent:
 def group_mention(text: str, group: str = GROUP, user: str = ALICE, **kw: Any) -> MessageEvent:
     """`@Switchboard <text>` in a group, the bot mentioned (`isSelf`) as LINE sends it."""
     mention = UserMentionee(index=0, length=len("@Switchboard"), user_id=BOT_USER, is_self=True)
-    return text_event(f"@Switchboard {text}", source=GroupSource(group_id=group, user_id=user), mentionees=[mention], **kw)
+    return text_event(
+        f"@Switchboard {text}", source=GroupSource(group_id=group, user_id=user), mentionees=[mention], **kw
+    )
 
 
 def body_of(*events: Any, destination: str = BOT_USER) -> bytes:
@@ -238,14 +240,18 @@ def test_image_is_line_content_by_id_or_an_external_url_and_a_quote_is_reply_to(
         }
     )
     [message] = line.parse(bot_config(), signed(external)).messages
-    assert message.segments[0].data.media.kind == "url"
+    assert message.segments[0].model_dump()["data"]["media"]["kind"] == "url"
     [quoting] = line.parse(bot_config(), signed(private_text("this one", quoted="42"))).messages
     assert quoting.reply_to is not None and quoting.reply_to.message_id == "42"
 
 
 @pytest.mark.parametrize(
     "body",
-    [b"{}", b'{"events": [1]}', b'{"events": [{"type": "message", "source": {"type": "user"}, "message": {"id": "1"}}]}'],
+    [
+        b"{}",
+        b'{"events": [1]}',
+        b'{"events": [{"type": "message", "source": {"type": "user"}, "message": {"id": "1"}}]}',
+    ],
 )
 def test_malformed_webhooks_are_400(body: bytes) -> None:
     with pytest.raises(WebhookRejected) as refused:
@@ -297,7 +303,9 @@ class LineStandIn:
 
     def _auth(self, seen: Seen) -> tuple[int, Any] | None:
         if seen.headers.get("authorization") != f"Bearer {ACCESS_TOKEN}":
-            return 401, {"message": "Authentication failed. Confirm that the access token in the authorization header is valid."}
+            return 401, {
+                "message": "Authentication failed. Confirm that the access token in the authorization header is valid."
+            }
         assert seen.method == "POST" and seen.headers["content-type"].startswith("application/json")
         return None
 
@@ -380,6 +388,11 @@ def text(value: str) -> dict[str, Any]:
     return {"type": "text", "data": {"text": value}}
 
 
+def body(call: PlatformCall) -> dict[str, Any]:
+    assert call.json is not None
+    return call.json
+
+
 def notices(name: str) -> float:
     return REGISTRY.get_sample_value("switchboard_notices_total", {"platform": "line", "notice": name}) or 0.0
 
@@ -398,7 +411,7 @@ def test_render_mentions_as_textv2_with_braces_escaped_and_the_first_text_quotin
     )
     [call] = line.render(bot_config(), message)
     assert call.path == REPLY_PATH
-    [obj] = call.json["messages"]
+    [obj] = body(call)["messages"]
     assert obj == {
         "type": "textV2",
         "text": "{m0} see {{this}} and {m0}@not-a-line-id",
@@ -408,7 +421,7 @@ def test_render_mentions_as_textv2_with_braces_escaped_and_the_first_text_quotin
     check_message_object(obj)
     # In a one-to-one chat nobody can be mentioned: the text as written.
     [call] = line.render(bot_config(), outbound(ALICE, [{"type": "mention", "data": {"target": CAROL}}], fresh_route()))
-    assert call.json["messages"] == [{"type": "text", "text": f"@{CAROL}"}]
+    assert body(call)["messages"] == [{"type": "text", "text": f"@{CAROL}"}]
 
 
 def test_render_images_by_https_url_only_and_more_than_five_objects_push() -> None:
@@ -418,11 +431,11 @@ def test_render_images_by_https_url_only_and_more_than_five_objects_push() -> No
     segments.append({"type": "image", "data": {"media": {"kind": "base64", "value": "aGk="}}})
     segments.append({"type": "file", "data": {"media": {"kind": "url", "value": "https://files.example/r.pdf"}}})
     first, second = line.render(bot_config(), outbound(ALICE, segments, fresh_route()))
-    assert first.path == REPLY_PATH and len(first.json["messages"]) == 5
-    assert second.path == PUSH_PATH and second.json["to"] == ALICE and len(second.json["messages"]) == 3
-    assert second.json["messages"][-1]["type"] == "text"
-    assert second.json["messages"][-1]["text"] == "[attachment unavailable]https://files.example/r.pdf"
-    for obj in first.json["messages"] + second.json["messages"]:
+    assert first.path == REPLY_PATH and len(body(first)["messages"]) == 5
+    assert second.path == PUSH_PATH and body(second)["to"] == ALICE and len(body(second)["messages"]) == 3
+    assert body(second)["messages"][-1]["type"] == "text"
+    assert body(second)["messages"][-1]["text"] == "[attachment unavailable] https://files.example/r.pdf"
+    for obj in body(first)["messages"] + body(second)["messages"]:
         check_message_object(obj)
 
 
@@ -465,17 +478,25 @@ async def test_errors_are_classified(api: FakeApi, http: httpx.AsyncClient) -> N
     bot = bot_config(api, active_messages=True)
     [call] = line.render(bot, outbound(ALICE, [text("x")], {}))
     assert call.path == PUSH_PATH
-    cases = [
+    cases: list[tuple[int, dict[str, Any], dict[str, str], tuple[str, str]]] = [
         (429, {"message": "You have reached your monthly limit."}, {}, ("permanent", "push_quota")),
         (429, {"message": "The API rate limit has been exceeded. Try again later."}, {}, ("retry", "rate_limited")),
         (500, {"message": "Internal error"}, {}, ("retry", "server_error")),
-        (400, {"message": "The request body has 1 error(s)", "details": [{"message": "May not be empty", "property": "messages[0].text"}]}, {}, ("permanent", "bad_request")),
+        (
+            400,
+            {
+                "message": "The request body has 1 error(s)",
+                "details": [{"message": "May not be empty", "property": "messages[0].text"}],
+            },
+            {},
+            ("permanent", "bad_request"),
+        ),
         (401, {"message": "Authentication failed."}, {}, ("permanent", "unauthorized")),
     ]
-    for status, body, headers, expected in cases:
-        api.reply(PUSH_PATH, status, body, headers, once=True)
+    for status, answer, headers, expected in cases:
+        api.reply(PUSH_PATH, status, answer, headers, once=True)
         outcome = await line.send(bot, call, http, load_media)
-        assert (outcome.status, outcome.reason) == expected, (status, body, outcome)
+        assert (outcome.status, outcome.reason) == expected, (status, answer, outcome)
     assert "messages[0].text: May not be empty" in (await _one(api, http, bot, call, 400, cases[3][1])).detail
     # Pushes off: a message answering nothing is refused without a call.
     outcome = await line.send(bot_config(api), call, http, load_media)
