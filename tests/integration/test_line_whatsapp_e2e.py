@@ -34,6 +34,7 @@ from pipeline.stack import Stack
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from tests.conftest import enabled_brokers
 from tests.platforms import test_line as line_fx
+from tests.platforms import test_whatsapp as wa_fx
 from tests.platforms.conftest import FakeApi, Seen
 
 from .stacks import running_stack, stack_idle
@@ -43,6 +44,7 @@ pytestmark = [pytest.mark.integration]
 LINE_BOT = "ln1"
 LINE_PUSH_BOT = "ln2"  # the same channel with active_messages = true
 LINE_NOTICE_LEAD = 5  # reply_window_notice_seconds of both LINE bots (30 by default), for a short test
+WHATSAPP_BOT = "wa1"
 
 
 class StandIns:
@@ -50,7 +52,7 @@ class StandIns:
     exception (a check the real platform makes) is kept in `errors` and answered 400."""
 
     def __init__(self) -> None:
-        self.apis = {"line": FakeApi()}
+        self.apis = {"line": FakeApi(), "whatsapp": FakeApi()}
         self.errors: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="line-whatsapp-standins", daemon=True)
@@ -60,6 +62,7 @@ class StandIns:
         for api in self.apis.values():
             self._run(api.start())
         self.line = line_fx.LineStandIn(self.apis["line"])
+        self.whatsapp = wa_fx.WhatsAppStandIn(self.apis["whatsapp"])
         for api in self.apis.values():
             for path, handler in list(api.defaults.items()):
                 api.defaults[path] = self._checked(handler)
@@ -115,6 +118,13 @@ def _bots_toml(standins: StandIns) -> str:
             f'api_base = "{standins.url("line")}"\nlanguage = "en"\n{extra}'
             f"reply_window_notice_seconds = {LINE_NOTICE_LEAD}\ncredentials = {line_credentials}\n"
         )
+    wa_credentials = ", ".join(
+        f"{k} = {json.dumps(v.get_secret_value())}" for k, v in wa_fx.bot_config().credentials.items()
+    )
+    out.append(
+        f'[[bots]]\nplatform = "whatsapp"\nbot_id = "{WHATSAPP_BOT}"\nself_id = "{wa_fx.BUSINESS_NUMBER}"\n'
+        f'api_base = "{standins.url("whatsapp")}"\nlanguage = "en"\ncredentials = {{ {wa_credentials} }}\n'
+    )
     return "\n".join(out)
 
 
@@ -320,3 +330,121 @@ async def test_line_a_turn_outliving_the_reply_token_gets_the_notice_then_a_push
         counted(metrics, "switchboard_dead_letters", "switchboard_dead_letters_total", reason="reply_token_expired")
         == 1
     )
+
+
+# -- WhatsApp ----------------------------------------------------------------------------------------
+
+
+def wa_sent_to(standins: StandIns, chat: str) -> list[Seen]:
+    """Message calls to `chat` (a user's number or a group id) the Graph API stand-in received."""
+    return [s for s in standins.calls("whatsapp", wa_fx.MESSAGES_PATH) if (s.json or {}).get("to") == chat]
+
+
+def wa_text(seen: Seen) -> str:
+    return str(seen.json.get("text", {}).get("body", ""))
+
+
+def _wa_user() -> str:
+    return str(16_000_000_000 + uuid.uuid4().int % 1_000_000_000)
+
+
+def _wa_group() -> str:
+    return "Y2FwaV9ncm91cD" + uuid.uuid4().hex
+
+
+async def test_whatsapp_subscription_check_through_the_worker(stack: Stack) -> None:
+    url = f"{stack.workers[0].url}/webhooks/whatsapp/{WHATSAPP_BOT}"
+    async with httpx.AsyncClient(timeout=10, verify=TLS) as client:
+        good = await client.get(url, params=wa_fx.challenge(value="84230195").query)
+        bad = await client.get(url, params=wa_fx.challenge(token="a-guess", value="84230195").query)
+    assert good.status_code == 200 and good.text == "84230195"
+    assert bad.status_code == 401 and "84230195" not in bad.text
+
+
+async def test_whatsapp_group_mention_and_private_each_delivered_twice_answered_once(
+    stack: Stack, standins: StandIns
+) -> None:
+    group, alice, bob = _wa_group(), _wa_user(), _wa_user()
+    mention = wa_fx.text_message(f"@{wa_fx.BUSINESS_NUMBER} what time is it whatsapp", user=alice, group=group)
+    chatter = wa_fx.text_message("just chatting on whatsapp", user=bob, group=group)
+    private = wa_fx.text_message("hello whatsapp privately", user=bob)
+    for user, message in ((alice, mention), (bob, chatter), (bob, private)):
+        standins.whatsapp.received(user, message["id"])
+    payloads = [wa_fx.update(mention, user=alice), wa_fx.update(chatter, user=bob), wa_fx.update(private, user=bob)]
+    for payload in payloads:
+        assert wa_fx.read_back(payload).id  # pywa reads what WhatsApp would send
+    # A delivery status of an earlier answer: never a turn.
+    status = {"id": "wamid.STATUS1", "status": "read", "timestamp": str(int(time.time())), "recipient_id": bob}
+    statuses = wa_fx.update(statuses=[status], user=bob)
+    before = counted(await metrics_text(stack), "switchboard_webhooks", "switchboard_webhooks_total", outcome="status")
+    # Each webhook twice: WhatsApp posts again what it got no 200 for, signed anew.
+    for payload in [*payloads, statuses, *payloads]:
+        response = await post(stack, "whatsapp", WHATSAPP_BOT, wa_fx.signed(payload))
+        assert response.status_code == 200, response.text
+
+    await standins.wait_for(lambda: wa_sent_to(standins, group))
+    await standins.wait_for(lambda: wa_sent_to(standins, bob))
+    await stack_idle(stack)
+    [group_reply] = wa_sent_to(standins, group)
+    [private_reply] = wa_sent_to(standins, bob)
+    assert group_reply.json["recipient_type"] == "group"
+    assert group_reply.json["context"] == {"message_id": mention["id"]}  # which message it answers
+    assert wa_text(group_reply).startswith("echo: ") and wa_text(group_reply).endswith(" what time is it whatsapp")
+    assert private_reply.json["recipient_type"] == "individual" and "context" not in private_reply.json
+    assert wa_text(private_reply) == "echo: hello whatsapp privately"
+    assert not wa_sent_to(standins, alice)  # nothing went to the group's members one by one
+    after = counted(await metrics_text(stack), "switchboard_webhooks", "switchboard_webhooks_total", outcome="status")
+    assert after == before + 1
+
+
+async def test_whatsapp_forged_signature_is_refused_and_produces_nothing(stack: Stack, standins: StandIns) -> None:
+    user = _wa_user()
+    message = wa_fx.text_message("forged whatsapp", user=user)
+    response = await post(stack, "whatsapp", WHATSAPP_BOT, wa_fx.signed(wa_fx.update(message, user=user), secret="x"))
+    assert response.status_code == 401 and response.json() == {"error": "bad_signature"}
+
+    genuine = {**message, "text": {"body": "genuine whatsapp"}}  # the same wamid after it
+    standins.whatsapp.received(user, genuine["id"])
+    assert (
+        await post(stack, "whatsapp", WHATSAPP_BOT, wa_fx.signed(wa_fx.update(genuine, user=user)))
+    ).status_code == 200
+    texts = await inbound_texts_until(stack, ["genuine whatsapp"])
+    assert not [t for t in texts if "forged whatsapp" in t], texts
+    [reply] = await standins.wait_for(lambda: wa_sent_to(standins, user))
+    assert wa_text(reply) == "echo: genuine whatsapp"
+    await stack_idle(stack)
+    assert len(wa_sent_to(standins, user)) == 1
+    metrics = await metrics_text(stack)
+    assert 'switchboard_webhooks_total{outcome="bad_signature",platform="whatsapp"} 1.0' in metrics
+
+
+async def test_whatsapp_an_answer_past_the_service_window_is_a_named_dead_letter(
+    stack: Stack, standins: StandIns
+) -> None:
+    """A message WhatsApp delivers a day late (its `timestamp`): the window it opened has closed, so
+    the answer is dead-lettered `outside_service_window` and counted, without a call WhatsApp would
+    refuse (131047)."""
+    user = _wa_user()
+    sent = time.time() - 24 * 3600 - 120
+    message = wa_fx.text_message("a day late whatsapp", user=user, sent=sent)
+    standins.whatsapp.received(user, message["id"], at=sent)
+    before = counted(
+        await metrics_text(stack),
+        "switchboard_dead_letters",
+        "switchboard_dead_letters_total",
+        reason="outside_service_window",
+    )
+    assert (
+        await post(stack, "whatsapp", WHATSAPP_BOT, wa_fx.signed(wa_fx.update(message, user=user)))
+    ).status_code == 200
+    [letter] = await egress_dead_letters(stack, user)
+    assert letter["reason"] == "outside_service_window" and "approved template" in letter["error"]
+    await stack_idle(stack)
+    assert wa_sent_to(standins, user) == []
+    after = counted(
+        await metrics_text(stack),
+        "switchboard_dead_letters",
+        "switchboard_dead_letters_total",
+        reason="outside_service_window",
+    )
+    assert after == before + 1
