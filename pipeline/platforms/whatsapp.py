@@ -306,7 +306,9 @@ class WhatsAppPlatform(Platform):
             base["recipient"] = message.chat_id  # a user known by business-scoped id only
         else:
             base["to"] = message.chat_id
-        meta: dict[str, Any] = {"window_until_ms": service_window_deadline_ms(message.route)}
+        # The window is the user's; in a group only WhatsApp's own answer (131047) says it closed.
+        window = service_window_deadline_ms(message.route) if message.chat_type == "private" else None
+        meta: dict[str, Any] = {"window_until_ms": window}
 
         # An answer that is one emoji, to a message: a reaction on it.
         shown = [s for s in segments if not isinstance(s, ReplySegment)]
