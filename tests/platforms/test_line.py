@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from linebot.v3 import WebhookParser
 from linebot.v3.messaging import (
     MentionSubstitutionObject,
@@ -47,6 +49,7 @@ from pipeline.platforms import PlatformCall, WebhookRejected, WebhookRequest, ge
 from pipeline.platforms.line import LOADING_PATH, PUSH_PATH, REPLY_PATH, LinePlatform, retry_key
 from pipeline.records import OutboundMessage, conversation_key, now_ms
 from pipeline.settings import BotConfig
+from tests.platforms import test_fuzz as fuzz
 from tests.platforms.conftest import FakeApi, Seen, load_media
 
 CHANNEL_SECRET = "8c570fa6dd201bb328f1c1eac23a96d8"
@@ -542,3 +545,25 @@ def test_sdk_reads_the_request_bodies_switchboard_sends() -> None:
     mention = message.substitution["m0"]
     assert isinstance(mention, MentionSubstitutionObject) and isinstance(mention.mentionee, UserMentionTarget)
     assert mention.mentionee.user_id == CAROL
+
+
+# -- fuzzed: one field of a valid webhook replaced by any JSON value: parsed or a 400, never a crash ---
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), new=fuzz.json_values)
+def test_fuzzed_webhooks_parse_or_are_refused(data: st.DataObject, new: Any) -> None:
+    carol = UserMentionee(index=16, length=6, user_id=CAROL)
+    fixture = json.loads(body_of(group_mention("hi @Carol"), private_text("yo", quoted="1")))
+    fixture["events"][0]["message"]["mention"]["mentionees"].append(carol.to_dict())
+    path = data.draw(st.sampled_from(fuzz._paths(fixture)))
+    try:
+        result = line.parse(
+            bot_config(), WebhookRequest(headers={}, body=json.dumps(fuzz._replace(fixture, path, new)).encode())
+        )
+    except WebhookRejected as exc:
+        assert exc.status == 400 and exc.reason in fuzz.REASONS
+        return
+    assert result.ignored in fuzz.IGNORED
+    for message in result.messages:
+        message.model_dump_json()

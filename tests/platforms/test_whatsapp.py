@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from pywa import WhatsApp, utils
 from pywa.types import Message, MessageStatus
@@ -24,6 +26,7 @@ from pipeline.platforms import PlatformCall, WebhookRejected, WebhookRequest, ge
 from pipeline.platforms.whatsapp import WhatsAppPlatform
 from pipeline.records import OutboundMessage, conversation_key
 from pipeline.settings import BotConfig
+from tests.platforms import test_fuzz as fuzz
 from tests.platforms.conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
 
 APP_SECRET = "0f4e6a0d7c9b41e8a3b2c1d0e9f8a7b6"
@@ -511,3 +514,31 @@ def test_settings_require_the_four_credentials() -> None:
 
     problems = bot_problems([{"platform": "whatsapp", "bot_id": "w", "credentials": {"access_token": "t"}}])
     assert sorted(p.loc[-1] for p in problems) == ["app_secret", "phone_number_id", "verify_token"]
+
+
+# -- fuzzed: one field of a valid webhook replaced by any JSON value: parsed or a 400, never a crash ---
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), new=fuzz.json_values)
+def test_fuzzed_webhooks_parse_or_are_refused(data: st.DataObject, new: Any) -> None:
+    image = {
+        "from": ALICE,
+        "id": "wamid.IMG",
+        "timestamp": "1796000000",
+        "type": "image",
+        "image": {"id": "1479537139650973", "caption": "c"},
+        "context": {"from": BUSINESS_NUMBER, "id": "wamid.Q"},
+    }
+    fixture = update(text_message(f"@{BUSINESS_NUMBER} hi", group=GROUP), image)
+    fixture["entry"][0]["changes"][0]["value"]["statuses"] = [{"id": "wamid.S", "status": "read"}]
+    path = data.draw(st.sampled_from(fuzz._paths(fixture)))
+    body = json.dumps(fuzz._replace(fixture, path, new)).encode()
+    try:
+        result = whatsapp.parse(bot_config(), WebhookRequest(headers={}, body=body))
+    except WebhookRejected as exc:
+        assert exc.status == 400 and exc.reason in fuzz.REASONS
+        return
+    assert result.ignored in fuzz.IGNORED | {"status"}
+    for message in result.messages:
+        message.model_dump_json()
