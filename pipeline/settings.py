@@ -105,6 +105,8 @@ class BotConfig(BaseModel):
     # QQ bot: send active messages (no user message answered) where a passive reply is no longer
     # possible: past the reply window, past the 5 replies to one message, with no message to answer.
     # Off, such a message is dead-lettered. QQ allows few (4 a month per user or group).
+    # LINE: push a message whose reply token is used or expired (pushes count against the
+    # channel's monthly quota); off, it is dead-lettered (`reply_token_expired`).
     active_messages: bool = False
     # Where the platform closes replies to a message after a while (QQ bot: its passive-reply
     # window): a turn still running this long before then gets the notice `reply_window_closing`

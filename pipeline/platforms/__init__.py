@@ -27,6 +27,8 @@ _REGISTRY: dict[str, str] = {
     "discord": "pipeline.platforms.discord:DiscordPlatform",
     "satori": "pipeline.platforms.satori:SatoriPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
+    "line": "pipeline.platforms.line:LinePlatform",
+    "whatsapp": "pipeline.platforms.whatsapp:WhatsAppPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
 

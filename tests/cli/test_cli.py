@@ -163,7 +163,7 @@ platform = "console"
 bot_id = "demo"
 
 [[bots]]
-platform = "whatsapp"
+platform = "myspace"
 bot_id = "wa"
 
 [[bots]]
@@ -183,7 +183,7 @@ credentials = { app_id = "cli_1", app_secret = "" }
 """
 
 EXPECTED_BOT_PROBLEMS = [
-    f"bots[1].platform: unknown platform 'whatsapp'; known: {', '.join(known_platforms())}",
+    f"bots[1].platform: unknown platform 'myspace'; known: {', '.join(known_platforms())}",
     "bots[2].credentials.signing_secret: required for slack webhook (bot 'support')",
     "bots[3].bot_id: String should match pattern",
     "bots[3].credentials.token: required for telegram (bot 'has space')",
@@ -283,10 +283,10 @@ def test_up_checks_a_given_kafka_before_starting_anything(tmp_path: Path) -> Non
 
 
 def test_unknown_stage_or_platform_is_named() -> None:
-    result = run("worker", "--stages", "ingest,rendr", "--platforms", "whatsapp")
+    result = run("worker", "--stages", "ingest,rendr", "--platforms", "myspace")
     assert result.returncode == 2
     assert "--stages: unknown stage 'rendr'" in result.stderr
-    assert "--platforms: unknown platform 'whatsapp'" in result.stderr
+    assert "--platforms: unknown platform 'myspace'" in result.stderr
 
 
 def test_a_broker_without_idempotent_producers_is_one_line(
