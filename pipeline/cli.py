@@ -124,7 +124,55 @@ def build_parser() -> argparse.ArgumentParser:
             "create a topic with fewer replicas (default 60)"
         ),
     )
+    _operator_parsers(sub)
     return parser
+
+
+def _operator_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`deadletters` and `conversation`: the operator's tools (pipeline/operator/)."""
+    dead = sub.add_parser(
+        "deadletters",
+        help="list, show or replay the dead letters (im.deadletter)",
+        description=(
+            "Read im.deadletter without a consumer group (nothing committed) with the worker's settings. "
+            "list: a count per stage and reason, then the records (no message bodies unless --bodies). "
+            "show POSITION: one record. replay: the selected records back to their original topic, a dry "
+            "run unless --yes; records past their platform's reply window, or delivered already, are "
+            "reported and not sent."
+        ),
+    )
+    dead.add_argument("action", choices=["list", "show", "replay"], metavar="ACTION", help="list, show or replay")
+    dead.add_argument("position", nargs="?", default=None, help="show: the record, partition:offset (or offset)")
+    for name, what in (("stage", "stage"), ("reason", "reason"), ("platform", "platform"), ("bot", "bot id")):
+        dead.add_argument(f"--{name}", action="append", metavar=name.upper(), help=f"only this {what} (repeatable)")
+    dead.add_argument("--chat", action="append", metavar="CHAT", help="only this chat id (repeatable)")
+    dead.add_argument(
+        "--since", metavar="WHEN", help="only dead letters from WHEN on: 30m, 2h, 7d or an ISO time (UTC)"
+    )
+    dead.add_argument("--until", metavar="WHEN", help="only dead letters before WHEN")
+    dead.add_argument("--bodies", action="store_true", help="also print the original records (message bodies)")
+    dead.add_argument("--limit", type=int, default=50, help="list: show the last N records (0: all; default 50)")
+    dead.add_argument("--yes", action="store_true", help="replay: send (without it, a dry run)")
+    dead.add_argument(
+        "--rate", type=float, default=5.0, metavar="PER_SECOND", help="replay: records per second at most (default 5)"
+    )
+    dead.add_argument("--json", action="store_true", help="one JSON document on stdout, for scripts")
+    conversation = sub.add_parser(
+        "conversation",
+        help="look up one conversation: its session, turn in flight, held messages, last replies",
+        description=(
+            "What Switchboard keeps of one conversation, by platform, bot and chat id or by session id: "
+            "the mapped session, the turns in flight, held messages, the session stream's cursor and the "
+            "last replies given to egress, each with whether it was delivered. Reads only."
+        ),
+    )
+    conversation.add_argument("--platform", help="the platform, e.g. telegram")
+    conversation.add_argument("--bot", help="the bot id of the bots file")
+    conversation.add_argument("--chat", help="the chat id, as in the conversation key")
+    conversation.add_argument("--user", help="the user id, for a conversation with one session per user in a group")
+    conversation.add_argument("--session", help="or: the session id (found back to its conversation)")
+    conversation.add_argument("--bodies", action="store_true", help="also print message texts")
+    conversation.add_argument("--json", action="store_true", help="one JSON document on stdout, for scripts")
 
 
 def version() -> str:
@@ -159,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.settings import unknown_variables
 
     # Before anything else: a misspelt variable is otherwise ignored without a word.
-    for warning in unknown_variables() if args.command in ("up", "worker", "topics") else []:
+    for warning in unknown_variables() if args.command in ("up", "worker", "topics", *OPERATOR_COMMANDS) else []:
         print(f"switchboard: warning: {warning}", file=sys.stderr)
     try:
         if args.command == "up":
@@ -168,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             return _worker(args)
         if args.command == "topics":
             return asyncio.run(_topics(args.action, args.brokers_timeout))
+        if args.command in OPERATOR_COMMANDS:
+            return _operator(args)
     except ConfigurationError as exc:
         count = len(exc.problems)
         _print_problems(f"bad settings ({count} problem{'s' if count > 1 else ''}):", exc.problems)
@@ -177,6 +227,31 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     parser.print_help()
     return EXIT_SETTINGS
+
+
+OPERATOR_COMMANDS = ("deadletters", "conversation")
+
+
+def _operator(args: argparse.Namespace) -> int:
+    """`deadletters`, `conversation`: with the worker's settings, against its Kafka and Redis."""
+    from pipeline import preflight
+    from pipeline.operator import commands
+    from pipeline.platforms.checks import bot_problems
+    from pipeline.settings import env_name, load_settings
+
+    if args.command == "deadletters" and (args.action == "show") != (args.position is not None):
+        raise Refused(["deadletters: a POSITION goes with `show` only, and `show` needs one"], EXIT_SETTINGS)
+    settings = load_settings(args.command, bots_check=bot_problems)
+    assert settings.kafka_bootstrap and settings.redis_url  # load_settings requires them for these commands
+    _check(
+        preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
+        preflight.redis_problem(settings.redis_url, env_name("redis_url")),
+    )
+    run = commands.deadletters if args.command == "deadletters" else commands.conversation
+    try:
+        return asyncio.run(run(args, settings))
+    except commands.CommandError as exc:
+        raise Refused([str(exc)], EXIT_SETTINGS) from None
 
 
 def _print_problems(header: str, problems: list[str]) -> None:

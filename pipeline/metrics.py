@@ -87,6 +87,8 @@ HANDLER_RETRIES = Counter(
     "switchboard_handler_retries_total", "Stage handler retries while Redis was unavailable", ["stage", "error"]
 )
 DEAD_LETTERS = Counter("switchboard_dead_letters_total", "Records dead-lettered", ["stage", "reason"])
+# Records `switchboard deadletters replay` put back (`hops["replay"]`), as each stage reads them.
+REPLAYED_RECORDS = Counter("switchboard_replayed_records_total", "Replayed dead letters read by a stage", ["stage"])
 
 # Latency.
 END_TO_END = Histogram(

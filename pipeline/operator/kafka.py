@@ -1,0 +1,174 @@
+"""The operator tools' Kafka side: reading by partition and offset with no consumer group (so never
+committing, never joining, never moving the workers' group), and producing a replay at a bounded
+rate. aiokafka's public API only; works on Tansu and Apache Kafka alike."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from pipeline.kafka import topic_partitions
+from pipeline.topics import DEADLETTER
+
+from .letters import Letter, Planned
+
+#: How long a read may take before the tool gives up (the broker is slow or unreachable).
+READ_TIMEOUT_SECONDS = 60.0
+
+
+def _consumer(bootstrap: str, fetch_max_wait_ms: int) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,  # no group: nothing committed, no rebalance of anyone's partitions
+        enable_auto_commit=False,
+        fetch_max_wait_ms=fetch_max_wait_ms,
+        auto_offset_reset="earliest",
+    )
+
+
+async def _read_ranges(
+    consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int]], timeout: float
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record in [start, end) of each partition (a partition with nothing there is skipped)."""
+    wanted = {tp: span for tp, span in ranges.items() if span[0] < span[1]}
+    if not wanted:
+        return []
+    consumer.assign(list(wanted))
+    for tp, (start, _end) in wanted.items():
+        consumer.seek(tp, start)
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    deadline = time.monotonic() + timeout
+    pending = dict(wanted)
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reading {sorted(str(tp) for tp in pending)} took longer than {timeout:.0f} s")
+        batch = await consumer.getmany(*pending, timeout_ms=500)
+        for tp, messages in batch.items():
+            end = pending.get(tp, (0, 0))[1]
+            records.extend(m for m in messages if m.offset < end)
+        for tp in list(pending):
+            if await consumer.position(tp) >= pending[tp][1]:
+                del pending[tp]
+    return records
+
+
+async def read_dead_letters(bootstrap: str, *, fetch_max_wait_ms: int = 20) -> list[Letter]:
+    """Every record `im.deadletter` holds now, oldest first per partition."""
+    partitions = await topic_partitions(bootstrap, DEADLETTER, timeout=10.0)
+    tps = [TopicPartition(DEADLETTER, p) for p in partitions]
+    consumer = _consumer(bootstrap, fetch_max_wait_ms)
+    await consumer.start()
+    try:
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        records = await _read_ranges(consumer, {tp: (starts[tp], ends[tp]) for tp in tps}, READ_TIMEOUT_SECONDS)
+    finally:
+        await consumer.stop()
+    records.sort(key=lambda r: (r.partition, r.offset))
+    return [Letter.of(r.partition, r.offset, r.timestamp, r.value) for r in records]
+
+
+async def read_record(
+    bootstrap: str, topic: str, partition: int, offset: int, *, fetch_max_wait_ms: int = 20
+) -> ConsumerRecord[bytes, bytes] | None:
+    """The record at `offset`, or None when the topic no longer (or never) held it."""
+    tp = TopicPartition(topic, partition)
+    consumer = _consumer(bootstrap, fetch_max_wait_ms)
+    await consumer.start()
+    try:
+        if partition not in (consumer.partitions_for_topic(topic) or await _partitions(bootstrap, topic)):
+            return None
+        start, end = (await consumer.beginning_offsets([tp]))[tp], (await consumer.end_offsets([tp]))[tp]
+        if not start <= offset < end:
+            return None
+        found = await _read_ranges(consumer, {tp: (offset, offset + 1)}, READ_TIMEOUT_SECONDS)
+    finally:
+        await consumer.stop()
+    return next((r for r in found if r.offset == offset), None)
+
+
+async def _partitions(bootstrap: str, topic: str) -> set[int]:
+    try:
+        return set(await topic_partitions(bootstrap, topic, timeout=5.0))
+    except Exception:  # the topic does not exist (ConsumeTimeoutError) or cannot be described
+        return set()
+
+
+async def last_records_of_key(
+    bootstrap: str,
+    topic: str,
+    key: str,
+    *,
+    count: int = 3,
+    scan_limit: int = 50_000,
+    step: int = 2_000,
+    fetch_max_wait_ms: int = 20,
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """The last `count` records of `key` in `topic`, oldest first: read back from the end of the
+    key's partition (the producers' murmur2 partitioner) in steps, at most `scan_limit` records."""
+    partitions = sorted(await _partitions(bootstrap, topic))
+    if not partitions:
+        return []
+    partition = DefaultPartitioner()(key.encode(), partitions, partitions)
+    tp = TopicPartition(topic, partition)
+    consumer = _consumer(bootstrap, fetch_max_wait_ms)
+    await consumer.start()
+    try:
+        start, end = (await consumer.beginning_offsets([tp]))[tp], (await consumer.end_offsets([tp]))[tp]
+        floor = max(start, end - scan_limit)
+        found: list[ConsumerRecord[bytes, bytes]] = []
+        upper = end
+        while upper > floor and len(found) < count:
+            lower = max(floor, upper - step)
+            chunk = await _read_ranges(consumer, {tp: (lower, upper)}, READ_TIMEOUT_SECONDS)
+            mine = [r for r in chunk if r.key is not None and r.key.decode("utf-8", "replace") == key]
+            found = sorted(mine, key=lambda r: r.offset) + found
+            upper = lower
+    finally:
+        await consumer.stop()
+    return found[-count:]
+
+
+@dataclass
+class Sent:
+    planned: Planned
+    partition: int
+    offset: int
+
+
+async def produce_replay(
+    bootstrap: str,
+    planned: Sequence[Planned],
+    *,
+    rate: float,
+    idempotence: bool,
+    progress: Callable[[int, int], None] = lambda _done, _total: None,
+    sleep: Callable[[float], object] = asyncio.sleep,
+) -> list[Sent]:
+    """Produce each sendable record (acks=all, one at a time, in order) at most `rate` per second,
+    so a replay does not flood a platform; `progress(done, total)` after each."""
+    sendable = [p for p in planned if p.sendable]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=idempotence, linger_ms=0)
+    await producer.start()
+    sent: list[Sent] = []
+    try:
+        started = time.monotonic()
+        for index, item in enumerate(sendable):
+            due = started + index / rate
+            wait = due - time.monotonic()
+            if wait > 0:
+                await sleep(wait)  # type: ignore[misc]
+            assert item.topic is not None and item.value is not None
+            meta = await producer.send_and_wait(
+                item.topic, value=item.value, key=item.key.encode() if item.key is not None else None
+            )
+            sent.append(Sent(item, meta.partition, meta.offset))
+            progress(index + 1, len(sendable))
+    finally:
+        await producer.stop()
+    return sent
