@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
@@ -77,12 +78,12 @@ async def read_record(
     bootstrap: str, topic: str, partition: int, offset: int, *, fetch_max_wait_ms: int = 20
 ) -> ConsumerRecord[bytes, bytes] | None:
     """The record at `offset`, or None when the topic no longer (or never) held it."""
+    if partition not in await _partitions(bootstrap, topic):
+        return None
     tp = TopicPartition(topic, partition)
     consumer = _consumer(bootstrap, fetch_max_wait_ms)
     await consumer.start()
     try:
-        if partition not in (consumer.partitions_for_topic(topic) or await _partitions(bootstrap, topic)):
-            return None
         start, end = (await consumer.beginning_offsets([tp]))[tp], (await consumer.end_offsets([tp]))[tp]
         if not start <= offset < end:
             return None
@@ -148,7 +149,7 @@ async def produce_replay(
     rate: float,
     idempotence: bool,
     progress: Callable[[int, int], None] = lambda _done, _total: None,
-    sleep: Callable[[float], object] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
 ) -> list[Sent]:
     """Produce each sendable record (acks=all, one at a time, in order) at most `rate` per second,
     so a replay does not flood a platform; `progress(done, total)` after each."""
@@ -162,7 +163,7 @@ async def produce_replay(
             due = started + index / rate
             wait = due - time.monotonic()
             if wait > 0:
-                await sleep(wait)  # type: ignore[misc]
+                await sleep(wait)
             assert item.topic is not None and item.value is not None
             meta = await producer.send_and_wait(
                 item.topic, value=item.value, key=item.key.encode() if item.key is not None else None
