@@ -200,5 +200,6 @@ def child(metric: _M, *labels: str) -> _M:
 
 def observe_hop(stage: str, hops: dict[str, float], previous: str, now: float) -> None:
     start = hops.get(previous)
-    if start is not None:
+    # A replayed record's hops are those of its first attempt: not this stage's latency.
+    if start is not None and "replay" not in hops:
         child(STAGE_LATENCY, stage).observe(max(0.0, (now - start) / 1000.0))

@@ -67,26 +67,30 @@ def letter_filter(args: argparse.Namespace, now: float) -> LetterFilter:
 async def deadletters(args: argparse.Namespace, settings: Settings, out: Out = _print) -> int:
     assert settings.kafka_bootstrap
     now = now_ms()
-    chosen = letter_filter(args, now) if args.action != "show" else LetterFilter()
-    letters = await kafka.read_dead_letters(
-        settings.kafka_bootstrap, fetch_max_wait_ms=settings.kafka_fetch_max_wait_ms
-    )
+    wait = settings.kafka_fetch_max_wait_ms
     if args.action == "show":
-        return _show(letters, args, out)
-    selected = chosen.select(letters)
+        position = args.position if ":" in args.position else f"0:{args.position}"
+        _total, found = await kafka.read_dead_letters(
+            settings.kafka_bootstrap, lambda letter: letter.position == position, fetch_max_wait_ms=wait
+        )
+        if not found:
+            raise CommandError(f"no dead letter at {position} (partition:offset; `deadletters list` shows them)")
+        return _show(found[0], args, out)
+    chosen = letter_filter(args, now)
+    total, selected = await kafka.read_dead_letters(settings.kafka_bootstrap, chosen.matches, fetch_max_wait_ms=wait)
     if args.action == "list":
-        return _list(letters, selected, args, out)
+        return _list(total, selected, args, out)
     return await _replay(selected, chosen, args, settings, now, out)
 
 
-def _list(letters: list[Letter], selected: list[Letter], args: argparse.Namespace, out: Out) -> int:
+def _list(total: int, selected: list[Letter], args: argparse.Namespace, out: Out) -> int:
     rows = [summary(letter, bodies=args.bodies) for letter in selected]
     shown = rows[-args.limit :] if args.limit else rows
     if args.json:
         out(
             json.dumps(
                 {
-                    "total": len(letters),
+                    "total": total,
                     "selected": len(selected),
                     "counts": [{"stage": s, "reason": r, "count": n} for s, r, n in counts(selected)],
                     "letters": shown,
@@ -95,7 +99,7 @@ def _list(letters: list[Letter], selected: list[Letter], args: argparse.Namespac
             )
         )
         return 0
-    out(f"{len(selected)} of {len(letters)} dead letter(s) in im.deadletter match")
+    out(f"{len(selected)} of {total} dead letter(s) in im.deadletter match")
     for line in render_table(
         [{"stage": s, "reason": r, "count": n} for s, r, n in counts(selected)], ["stage", "reason", "count"]
     ):
@@ -112,11 +116,7 @@ def _list(letters: list[Letter], selected: list[Letter], args: argparse.Namespac
     return 0
 
 
-def _show(letters: list[Letter], args: argparse.Namespace, out: Out) -> int:
-    position = args.position if ":" in args.position else f"0:{args.position}"
-    found = next((letter for letter in letters if letter.position == position), None)
-    if found is None:
-        raise CommandError(f"no dead letter at {position} (partition:offset; `deadletters list` shows them)")
+def _show(found: Letter, args: argparse.Namespace, out: Out) -> int:
     row = summary(found, bodies=args.bodies, full_error=True)
     if args.json:
         out(json.dumps(row, ensure_ascii=False))

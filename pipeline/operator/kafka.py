@@ -33,16 +33,20 @@ def _consumer(bootstrap: str, fetch_max_wait_ms: int) -> AIOKafkaConsumer:
 
 
 async def _read_ranges(
-    consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int]], timeout: float
-) -> list[ConsumerRecord[bytes, bytes]]:
-    """Every record in [start, end) of each partition (a partition with nothing there is skipped)."""
+    consumer: AIOKafkaConsumer,
+    ranges: dict[TopicPartition, tuple[int, int]],
+    timeout: float,
+    each: Callable[[ConsumerRecord[bytes, bytes]], None],
+) -> None:
+    """`each(record)` for every record in [start, end) of each partition, in order per partition
+    (a partition with nothing there is skipped). Records are not kept: a large topic is read in
+    the memory of one fetch."""
     wanted = {tp: span for tp, span in ranges.items() if span[0] < span[1]}
     if not wanted:
-        return []
+        return
     consumer.assign(list(wanted))
     for tp, (start, _end) in wanted.items():
         consumer.seek(tp, start)
-    records: list[ConsumerRecord[bytes, bytes]] = []
     deadline = time.monotonic() + timeout
     pending = dict(wanted)
     while pending:
@@ -51,27 +55,49 @@ async def _read_ranges(
         batch = await consumer.getmany(*pending, timeout_ms=500)
         for tp, messages in batch.items():
             end = pending.get(tp, (0, 0))[1]
-            records.extend(m for m in messages if m.offset < end)
+            for message in messages:
+                if message.offset < end:
+                    each(message)
         for tp in list(pending):
             if await consumer.position(tp) >= pending[tp][1]:
                 del pending[tp]
+
+
+async def _collect(
+    consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int]], timeout: float
+) -> list[ConsumerRecord[bytes, bytes]]:
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    await _read_ranges(consumer, ranges, timeout, records.append)
     return records
 
 
-async def read_dead_letters(bootstrap: str, *, fetch_max_wait_ms: int = 20) -> list[Letter]:
-    """Every record `im.deadletter` holds now, oldest first per partition."""
+async def read_dead_letters(
+    bootstrap: str, keep: Callable[[Letter], bool] = lambda _letter: True, *, fetch_max_wait_ms: int = 20
+) -> tuple[int, list[Letter]]:
+    """How many records `im.deadletter` holds now, and those of them `keep` keeps, oldest first
+    per partition."""
     partitions = await topic_partitions(bootstrap, DEADLETTER, timeout=10.0)
     tps = [TopicPartition(DEADLETTER, p) for p in partitions]
+    kept: list[Letter] = []
+    total = 0
+
+    def each(record: ConsumerRecord[bytes, bytes]) -> None:
+        nonlocal total
+        total += 1
+        letter = Letter.of(record.partition, record.offset, record.timestamp, record.value)
+        if keep(letter):
+            kept.append(letter)
+
     consumer = _consumer(bootstrap, fetch_max_wait_ms)
     await consumer.start()
     try:
         starts = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
-        records = await _read_ranges(consumer, {tp: (starts[tp], ends[tp]) for tp in tps}, READ_TIMEOUT_SECONDS)
+        await _read_ranges(consumer, {tp: (starts[tp], ends[tp]) for tp in tps}, READ_TIMEOUT_SECONDS, each)
     finally:
         await consumer.stop()
-    records.sort(key=lambda r: (r.partition, r.offset))
-    return [Letter.of(r.partition, r.offset, r.timestamp, r.value) for r in records]
+    kept.sort(key=lambda letter: (letter.partition, letter.offset))
+    return total, kept
 
 
 async def read_record(
@@ -87,7 +113,7 @@ async def read_record(
         start, end = (await consumer.beginning_offsets([tp]))[tp], (await consumer.end_offsets([tp]))[tp]
         if not start <= offset < end:
             return None
-        found = await _read_ranges(consumer, {tp: (offset, offset + 1)}, READ_TIMEOUT_SECONDS)
+        found = await _collect(consumer, {tp: (offset, offset + 1)}, READ_TIMEOUT_SECONDS)
     finally:
         await consumer.stop()
     return next((r for r in found if r.offset == offset), None)
@@ -126,7 +152,7 @@ async def last_records_of_key(
         upper = end
         while upper > floor and len(found) < count:
             lower = max(floor, upper - step)
-            chunk = await _read_ranges(consumer, {tp: (lower, upper)}, READ_TIMEOUT_SECONDS)
+            chunk = await _collect(consumer, {tp: (lower, upper)}, READ_TIMEOUT_SECONDS)
             mine = [r for r in chunk if r.key is not None and r.key.decode("utf-8", "replace") == key]
             found = sorted(mine, key=lambda r: r.offset) + found
             upper = lower
