@@ -34,37 +34,43 @@ def _consumer(bootstrap: str, fetch_max_wait_ms: int) -> AIOKafkaConsumer:
 
 async def _read_ranges(
     consumer: AIOKafkaConsumer,
-    ranges: dict[TopicPartition, tuple[int, int]],
+    ranges: dict[TopicPartition, tuple[int, int | None]],
     timeout: float,
     each: Callable[[ConsumerRecord[bytes, bytes]], None],
 ) -> None:
-    """`each(record)` for every record in [start, end) of each partition, in order per partition
-    (a partition with nothing there is skipped). Records are not kept: a large topic is read in
-    the memory of one fetch."""
-    wanted = {tp: span for tp, span in ranges.items() if span[0] < span[1]}
+    """`each(record)` for every record in [start, end) of each partition, in order per partition.
+    Records are not kept: a large topic is read in the memory of one fetch.
+
+    End None: to the end of the partition, which is where a fetch finds nothing more once the
+    broker's reported end is reached. The reported end alone is not enough: Tansu's ListOffsets can
+    answer an end some records short of what fetches return (measured: 19,990 after 20,000 acked
+    records), and a reader stopping there would miss the newest."""
+    reported = await consumer.end_offsets(list(ranges)) if ranges else {}
+    wanted = {tp: span for tp, span in ranges.items() if span[1] is None or span[0] < span[1]}
     if not wanted:
         return
     consumer.assign(list(wanted))
-    for tp, (start, _end) in wanted.items():
-        consumer.seek(tp, start)
+    for tp, (first, _end) in wanted.items():
+        consumer.seek(tp, first)
     deadline = time.monotonic() + timeout
     pending = dict(wanted)
     while pending:
         if time.monotonic() > deadline:
             raise TimeoutError(f"reading {sorted(str(tp) for tp in pending)} took longer than {timeout:.0f} s")
         batch = await consumer.getmany(*pending, timeout_ms=500)
-        for tp, messages in batch.items():
-            end = pending.get(tp, (0, 0))[1]
-            for message in messages:
-                if message.offset < end:
-                    each(message)
         for tp in list(pending):
-            if await consumer.position(tp) >= pending[tp][1]:
+            end = pending[tp][1]
+            messages = batch.get(tp, [])
+            for message in messages:
+                if end is None or message.offset < end:
+                    each(message)
+            position = await consumer.position(tp)
+            if (end is not None and position >= end) or (end is None and not messages and position >= reported[tp]):
                 del pending[tp]
 
 
 async def _collect(
-    consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int]], timeout: float
+    consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int | None]], timeout: float
 ) -> list[ConsumerRecord[bytes, bytes]]:
     records: list[ConsumerRecord[bytes, bytes]] = []
     await _read_ranges(consumer, ranges, timeout, records.append)
@@ -72,12 +78,16 @@ async def _collect(
 
 
 async def read_dead_letters(
-    bootstrap: str, keep: Callable[[Letter], bool] = lambda _letter: True, *, fetch_max_wait_ms: int = 20
+    bootstrap: str,
+    keep: Callable[[Letter], bool] = lambda _letter: True,
+    *,
+    fetch_max_wait_ms: int = 20,
+    topic: str = DEADLETTER,
 ) -> tuple[int, list[Letter]]:
     """How many records `im.deadletter` holds now, and those of them `keep` keeps, oldest first
     per partition."""
-    partitions = await topic_partitions(bootstrap, DEADLETTER, timeout=10.0)
-    tps = [TopicPartition(DEADLETTER, p) for p in partitions]
+    partitions = await topic_partitions(bootstrap, topic, timeout=10.0)
+    tps = [TopicPartition(topic, p) for p in partitions]
     kept: list[Letter] = []
     total = 0
 
@@ -92,8 +102,7 @@ async def read_dead_letters(
     await consumer.start()
     try:
         starts = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
-        await _read_ranges(consumer, {tp: (starts[tp], ends[tp]) for tp in tps}, READ_TIMEOUT_SECONDS, each)
+        await _read_ranges(consumer, {tp: (starts[tp], None) for tp in tps}, READ_TIMEOUT_SECONDS, each)
     finally:
         await consumer.stop()
     kept.sort(key=lambda letter: (letter.partition, letter.offset))
@@ -149,9 +158,9 @@ async def last_records_of_key(
         start, end = (await consumer.beginning_offsets([tp]))[tp], (await consumer.end_offsets([tp]))[tp]
         floor = max(start, end - scan_limit)
         found: list[ConsumerRecord[bytes, bytes]] = []
-        upper = end
-        while upper > floor and len(found) < count:
-            lower = max(floor, upper - step)
+        upper: int | None = None  # the first chunk: to the end (past a reported end that lags)
+        while (upper is None or upper > floor) and len(found) < count:
+            lower = max(floor, (end if upper is None else upper) - step)
             chunk = await _collect(consumer, {tp: (lower, upper)}, READ_TIMEOUT_SECONDS)
             mine = [r for r in chunk if r.key is not None and r.key.decode("utf-8", "replace") == key]
             found = sorted(mine, key=lambda r: r.offset) + found
