@@ -237,10 +237,22 @@ def _operator(args: argparse.Namespace) -> int:
     from pipeline import preflight
     from pipeline.operator import commands
     from pipeline.platforms.checks import bot_problems
+    from pipeline.records import now_ms
     from pipeline.settings import env_name, load_settings
 
+    # The arguments first: a mistake in them is said before anything is reached.
     if args.command == "deadletters" and (args.action == "show") != (args.position is not None):
         raise Refused(["deadletters: a POSITION goes with `show` only, and `show` needs one"], EXIT_SETTINGS)
+    if args.command == "conversation" and not args.session and not (args.platform and args.bot and args.chat):
+        raise Refused(
+            ["conversation: give --platform, --bot and --chat (--user too for a session per user), or --session"],
+            EXIT_SETTINGS,
+        )
+    try:
+        if args.command == "deadletters":
+            commands.letter_filter(args, now_ms())
+    except commands.CommandError as exc:
+        raise Refused([str(exc)], EXIT_SETTINGS) from None
     settings = load_settings(args.command, bots_check=bot_problems)
     assert settings.kafka_bootstrap and settings.redis_url  # load_settings requires them for these commands
     _check(
