@@ -234,11 +234,14 @@ OPERATOR_COMMANDS = ("deadletters", "conversation")
 
 def _operator(args: argparse.Namespace) -> int:
     """`deadletters`, `conversation`: with the worker's settings, against its Kafka and Redis."""
+    from aiokafka.errors import KafkaError
+
     from pipeline import preflight
     from pipeline.operator import commands
     from pipeline.platforms.checks import bot_problems
     from pipeline.records import now_ms
     from pipeline.settings import env_name, load_settings
+    from pipeline.state import StateError
 
     # The arguments first: a mistake in them is said before anything is reached.
     if args.command == "deadletters" and (args.action == "show") != (args.position is not None):
@@ -264,6 +267,8 @@ def _operator(args: argparse.Namespace) -> int:
         return asyncio.run(run(args, settings))
     except commands.CommandError as exc:
         raise Refused([str(exc)], EXIT_SETTINGS) from None
+    except (KafkaError, StateError, ConnectionError, TimeoutError) as exc:  # lost Kafka or Redis meanwhile
+        raise Refused([f"{args.command}: {type(exc).__name__}: {exc}"], EXIT_ENVIRONMENT) from None
 
 
 def _print_problems(header: str, problems: list[str]) -> None:

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.kafka import ConsumeTimeoutError
 from pipeline.platforms import Platform, get_platform, known_platforms
 from pipeline.records import conversation_key, now_ms
 from pipeline.settings import Settings
@@ -65,6 +66,13 @@ def letter_filter(args: argparse.Namespace, now: float) -> LetterFilter:
 
 
 async def deadletters(args: argparse.Namespace, settings: Settings, out: Out = _print) -> int:
+    try:
+        return await _deadletters(args, settings, out)
+    except ConsumeTimeoutError as exc:  # the topic is not there
+        raise CommandError(f"{exc}: `switchboard topics apply` creates it") from None
+
+
+async def _deadletters(args: argparse.Namespace, settings: Settings, out: Out) -> int:
     assert settings.kafka_bootstrap
     now = now_ms()
     wait = settings.kafka_fetch_max_wait_ms

@@ -143,6 +143,10 @@ def describe(
     }
     if bodies:
         report["last_message"] = state.last_message
+    # Nothing kept: never seen, or its state expired (SWITCHBOARD_MAPPING_TTL_SECONDS after the last turn).
+    report["known"] = bool(
+        stored["mapped_session"] or turns or stored["held"] or state != ConversationState() or outbound
+    )
     delivered = [o for o in outbound if o.delivered]
     report["last_delivered"] = _outbound(delivered[-1], bodies) if delivered else None
     return report
@@ -193,6 +197,11 @@ def _outbound(seen: OutboundSeen, bodies: bool) -> dict[str, Any]:
 
 def render_text(report: dict[str, Any]) -> list[str]:
     """The report for a terminal: one fact a line."""
+    if not report["known"]:
+        return [
+            f"conversation  {report['conversation']}: nothing kept (never seen here, or its state expired",
+            "  SWITCHBOARD_MAPPING_TTL_SECONDS after its last turn); check the platform, bot and chat ids",
+        ]
     lines = [
         f"conversation  {report['conversation']}",
         f"  platform {report['platform']}, bot {report['bot']}, chat {report['chat']}"

@@ -115,6 +115,10 @@ async def test_the_report_shows_the_state_and_no_text_unless_asked(state: State)
     lines = conv.render_text(report)
     assert "  session     sesn-1" in lines and "  stream      held by a worker, cursor sevt-9" in lines
     assert any(line.strip().startswith("turn-1: started 2027-01-15T08:00:00Z") for line in lines), lines
+    assert report["known"]
+    nobody = conversation_key("telegram", "tg1", "never-seen")
+    unknown = conv.describe(nobody, await conv.read_state(state, nobody, 8), [])
+    assert not unknown["known"] and "nothing kept" in conv.render_text(unknown)[0]
     with_bodies = json.dumps(conv.describe(CONVERSATION, stored, seen, bodies=True))
     for body in ("the reply text", "the held text", "what the agent said"):
         assert body in with_bodies
