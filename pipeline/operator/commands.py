@@ -187,7 +187,8 @@ async def _replay(
                     "dry_run": dry_run,
                     "selected": len(selected),
                     "tally": tally(planned),
-                    "replayed": [
+                    # Sent (with where to), or in a dry run what would be.
+                    "would_replay" if dry_run else "replayed": [
                         p.row() | ({"to": f"{s.planned.topic}[{s.partition}]@{s.offset}"} if s else {})
                         for p, s in _pair(todo, sent, dry_run)
                     ],

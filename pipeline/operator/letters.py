@@ -298,7 +298,19 @@ class ReplayContext:
 
 
 def plan(letters: Iterable[Letter], context: ReplayContext) -> list[Planned]:
-    return [plan_one(letter, context) for letter in letters]
+    """Each letter's plan; of several letters of one outbound message (dead-lettered, replayed,
+    dead-lettered again) only the newest is sent."""
+    planned = [plan_one(letter, context) for letter in letters]
+    newest: dict[tuple[str, str], int] = {}
+    for index, item in enumerate(planned):
+        if item.sendable and item.delivered_marker is not None:
+            newest[item.delivered_marker] = index
+    return [
+        item.skipped("duplicate", f"a newer dead letter of the same message, {planned[newest[marker]].letter.position}")
+        if item.sendable and (marker := item.delivered_marker) is not None and newest[marker] != index
+        else item
+        for index, item in enumerate(planned)
+    ]
 
 
 def plan_one(letter: Letter, context: ReplayContext) -> Planned:

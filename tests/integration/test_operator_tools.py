@@ -159,7 +159,7 @@ async def test_replayed_replies_are_delivered_once_even_when_the_replay_runs_twi
     assert shown["reason"] == reason and shown["attempts"] == 1 and "Forbidden" in shown["error"]
 
     dry = await switchboard_json(stack, "deadletters", "replay", *filters)
-    assert dry["dry_run"] is True and dry["tally"] == {"replay": 3}
+    assert dry["dry_run"] is True and dry["tally"] == {"replay": 3} and len(dry["would_replay"]) == 3
     await standins.settle()
     assert not [c for chat in chats for c in standins.delivered("telegram", chat)]  # a dry run sends nothing
 

@@ -243,3 +243,12 @@ async def test_a_dead_letter_keeps_a_bounded_excerpt_of_a_large_original() -> No
     assert big.record_bytes == len(large.encode()) and big.record_sha256 == hashlib.sha256(large.encode()).hexdigest()
     assert (big.topic, big.partition, big.offset) == ("im.outbound.telegram", 1, 9)  # where the whole one is
     assert small.record == "small" and small.record_bytes is None and small.record_sha256 is None
+
+
+def test_of_several_letters_of_one_message_only_the_newest_is_sent() -> None:
+    record = reply("telegram", "tg1", "c1").model_dump_json()
+    letters = [letter(1, record=record), letter(2, record=reply("telegram", "tg1", "c2").model_dump_json())]
+    letters.append(letter(3, reason="retries_exhausted", record=record))  # the same message, again
+    planned = plan(letters, context())
+    assert [(p.letter.offset, p.skip) for p in planned] == [(1, "duplicate"), (2, None), (3, None)]
+    assert planned[0].detail.endswith("0:3")
