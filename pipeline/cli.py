@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
             "create a topic with fewer replicas (default 60)"
         ),
     )
+    from pipeline.operator.arguments import add_parsers
+
+    add_parsers(sub.add_parser)  # deadletters, conversation
     return parser
 
 
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.settings import unknown_variables
 
     # Before anything else: a misspelt variable is otherwise ignored without a word.
-    for warning in unknown_variables() if args.command in ("up", "worker", "topics") else []:
+    for warning in unknown_variables() if args.command in ("up", "worker", "topics", *OPERATOR_COMMANDS) else []:
         print(f"switchboard: warning: {warning}", file=sys.stderr)
     try:
         if args.command == "up":
@@ -180,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             return _worker(args)
         if args.command == "topics":
             return asyncio.run(_topics(args.action, args.brokers_timeout))
+        if args.command in OPERATOR_COMMANDS:
+            return _operator(args)
     except ConfigurationError as exc:
         count = len(exc.problems)
         _print_problems(f"bad settings ({count} problem{'s' if count > 1 else ''}):", exc.problems)
@@ -189,6 +194,48 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     parser.print_help()
     return EXIT_SETTINGS
+
+
+OPERATOR_COMMANDS = ("deadletters", "conversation")
+
+
+def _operator(args: argparse.Namespace) -> int:
+    """`deadletters`, `conversation`: with the worker's settings, against its Kafka and Redis."""
+    from aiokafka.errors import KafkaError
+
+    from pipeline import preflight
+    from pipeline.operator import commands
+    from pipeline.platforms.checks import bot_problems
+    from pipeline.records import now_ms
+    from pipeline.settings import env_name, load_settings
+    from pipeline.state import StateError
+
+    # The arguments first: a mistake in them is said before anything is reached.
+    if args.command == "deadletters" and (args.action == "show") != (args.position is not None):
+        raise Refused(["deadletters: a POSITION goes with `show` only, and `show` needs one"], EXIT_SETTINGS)
+    if args.command == "conversation" and not args.session and not (args.platform and args.bot and args.chat):
+        raise Refused(
+            ["conversation: give --platform, --bot and --chat (--user too for a session per user), or --session"],
+            EXIT_SETTINGS,
+        )
+    try:
+        if args.command == "deadletters":
+            commands.letter_filter(args, now_ms())
+    except commands.CommandError as exc:
+        raise Refused([str(exc)], EXIT_SETTINGS) from None
+    settings = load_settings(args.command, bots_check=bot_problems)
+    assert settings.kafka_bootstrap and settings.redis_url  # load_settings requires them for these commands
+    _check(
+        preflight.kafka_problem(settings.kafka_bootstrap, env_name("kafka_bootstrap")),
+        preflight.redis_problem(settings.redis_url, env_name("redis_url")),
+    )
+    run = commands.deadletters if args.command == "deadletters" else commands.conversation
+    try:
+        return asyncio.run(run(args, settings))
+    except commands.CommandError as exc:
+        raise Refused([str(exc)], EXIT_SETTINGS) from None
+    except (KafkaError, StateError, ConnectionError, TimeoutError) as exc:  # lost Kafka or Redis meanwhile
+        raise Refused([f"{args.command}: {type(exc).__name__}: {exc}"], EXIT_ENVIRONMENT) from None
 
 
 def _print_problems(header: str, problems: list[str]) -> None:

@@ -87,6 +87,8 @@ HANDLER_RETRIES = Counter(
     "switchboard_handler_retries_total", "Stage handler retries while Redis was unavailable", ["stage", "error"]
 )
 DEAD_LETTERS = Counter("switchboard_dead_letters_total", "Records dead-lettered", ["stage", "reason"])
+# Records `switchboard deadletters replay` put back (`hops["replay"]`), as each stage reads them.
+REPLAYED_RECORDS = Counter("switchboard_replayed_records_total", "Replayed dead letters read by a stage", ["stage"])
 
 # Latency.
 END_TO_END = Histogram(
@@ -203,5 +205,6 @@ def child(metric: _M, *labels: str) -> _M:
 
 def observe_hop(stage: str, hops: dict[str, float], previous: str, now: float) -> None:
     start = hops.get(previous)
-    if start is not None:
+    # A replayed record's hops are those of its first attempt: not this stage's latency.
+    if start is not None and "replay" not in hops:
         child(STAGE_LATENCY, stage).observe(max(0.0, (now - start) / 1000.0))

@@ -361,7 +361,7 @@ class _TomlFileSource(PydanticBaseSettingsSource):
 
 # -- loading for a command: every problem at once, named as the user set it --------------------------
 
-Command = Literal["up", "worker", "topics"]
+Command = Literal["up", "worker", "topics", "deadletters", "conversation"]
 _ENV_PREFIX = "SWITCHBOARD_"
 _CONFIG_VAR = "SWITCHBOARD_CONFIG"
 # Fields whose values never appear in an error message.
@@ -489,10 +489,11 @@ def missing_settings(command: Command, settings: Settings | None = None) -> list
     else:
         value = _raw_value
     needed: list[tuple[str, str]] = []
-    if command in ("worker", "topics"):
+    if command in ("worker", "topics", "deadletters", "conversation"):
         needed.append(("kafka_bootstrap", "the Kafka bootstrap servers, e.g. kafka-1:9092,kafka-2:9092"))
-    if command == "worker":
+    if command in ("worker", "deadletters", "conversation"):
         needed.append(("redis_url", "the Redis URL, e.g. redis://redis:6379/0"))
+    if command == "worker":
         needed.append(("session_base_url", "the session API, e.g. https://ark.cn-beijing.volces.com/api/v3"))
     # `up` starts the simulator unless a session API is given; a given one needs its credentials.
     if command == "worker" or (command == "up" and value("session_base_url")):

@@ -195,7 +195,9 @@ class DeadLetter(_Record):
     partition: int | None = None
     offset: int | None = None
     key: str | None = None
-    record: str  # the original value, as text (it may not have parsed); of a webhook body, an excerpt
+    # The original value, as text (it may not have parsed); of a webhook body, or of an original
+    # over 64 KiB (`pipeline.stages.outputs`), an excerpt.
+    record: str
     # Of the whole original when `record` is an excerpt: its size in bytes and its sha256 (hex).
     record_bytes: int | None = None
     record_sha256: str | None = None

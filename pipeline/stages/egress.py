@@ -129,6 +129,8 @@ class EgressStage:
         if turns_log.isEnabledFor(logging.INFO):
             ingress = message.hops.get("ingress")
             since = f"{now_ms() - ingress:.0f} ms after the message" if ingress is not None else "no message time"
+            if "replay" in message.hops:
+                since += ", replayed"
             turns_log.info("%s: %s delivered, %s", message.conversation_key, message.kind, since)
 
     async def _send_with_retries(
@@ -204,7 +206,8 @@ class EgressStage:
 
     @staticmethod
     def _observe(message: OutboundMessage) -> None:
-        if message.kind != "reply":
+        # A replayed reply's hops go back to its first delivery attempt: not this pipeline's latency.
+        if message.kind != "reply" or "replay" in message.hops:
             return
         now = now_ms()
         hops = message.hops

@@ -9,6 +9,7 @@ could keep the fact and lose the records, and the replay would skip them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -16,6 +17,12 @@ from typing import Any
 from pipeline import metrics
 from pipeline.records import DeadLetter, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.topics import DEADLETTER, SESSION_EVENTS, SESSION_INPUT, outbound_topic
+
+# The most of an original record a dead letter keeps: a longer one (an outbound message carrying
+# inline media) keeps its first part, with its size and sha256; the whole original stays in its own
+# topic at `topic`/`partition`/`offset` for as long as that topic keeps it (`switchboard deadletters
+# replay` reads it from there).
+DEAD_LETTER_RECORD_MAX_BYTES = 64 * 1024
 
 # (topic, key, value) → buffered; returns an awaitable of the broker's acknowledgement (or None).
 Send = Callable[[str, str | None, bytes], Awaitable[Any]]
@@ -76,6 +83,10 @@ class Outputs:
         record_sha256: str | None = None,
     ) -> None:
         metrics.DEAD_LETTERS.labels(stage, reason).inc()
+        encoded = record.encode("utf-8", "replace")
+        if len(encoded) > DEAD_LETTER_RECORD_MAX_BYTES and record_bytes is None:
+            record_bytes, record_sha256 = len(encoded), hashlib.sha256(encoded).hexdigest()
+            record = encoded[:DEAD_LETTER_RECORD_MAX_BYTES].decode("utf-8", "ignore")
         letter = DeadLetter(
             stage=stage,
             reason=reason,

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from faust.types import Message
 from pydantic import BaseModel, ValidationError
 
+from pipeline import metrics
 from pipeline.executor import KeyedExecutor, Ticket
 from pipeline.records import Position
 from pipeline.stages.outputs import Outputs
@@ -81,6 +82,8 @@ class StageRunner(Generic[R]):
                 parsed.append(None)
                 await self._dead_letter(message, "invalid_record", str(exc)[:500])
                 continue
+            if "replay" in getattr(record, "hops", ()):  # put back by `switchboard deadletters replay`
+                _replayed(stage.name, message)
             parsed.append(record)
             records.append(record)
             positions.append(Position(message.topic, message.partition, message.offset))
@@ -182,3 +185,8 @@ class StageRunner(Generic[R]):
             partition=message.partition,
             offset=message.offset,
         )
+
+
+def _replayed(stage: str, message: Message) -> None:
+    metrics.REPLAYED_RECORDS.labels(stage).inc()
+    log.info("%s: a replayed record, %s[%d]@%d", stage, message.topic, message.partition, message.offset)
