@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
+from pipeline.controls.moderation import moderate_reply
 from pipeline.records import (
     OutboundKind,
     OutboundMessage,
@@ -419,19 +420,39 @@ class RenderStage:
             await self._emit(bot, record, state, "notice", [_text(outcome.notice.text)], suffix="reply")
         else:
             notes: list[OutboundNote] = ["corrected"] if outcome.corrected else []
+            # The bot's moderation lists, on the reply as validated and leak-checked.
             if outcome.passthrough is not None:
-                await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply", notes=notes)
+                reply = self._moderated(bot, record, [_text(outcome.passthrough)])
+                if reply:
+                    await self._emit(bot, record, state, "reply", reply, suffix="reply", notes=notes)
+                else:
+                    await self._notice(bot, record, state, "reply_moderated")
             elif outcome.segments:
+                reply = self._moderated(bot, record, list(outcome.segments))
+                if not reply:
+                    await self._notice(bot, record, state, "reply_moderated")
+                    return
                 await self._emit(
                     bot,
                     record,
                     state,
                     "reply",
-                    list(outcome.segments),
+                    reply,
                     suffix="reply",
                     notes=notes,
                     media_rejected=media_rejected,
                 )
+
+    @staticmethod
+    def _moderated(bot: BotConfig, record: SessionEventRecord, segments: list[Segment]) -> list[Segment]:
+        """The reply after the bot's moderation lists: as it was, redacted, or [] when blocked."""
+        moderated = moderate_reply(bot.moderation, segments)
+        if not moderated.hits:
+            return segments
+        outcome = "blocked" if moderated.blocked else "redacted"
+        metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
+        log.info("reply of %s: %d moderation hit(s), %s", record.conversation_key, moderated.hits, outcome)
+        return moderated.segments
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None

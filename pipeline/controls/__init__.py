@@ -1,0 +1,25 @@
+"""Controls for busy chats, per bot in the bots file (docs/controls.md): inbound rate limits
+(`limits`), moderation of what comes in and goes out (`moderation`), and the bound on how long a
+message may wait for its turn under overload (`overload`).
+
+Each module holds its configuration model (a sub-model of `BotConfig`) and the pure decisions; the
+stages call them, and the one Redis step a decision needs is a script per batch.
+"""
+
+from pipeline.controls.limits import LimitDecision, LimitsConfig, LimitWindow, TurnLimiter, TurnRequest
+from pipeline.controls.moderation import ModerationConfig, ModerationHook, ModerationVerdict, moderate_reply
+from pipeline.controls.overload import OverloadConfig, waited_seconds
+
+__all__ = [
+    "LimitDecision",
+    "LimitWindow",
+    "LimitsConfig",
+    "ModerationConfig",
+    "ModerationHook",
+    "ModerationVerdict",
+    "OverloadConfig",
+    "TurnLimiter",
+    "TurnRequest",
+    "moderate_reply",
+    "waited_seconds",
+]
