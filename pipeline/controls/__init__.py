@@ -3,23 +3,6 @@
 message may wait for its turn under overload (`overload`).
 
 Each module holds its configuration model (a sub-model of `BotConfig`) and the pure decisions; the
-stages call them, and the one Redis step a decision needs is a script per batch.
+stages call them, and the one Redis step a decision needs is a script per batch
+(`pipeline.state.limits`). The settings import these models, so they import nothing of the pipeline.
 """
-
-from pipeline.controls.limits import LimitDecision, LimitsConfig, LimitWindow, TurnLimiter, TurnRequest
-from pipeline.controls.moderation import ModerationConfig, ModerationHook, ModerationVerdict, moderate_reply
-from pipeline.controls.overload import OverloadConfig, waited_seconds
-
-__all__ = [
-    "LimitDecision",
-    "LimitWindow",
-    "LimitsConfig",
-    "ModerationConfig",
-    "ModerationHook",
-    "ModerationVerdict",
-    "OverloadConfig",
-    "TurnLimiter",
-    "TurnRequest",
-    "moderate_reply",
-    "waited_seconds",
-]

@@ -1,23 +1,18 @@
 """Inbound rate limits: how many turns a user, a chat and a bot may start per window.
 
 Fixed windows (a counter per scope and window index), shared by every worker through Redis: one
-script call per batch and bot (`admit_turns.lua`), every key of one bot's limits under the bot's
-hash tag. A message over a limit starts no turn; the first one over it in a window gets the notice
-`rate_limited`, the rest nothing. Admins of the bot are exempt and not counted; chat commands never
-reach the limits (ingest handles them before).
+script call per batch and bot (`pipeline.state.limits`, `scripts/admit_turns.lua`), every key of one
+bot's limits under the bot's hash tag. A message over a limit starts no turn; the first one over it
+in a window gets the notice `rate_limited`, the rest nothing. Admins of the bot are exempt and not
+counted; chat commands never reach the limits (ingest handles them before).
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
-from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from pipeline.state import Keys, RedisClient
-from pipeline.state.client import Script
 
 LimitScope = Literal["user", "chat", "bot"]
 _SCOPES: tuple[LimitScope, ...] = ("user", "chat", "bot")
@@ -101,60 +96,3 @@ def counters(config: LimitsConfig, request: TurnRequest, now_ms: int) -> list[Co
 
 def notice_ident(counter: Counter, request: TurnRequest) -> str:
     return counter.ident if counter.scope != "bot" else f"{counter.ident}:{request.chat_id}"
-
-
-_SCRIPT = Script(resources.files("pipeline.controls").joinpath("admit_turns.lua").read_text(encoding="utf-8"))
-
-
-class TurnLimiter:
-    """The limits' Redis step: per batch, one script call per bot with limits."""
-
-    def __init__(self, redis: RedisClient, keys: Keys) -> None:
-        self.redis = redis
-        self.keys = keys
-
-    def _key(self, kind: str, bot: str, ident: str) -> str:
-        return self.keys.scoped(kind, bot, f"{bot}:{ident}")
-
-    async def admit(self, requests: list[tuple[str, LimitsConfig, TurnRequest]], now_ms: int) -> list[LimitDecision]:
-        """Per request (`platform:bot`, the bot's limits, the message): may it start or join a turn?
-        Exempt requests and bots without limits need no Redis."""
-        decisions: list[LimitDecision] = [ALLOWED] * len(requests)
-        by_bot: dict[str, list[int]] = {}
-        for position, (bot, config, request) in enumerate(requests):
-            if config.active and not request.exempt:
-                by_bot.setdefault(bot, []).append(position)
-        if not by_bot:
-            return decisions
-        replies = await asyncio.gather(
-            *(self._call(bot, [requests[p] for p in positions], now_ms) for bot, positions in by_bot.items())
-        )
-        for positions, reply in zip(by_bot.values(), replies, strict=True):
-            for position, one in zip(positions, reply, strict=True):
-                decisions[position] = one
-        return decisions
-
-    async def _call(
-        self, bot: str, requests: list[tuple[str, LimitsConfig, TurnRequest]], now_ms: int
-    ) -> list[LimitDecision]:
-        keys: list[str] = []
-        args: list[str | int] = [len(requests)]
-        per_request: list[list[Counter]] = []
-        for _, config, request in requests:
-            windows = counters(config, request, now_ms)
-            per_request.append(windows)
-            # A replay within the longest window gets the first answer again.
-            args += [len(windows), max(c.window_ms for c in windows)]
-            keys.append(self._key("inlimit-seen", bot, request.dedup_id))
-            for counter in windows:
-                args += [counter.limit, counter.window_ms]
-                keys.append(self._key("inlimit", bot, counter.ident))
-                keys.append(self._key("inlimit-notice", bot, notice_ident(counter, request)))
-        raw = await self.redis.run_script(_SCRIPT, keys, args)
-        decisions = []
-        for windows, (allowed, over, notice) in zip(per_request, raw, strict=True):
-            if int(allowed):
-                decisions.append(ALLOWED)
-            else:
-                decisions.append(LimitDecision(False, windows[int(over) - 1].scope, bool(int(notice))))
-        return decisions

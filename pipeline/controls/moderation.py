@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 
-from pipeline.segments.models import MarkdownData, MarkdownSegment, TextData, TextSegment
-from pipeline.segments.models import Segment as ReplySegment
+if TYPE_CHECKING:  # the settings import this module: httpx is loaded by the stage that calls the hook
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,8 @@ async def ask_hook(
     text: str,
 ) -> ModerationVerdict:
     """The hook's verdict on one message; a failure is `hook_failed`, allowed when it fails open."""
+    import httpx
+
     try:
         response = await client.post(
             hook.url,
@@ -137,31 +139,20 @@ async def ask_hook(
 
 @dataclass(frozen=True, slots=True)
 class ModeratedReply:
-    segments: list[ReplySegment]
+    texts: list[str]  # redacted where they hit (unchanged when blocked: the caller sends the notice)
     hits: int
     blocked: bool
 
 
-def moderate_reply(config: ModerationConfig, segments: list[ReplySegment]) -> ModeratedReply:
-    """The reply's text and markdown segments checked against the lists: unchanged (no hit),
-    redacted, or `blocked` (the caller sends the notice instead)."""
+def moderate_reply(config: ModerationConfig, texts: Sequence[str]) -> ModeratedReply:
+    """A reply's texts (its text and markdown segments) checked against the bot's lists: no hit,
+    redacted, or `blocked` (the caller sends the notice `reply_moderated` instead)."""
     if not config.lists or config.outbound == "off":
-        return ModeratedReply(segments, 0, False)
-    out: list[ReplySegment] = []
+        return ModeratedReply(list(texts), 0, False)
+    out: list[str] = []
     hits = 0
-    for segment in segments:
-        if isinstance(segment, TextSegment):
-            text, n = config.redact(segment.data.text)
-            hits += n
-            out.append(TextSegment(type="text", data=TextData(text=text)) if n else segment)
-        elif isinstance(segment, MarkdownSegment):
-            text, n = config.redact(segment.data.content)
-            hits += n
-            out.append(MarkdownSegment(type="markdown", data=MarkdownData(content=text)) if n else segment)
-        else:
-            out.append(segment)
-    if not hits:
-        return ModeratedReply(segments, 0, False)
-    if config.outbound == "block":
-        return ModeratedReply([], hits, True)
-    return ModeratedReply(out, hits, False)
+    for text in texts:
+        redacted, n = config.redact(text)
+        out.append(redacted)
+        hits += n
+    return ModeratedReply(out, hits, hits > 0 and config.outbound == "block")

@@ -18,12 +18,13 @@ import httpx
 
 from pipeline import metrics
 from pipeline.addressing import ChatCommand, TriggerReason, parse_chat_command, strip_trigger, trigger_reason
-from pipeline.controls.limits import LimitDecision, LimitsConfig, TurnLimiter, TurnRequest
+from pipeline.controls.limits import LimitDecision, LimitsConfig, TurnRequest
 from pipeline.controls.moderation import ask_hook
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord, context_entry_json
+from pipeline.state.limits import TurnLimiter
 
 from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id

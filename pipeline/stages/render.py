@@ -34,7 +34,7 @@ from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy, TurnContext
 from pipeline.segments.leaks import REDACTION_MARKER
 from pipeline.segments.media import rejection_label
-from pipeline.segments.models import Segment, TextData, TextSegment
+from pipeline.segments.models import MarkdownData, MarkdownSegment, Segment, TextData, TextSegment
 from pipeline.session.models import (
     AgentCustomToolUse,
     AgentMCPToolUse,
@@ -445,14 +445,27 @@ class RenderStage:
 
     @staticmethod
     def _moderated(bot: BotConfig, record: SessionEventRecord, segments: list[Segment]) -> list[Segment]:
-        """The reply after the bot's moderation lists: as it was, redacted, or [] when blocked."""
-        moderated = moderate_reply(bot.moderation, segments)
+        """The reply after the bot's moderation lists (its text and markdown segments): as it was,
+        redacted, or [] when blocked."""
+        places = [i for i, s in enumerate(segments) if isinstance(s, TextSegment | MarkdownSegment)]
+        texts = [_segment_text(segments[i]) for i in places]
+        moderated = moderate_reply(bot.moderation, texts)
         if not moderated.hits:
             return segments
         outcome = "blocked" if moderated.blocked else "redacted"
         metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
         log.info("reply of %s: %d moderation hit(s), %s", record.conversation_key, moderated.hits, outcome)
-        return moderated.segments
+        if moderated.blocked:
+            return []
+        out = list(segments)
+        for i, text in zip(places, moderated.texts, strict=True):
+            segment = out[i]
+            out[i] = (
+                MarkdownSegment(type="markdown", data=MarkdownData(content=text))
+                if isinstance(segment, MarkdownSegment)
+                else _text(text)
+            )
+        return out
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
@@ -582,6 +595,10 @@ def _shortened(text: str, limit: int) -> str:
         return text
     at = text.find(REDACTION_MARKER, max(0, limit - len(REDACTION_MARKER) + 1), limit + len(REDACTION_MARKER))
     return text[: at + len(REDACTION_MARKER)] if 0 <= at < limit else text[:limit]
+
+
+def _segment_text(segment: Segment) -> str:
+    return segment.data.content if isinstance(segment, MarkdownSegment) else segment.data.text  # type: ignore[union-attr]
 
 
 def _text(text: str) -> TextSegment:

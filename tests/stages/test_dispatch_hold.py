@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from prometheus_client import REGISTRY
 
-from pipeline.records import SessionCommand
+from pipeline.records import SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -35,7 +35,7 @@ def command(inbound: str) -> SessionCommand:
         events=[{"type": "user.message", "id": f"msg-{inbound}", "content": [{"type": "text", "text": inbound}]}],
         inbound_ids=[inbound],
         trace_id=f"t-{inbound}",
-        hops={"ingress": 1.0},
+        hops={"ingress": now_ms()},  # just received: within the overload bound
     )
 
 
@@ -131,7 +131,9 @@ async def test_a_message_arriving_before_the_owed_flush_goes_behind_the_held_one
             Notifier(settings),
         )
         try:
-            running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+            running = TurnRecord(
+                trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group"
+            )
             await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
             await stage.handle(command("m-B"), 0)
             conversations = state.conversations
