@@ -32,9 +32,10 @@ CHAT_COMMANDS = Counter("switchboard_chat_commands_total", "Chat commands handle
 # Controls (docs/controls.md). Bot ids are configuration, not user ids: a bounded label.
 RATE_LIMITED = Counter(
     "switchboard_rate_limited_total",
-    "Messages over an inbound rate limit: no turn",
+    "Messages over an inbound rate limit: no turn (scope user, chat, bot), or not kept as context (scope context)",
     ["platform", "bot", "scope", "outcome"],
-)  # scope: user | chat | bot; outcome: noticed (the window's one notice) | limited (nothing said)
+)  # scope: user | chat | bot (turns; outcome noticed: the window's one notice, limited: nothing said)
+# | context (a group message past its message limit, outcome unkept: not kept as context)
 MODERATION = Counter(
     "switchboard_moderation_total", "Moderation decisions", ["platform", "bot", "direction", "outcome", "reason"]
 )  # direction: inbound | outbound; outcome: allowed | dropped | noticed | blocked | redacted

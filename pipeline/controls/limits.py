@@ -35,6 +35,11 @@ class LimitsConfig(BaseModel):
     user_turns: LimitWindow | None = None
     chat_turns: LimitWindow | None = None
     bot_turns: LimitWindow | None = None
+    # The group-context buffer: messages per window the chat, and one user in it, may add to the
+    # chat's context window (what the agent reads as context). Past either, a message is not kept
+    # there (whether it triggers is the turn limits' business), so a flood cannot push out the rest.
+    chat_messages: LimitWindow | None = None
+    user_messages: LimitWindow | None = None
     # What becomes of a message over a limit: `drop` (gone, not in the chat's context window
     # either) or `hold` (kept in the group-context window: the next turn within the limits sees it).
     over_limit: Literal["drop", "hold"] = "drop"
@@ -92,6 +97,20 @@ def counters(config: LimitsConfig, request: TurnRequest, now_ms: int) -> list[Co
         subject = request.user_id if scope == "user" else request.chat_id if scope == "chat" else "-"
         out.append(Counter(scope, f"{scope}:{subject}:{index}", window.count, window_ms))
     return out
+
+
+def message_windows(config: LimitsConfig, user_id: str, now_ms: int) -> tuple[Counter, Counter] | None:
+    """The chat's and the user's message counters for the group-context buffer at `now_ms` (a
+    limit 0: none), or None when the bot limits neither."""
+    if config.chat_messages is None and config.user_messages is None:
+        return None
+    chat, user = config.chat_messages, config.user_messages
+    chat_ms = (chat.per_seconds if chat else 60) * 1000
+    user_ms = (user.per_seconds if user else 60) * 1000
+    return (
+        Counter("chat", f"chat:{now_ms // chat_ms}", chat.count if chat else 0, chat_ms),
+        Counter("user", f"user:{user_id}:{now_ms // user_ms}", user.count if user else 0, user_ms),
+    )
 
 
 def notice_ident(counter: Counter, request: TurnRequest) -> str:

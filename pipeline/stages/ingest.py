@@ -24,7 +24,7 @@ from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Posit
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord, context_entry_json
-from pipeline.state.limits import TurnLimiter
+from pipeline.state.limits import TurnLimiter, context_quota
 
 from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
@@ -124,6 +124,8 @@ class _Settled:
         if result.duplicate:
             self.duplicate(message)
             return
+        if result.unkept:
+            count_unkept(message)
         message.hops["ingest"] = now
         metrics.observe_hop("ingest", message.hops, "ingress", now)
         self.filtered[message.platform] = self.filtered.get(message.platform, 0) + 1
@@ -133,6 +135,11 @@ class _Settled:
             metrics.child(metrics.INBOUND_DEDUPLICATED, platform).inc(n)
         for platform, n in self.filtered.items():
             metrics.child(metrics.INBOUND_FILTERED, platform).inc(n)
+
+
+def count_unkept(message: InboundMessage) -> None:
+    """A group message over its chat's (or its sender's) message limit, not kept as context."""
+    metrics.child(metrics.RATE_LIMITED, message.platform, message.bot_id, "context", "unkept").inc()
 
 
 def _context_entry(message: InboundMessage) -> bytes:
@@ -186,6 +193,7 @@ class IngestStage:
         size = self.settings.group_context_size
         # The triggers the limits may stop.
         limited: list[_Plan] = []
+        clock = int(time.time() * 1000)  # the limits' windows
         for message in messages:
             bot = self.settings.bot(message.platform, message.bot_id)
             if bot is None:
@@ -210,10 +218,7 @@ class IngestStage:
         if limited:
             # The limits' Redis step, one script per batch and bot; only batches with triggers of
             # bots with limits pay it.
-            decisions = await self.limiter.admit(
-                [_turn_request(p) for p in limited],
-                int(time.time() * 1000),
-            )
+            decisions = await self.limiter.admit([_turn_request(p) for p in limited], clock)
             for limited_plan, decision in zip(limited, decisions, strict=True):
                 self._apply_limit(limited_plan, decision)
         for each in plans:
@@ -225,6 +230,7 @@ class IngestStage:
             if each.blocked == "moderated" or (each.blocked == "rate_limited" and each.bot.limits.over_limit == "drop"):
                 in_window = False
             entry_json = _context_entry(message) if in_window else None
+            quota = context_quota(each.bot.limits, message.sender.user_id, clock) if in_window else None
             # A message that produces nothing is marked seen at once. A user turn is marked by
             # dispatch when it starts or is held (in the same step); a chat command, or a notice
             # of the controls, once the broker has its output. A copy admitted before that
@@ -236,6 +242,7 @@ class IngestStage:
                     entry_json=entry_json,
                     want_window=in_window and each.reason is not None and each.blocked is None and size > 0,
                     mark=each.settles,
+                    quota=quota,
                 )
             )
         pending: Iterator[asyncio.Future[AdmissionResult]] | None = None
@@ -273,6 +280,8 @@ class IngestStage:
                 continue
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
+            if result.unkept:
+                count_unkept(message)
             if plan.blocked is not None:
                 works.append(functools.partial(self._blocked_notice, plan))
                 continue

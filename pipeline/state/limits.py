@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.controls.limits import ALLOWED, Counter, LimitDecision, LimitsConfig, TurnRequest, counters, notice_ident
+from pipeline.controls.limits import (
+    ALLOWED,
+    Counter,
+    LimitDecision,
+    LimitsConfig,
+    TurnRequest,
+    counters,
+    message_windows,
+    notice_ident,
+)
 
 from . import scripts
 from .client import RedisClient
 from .keys import Keys
+from .models import ContextQuota
 
 _ADMIT_TURNS = scripts.script("admit_turns")
 
@@ -67,3 +77,12 @@ class TurnLimiter:
             else:
                 decisions.append(LimitDecision(False, windows[int(over) - 1].scope, bool(int(notice))))
         return decisions
+
+
+def context_quota(config: LimitsConfig, user_id: str, now_ms: int) -> ContextQuota | None:
+    """What a group message may add to its chat's context window (`admit_inbound`'s quota)."""
+    windows = message_windows(config, user_id, now_ms)
+    if windows is None:
+        return None
+    chat, user = windows
+    return ContextQuota(chat.ident, chat.limit, chat.window_ms, user.ident, user.limit, user.window_ms)

@@ -111,7 +111,7 @@ async def _redis_list(stack: Stack, key: str) -> list[str]:
     settings = stack.settings()
     client = aioredis.from_url(settings.redis_url or "", decode_responses=True)
     try:
-        return list(await client.lrange(f"{settings.redis_prefix}{key}", 0, -1))
+        return [str(v) for v in await client.lrange(f"{settings.redis_prefix}{key}", 0, -1)]
     finally:
         await client.aclose()
 

@@ -187,3 +187,25 @@ async def test_the_reply_is_moderated_after_validation_blocked_or_redacted(redis
         ]
     assert shown["block"] == ["notice:Sorry, this reply was withheld by the chat's content rules."]
     assert shown["redact"] == ["reply:the *** is ready"]
+
+
+async def test_a_flooding_user_cannot_push_the_others_out_of_the_context_window(
+    redis_url: str, redis_prefix: str
+) -> None:
+    limits = {"user_messages": {"count": 3, "per_seconds": 3600}, "chat_messages": {"count": 8, "per_seconds": 3600}}
+    stage, recorder = ingest(redis_url, redis_prefix, bot(limits=limits))
+    unkept = {"platform": "console", "bot": "demo", "scope": "context", "outcome": "unkept"}
+    before = REGISTRY.get_sample_value("switchboard_rate_limited_total", unkept) or 0.0
+    flood = [msg(n, f"flood {n}", user="flooder", mention=False) for n in range(20)]  # one batch: started
+    await run(stage, recorder, flood)
+    others = [msg(100 + n, f"hi {n}", user=f"u{n}", mention=False) for n in range(7)]  # small batches
+    for one in others:
+        await run(stage, recorder, [one])
+    await run(stage, recorder, [msg(200, "@bot what was said?", user="asker")])
+    kept = await window(stage)
+    assert sorted(kept) == ["m0", "m1", "m100", "m101", "m102", "m103", "m104", "m2"]  # the chat's 8
+    assert (REGISTRY.get_sample_value("switchboard_rate_limited_total", unkept) or 0.0) - before == 17 + 2 + 1
+    # The turn still starts (its words are in the turn itself); only the window was full.
+    ((turn,),) = [[t for t in recorder.turns() if t.inbound_ids == ["m200"]]]
+    assert turn.kind == "user_turn"
+    await stage.state.redis.aclose()
