@@ -3,7 +3,9 @@ TWO workers, each ingesting the chats of its own partitions.
 
 - a user over the turn limit gets one notice and no turn more, across both workers;
 - a message the moderation lists match starts no turn (and stays out of the context window);
-- an unreachable moderation hook lets messages through or stops them, as each bot says.
+- an unreachable moderation hook lets messages through or stops them, as each bot says; a live one
+  (a stand-in that checks the bearer secret) decides;
+- a message whose turn has not started within the bot's bound gets the busy notice instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
+from aiohttp import web
 from aiokafka.partitioner import murmur2
 
 from pipeline.bench.measure import metric_sum, scrape_metrics
@@ -24,11 +27,14 @@ from pipeline.stack import Stack
 from tests.conftest import enabled_brokers
 
 from .console import ConsoleClient, texts
+from .loop_thread import LoopThread
 from .stacks import add_workers, running_stack
 
 pytestmark = [pytest.mark.integration]
 
 PARTITIONS = 4
+HOOK_SECRET = "it-moderation-secret-0123"
+OVERLOADED_TEXT = "Sorry, I'm too busy to answer that now. Please try again later."
 RATE_LIMITED_TEXT = "Too many requests right now; please wait a while before asking again."
 MODERATED_TEXT = "Sorry, I can't respond to that message."
 
@@ -40,8 +46,45 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _bots_toml(hook_port: int) -> str:
-    hook = f'url = "http://127.0.0.1:{hook_port}/moderate"\nsecret = "it-moderation-secret-0123"\ntimeout_seconds = 1'
+class ModerationStandIn:
+    """The operator's moderation service as the hook contract describes it: refuses a request
+    without the bearer secret (401) or without the JSON fields (400); allows unless the text says
+    `forbidden`. Keeps every request it decided."""
+
+    def __init__(self) -> None:
+        self.decided: list[dict[str, str]] = []
+        self.refused = 0
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {HOOK_SECRET}":
+            self.refused += 1
+            return web.json_response({"error": "unauthorized"}, status=401)
+        body = await request.json()
+        if not isinstance(body, dict) or set(body) != {"platform", "bot_id", "chat_id", "user_id", "text"}:
+            self.refused += 1
+            return web.json_response({"error": "bad request"}, status=400)
+        self.decided.append(body)
+        return web.json_response({"allow": "forbidden" not in body["text"]})
+
+    async def start(self) -> ModerationStandIn:
+        app = web.Application()
+        app.router.add_post("/moderate", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = int(self.runner.addresses[0][1])
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def _bots_toml(hook_port: int, live_port: int) -> str:
+    hook = f'url = "http://127.0.0.1:{hook_port}/moderate"\nsecret = "{HOOK_SECRET}"\ntimeout_seconds = 1'
     return f"""
 [[bots]]
 platform = "console"
@@ -78,12 +121,44 @@ inbound = "notice"
 [bots.moderation.hook]
 {hook}
 on_failure = "closed"
+
+[[bots]]
+platform = "console"
+bot_id = "hook-live"
+self_id = "bot"
+language = "en"
+[bots.moderation]
+inbound = "notice"
+[bots.moderation.hook]
+url = "http://127.0.0.1:{live_port}/moderate"
+secret = "{HOOK_SECRET}"
+on_failure = "closed"
+
+[[bots]]
+platform = "console"
+bot_id = "slow"
+self_id = "bot"
+language = "en"
+busy_policy = "queue"
+[bots.overload]
+max_wait_seconds = 1
 """
 
 
+@pytest.fixture(scope="module")
+def hook() -> Iterator[ModerationStandIn]:
+    thread: LoopThread[ModerationStandIn] = LoopThread(
+        "moderation-hook", lambda: ModerationStandIn().start(), lambda s: s.stop()
+    )
+    try:
+        yield thread.start_loop()
+    finally:
+        thread.stop_loop()
+
+
 @pytest.fixture(scope="module", params=enabled_brokers())
-def stack(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[Stack]:
-    toml = _bots_toml(_closed_port())
+def stack(request: pytest.FixtureRequest, redis_server: RedisServer, hook: ModerationStandIn) -> Iterator[Stack]:
+    toml = _bots_toml(_closed_port(), hook.port)
     with running_stack(
         request.param, name="ctl", bots_toml=toml, redis_url=redis_server.url, partitions=PARTITIONS
     ) as stack:
@@ -182,3 +257,34 @@ async def test_an_unreachable_hook_fails_open_or_closed_as_configured(stack: Sta
     assert await closed.session_of(closed_chat) is None  # no turn started
     failed = await _sum_over_workers(stack, "switchboard_moderation_total", reason="hook_failed")
     assert sum(failed) == 2
+
+
+async def test_a_live_hook_is_asked_with_its_secret_once_per_trigger_and_decides(
+    stack: Stack, hook: ModerationStandIn
+) -> None:
+    console = ConsoleClient(stack, bot_id="hook-live")
+    chat = console.chat("grp")
+    await console.send(chat, "a fine question", chat_type="group", user_id="h1", mentions=["bot"])
+    await console.send(chat, "just chatter", chat_type="group", user_id="h2")  # no turn: not asked
+    await console.send(chat, "a forbidden question", chat_type="group", user_id="h3", mentions=["bot"])
+    await console.stack_idle()
+    got = texts(await console.messages(chat))  # the notice may come before the turn's reply
+    assert sorted(got) == sorted(["echo: [Ann (h1)] a fine question", MODERATED_TEXT]), got
+    asked = [d for d in hook.decided if d["chat_id"] == chat]
+    assert [(d["user_id"], d["text"]) for d in asked] == [("h1", "a fine question"), ("h3", "a forbidden question")]
+    assert asked[0]["platform"] == "console" and asked[0]["bot_id"] == "hook-live"
+    assert hook.refused == 0
+
+
+async def test_a_message_whose_turn_did_not_start_in_time_gets_the_busy_notice(stack: Stack) -> None:
+    """Bot `slow` queues while busy and bounds the wait at 1 s: a message held behind a 3 s turn is
+    past the bound when that turn ends, so it gets the notice instead of a turn of its own."""
+    console = ConsoleClient(stack, bot_id="slow")
+    chat = console.chat()
+    await console.send(chat, "[sim:think=3] first")
+    await console.session_started(chat)  # the first turn is running now
+    await console.send(chat, "second, asked while busy")
+    await console.stack_idle()
+    assert texts(await console.messages(chat)) == ["echo: first", OVERLOADED_TEXT]
+    overloaded = await _sum_over_workers(stack, "switchboard_overloaded_total", bot="slow")
+    assert sum(overloaded) == 1
