@@ -22,12 +22,13 @@ from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
+from pipeline.stages.work import run_remaining
 from pipeline.state import State, TurnRecord
 from pipeline.topics import SESSION_INPUT
 
 from .test_ingest_admit import Recorder as AdmitRecorder
 from .test_ingest_admit import run
-from .turns import Recorder, running_turn
+from .turns import Recorder, round_trips, running_turn
 
 
 class InboundRecorder(AdmitRecorder):
@@ -209,3 +210,27 @@ async def test_a_flooding_user_cannot_push_the_others_out_of_the_context_window(
     ((turn,),) = [[t for t in recorder.turns() if t.inbound_ids == ["m200"]]]
     assert turn.kind == "user_turn"
     await stage.state.redis.aclose()
+
+
+async def test_the_limits_cost_one_script_call_per_batch_with_triggers_and_none_without(
+    redis_url: str, redis_prefix: str
+) -> None:
+    cases = {
+        "none": {},
+        "turns": {"user_turns": {"count": 100, "per_seconds": 60}, "chat_turns": {"count": 100, "per_seconds": 60}},
+        "messages": {"user_messages": {"count": 100, "per_seconds": 60}},
+    }
+    calls: dict[str, float] = {}
+    for name, limits in cases.items():
+        stage, _ = ingest(redis_url, f"{redis_prefix}{name}:", bot(limits=limits))
+        batch = [msg(n, f"chatter {n}", user=f"u{n}", mention=False) for n in range(5)]
+        batch += [msg(10, "@bot one", chat="g2"), msg(11, "@bot two", user="u2", chat="g3")]
+        before = round_trips()
+        works = await stage.admit(batch)
+        calls[name] = round_trips() - before
+        for work in works:
+            await run_remaining(work)
+        await stage.state.redis.aclose()
+    # The admission itself is one script call; the turn limits one more (for both triggers); the
+    # message limits ride in the admission's call.
+    assert calls == {"none": 1, "turns": 2, "messages": 1}
