@@ -59,7 +59,9 @@ class ModerationConfig(BaseModel):
     # each match with `***`.
     outbound: Literal["block", "redact", "off"] = "block"
     hook: ModerationHook | None = None
-    _matcher: re.Pattern[str] | None = PrivateAttr(default=None)
+    _words: tuple[str, ...] = PrivateAttr(default=())
+    _patterns: re.Pattern[str] | None = PrivateAttr(default=None)
+    _redactor: re.Pattern[str] | None = PrivateAttr(default=None)
 
     @field_validator("words")
     @classmethod
@@ -81,21 +83,33 @@ class ModerationConfig(BaseModel):
         return value
 
     def model_post_init(self, context: object) -> None:
+        # Inbound, every group message of the bot is checked: words as substring searches of the
+        # lowered text (C speed, ~0.1 µs each), patterns as one compiled alternation. Python's `re`
+        # tries each alternative at each position, so 50 words in one regex cost ~35 µs a message
+        # (measured), against ~5 µs this way.
+        self._words = tuple(w.lower() for w in self.words)
+        self._patterns = (
+            re.compile("|".join(f"(?:{p})" for p in self.patterns), re.IGNORECASE) if self.patterns else None
+        )
         alternatives = [re.escape(w) for w in self.words] + [f"(?:{p})" for p in self.patterns]
-        # One compiled alternation: one pass over the text, whatever the lists' length.
-        self._matcher = re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
+        # Redaction (replies only) needs the positions: one regex over both.
+        self._redactor = re.compile("|".join(alternatives), re.IGNORECASE) if alternatives else None
 
     @property
     def lists(self) -> bool:
-        return self._matcher is not None
+        return self._redactor is not None
 
     def matches(self, text: str) -> bool:
-        return self._matcher is not None and self._matcher.search(text) is not None
+        if self._words:
+            lowered = text.lower()
+            if any(word in lowered for word in self._words):
+                return True
+        return self._patterns is not None and self._patterns.search(text) is not None
 
     def redact(self, text: str) -> tuple[str, int]:
-        if self._matcher is None:
+        if self._redactor is None:
             return text, 0
-        return self._matcher.subn(REDACTED, text)
+        return self._redactor.subn(REDACTED, text)
 
 
 @dataclass(frozen=True, slots=True)
