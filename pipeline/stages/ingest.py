@@ -399,6 +399,11 @@ class IngestStage:
             return
         assert plan.reason is not None
         if not await self._hook_allows(plan):
+            if message.chat_type == "group":
+                # Admitted into the context window before the hook was asked: taken out again, so
+                # the agent never reads it as context (the entry is the same bytes, built again).
+                window_key = self.state.keys.window(message.conversation_key)
+                await self.state.redis.execute("LREM", window_key, 0, _context_entry(message))
             if plan.notice is not None:
                 await self.outputs.outbound(self._notice(plan.bot, message, plan.notice))
                 await self.outputs.delivered()

@@ -274,6 +274,8 @@ async def test_a_live_hook_is_asked_with_its_secret_once_per_trigger_and_decides
     assert [(d["user_id"], d["text"]) for d in asked] == [("h1", "a fine question"), ("h3", "a forbidden question")]
     assert asked[0]["platform"] == "console" and asked[0]["bot_id"] == "hook-live"
     assert hook.refused == 0
+    window = await _redis_list(stack, f"ctx:console:hook-live:{chat}")
+    assert len(window) == 2 and not any("forbidden" in entry for entry in window)  # taken out again
 
 
 async def test_a_message_whose_turn_did_not_start_in_time_gets_the_busy_notice(stack: Stack) -> None:
