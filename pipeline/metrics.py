@@ -29,6 +29,23 @@ INBOUND_FILTERED = Counter(
 TURNS_TRIGGERED = Counter("switchboard_turns_triggered_total", "Messages that trigger a turn", ["platform", "reason"])
 CHAT_COMMANDS = Counter("switchboard_chat_commands_total", "Chat commands handled", ["platform", "command"])
 
+# Controls (docs/controls.md). Bot ids are configuration, not user ids: a bounded label.
+RATE_LIMITED = Counter(
+    "switchboard_rate_limited_total",
+    "Messages over an inbound rate limit: no turn (scope user, chat, bot), or not kept as context (scope context)",
+    ["platform", "bot", "scope", "outcome"],
+)  # scope: user | chat | bot (turns; outcome noticed: the window's one notice, limited: nothing said)
+# | context (a group message past its message limit, outcome unkept: not kept as context)
+MODERATION = Counter(
+    "switchboard_moderation_total", "Moderation decisions", ["platform", "bot", "direction", "outcome", "reason"]
+)  # direction: inbound | outbound; outcome: allowed | dropped | noticed | blocked | redacted
+# reason: list | hook | hook_failed
+OVERLOADED = Counter(
+    "switchboard_overloaded_total",
+    "Messages whose turn had not started within the bot's bound: the notice `overloaded` instead",
+    ["platform", "bot"],
+)
+
 # Web server and console.
 WEB_CONNECTIONS_OPEN = Gauge("switchboard_web_connections_open", "Open connections to this worker's web server")
 WEB_CONNECTIONS_CLOSED = Counter(

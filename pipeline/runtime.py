@@ -322,6 +322,7 @@ class Runtime:
         await self.session_client.aclose()
         await self.http.aclose()
         await self.media.aclose()
+        await self.ingest.close()  # the moderation hook's client, if a bot has a hook
         if self.corrector is not None:
             await self.corrector.aclose()
         await self.state.redis.aclose()

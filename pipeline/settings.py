@@ -32,6 +32,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from pipeline.controls.limits import LimitsConfig
+from pipeline.controls.moderation import ModerationConfig
+from pipeline.controls.overload import OverloadConfig
 from pipeline.errors import ConfigurationError
 
 BusyPolicy = Literal["merge", "queue", "interrupt"]
@@ -116,6 +119,11 @@ class BotConfig(BaseModel):
     # more than 2,500 guilds must shard: one bot entry per shard (same token, a bot_id each), each
     # held under its own lease by whichever worker wins it.
     shard: tuple[int, int] = (0, 1)
+    # Controls for busy chats (docs/controls.md): inbound rate limits, moderation, and how long a
+    # message may wait for its turn under overload.
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    moderation: ModerationConfig = Field(default_factory=ModerationConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
 
     @field_validator("shard")
     @classmethod

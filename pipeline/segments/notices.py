@@ -33,6 +33,12 @@ class NoticeKind(StrEnum):
     # the answer will not come here (or, with the bot's active messages, will come separately).
     REPLY_WINDOW_CLOSING = "reply_window_closing"
     REPLY_WINDOW_CLOSING_ACTIVE = "reply_window_closing_active"
+    # Controls (docs/controls.md): over a rate limit (once per window), a moderated message or
+    # reply, a message whose turn did not start in time under overload.
+    RATE_LIMITED = "rate_limited"
+    MODERATED = "moderated"
+    REPLY_MODERATED = "reply_moderated"
+    OVERLOADED = "overloaded"
 
 
 # Placeholders each kind may use; anything else in a template is a configuration error.
@@ -64,6 +70,10 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         "message, so it cannot be sent here. Send a new message to get it.",
         NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE: "This answer is taking longer than this chat lets me reply to "
         "your message; it will be sent as a separate message.",
+        NoticeKind.RATE_LIMITED: "Too many requests right now; please wait a while before asking again.",
+        NoticeKind.MODERATED: "Sorry, I can't respond to that message.",
+        NoticeKind.REPLY_MODERATED: "Sorry, this reply was withheld by the chat's content rules.",
+        NoticeKind.OVERLOADED: "Sorry, I'm too busy to answer that now. Please try again later.",
     },
     "zh": {
         NoticeKind.REPLY_INVALID: "抱歉，回复格式生成失败，请稍后重试。",
@@ -84,6 +94,10 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.REPLY_WINDOW_CLOSING: "回答耗时超过了平台允许回复这条消息的时间，无法在此发送。"
         "请再发一条消息获取回答。",
         NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE: "回答耗时超过了平台允许回复这条消息的时间，稍后将作为单独的消息发送。",
+        NoticeKind.RATE_LIMITED: "请求太频繁了，请稍后再问。",
+        NoticeKind.MODERATED: "抱歉，无法回应这条消息。",
+        NoticeKind.REPLY_MODERATED: "抱歉，该回复因本群内容规则已被拦截。",
+        NoticeKind.OVERLOADED: "抱歉，现在太忙，暂时无法回答，请稍后再试。",
     },
 }
 

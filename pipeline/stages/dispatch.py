@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pipeline import metrics
+from pipeline.controls.overload import too_late, waited_seconds
 from pipeline.executor import work_revoked
 from pipeline.records import Position, SessionCommand, now_ms
 from pipeline.session import Provisioner, SessionClient
-from pipeline.session.exceptions import NotFoundError, SessionAPIError
+from pipeline.session.exceptions import NotFoundError, RateLimitedError, SessionAPIError
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart, note_message
 
@@ -128,11 +129,44 @@ class DispatchStage:
             await self.outputs.dead_letter(
                 "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=command.conversation_key
             )
+            if isinstance(exc, RateLimitedError) and command.kind in ("user_turn", "flush"):
+                # The agent API still answered 429 after the client's retries: busy, not broken.
+                metrics.OVERLOADED.labels(command.platform, command.bot_id).inc()
+                await self._notice(bot, command, "overloaded")
+                return
             await self._notice(bot, command, "provider_error")
 
     # -- user turns ----------------------------------------------------------------------------
     async def _user_turn(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
+        if too_late(bot.overload, command.hops, now_ms()):
+            await self._overloaded(bot, [command])
+            return
         await self._start_turn(bot, command, partition, mode=bot.busy_policy)
+
+    async def _overloaded(self, bot: BotConfig, commands: list[SessionCommand]) -> None:
+        """Messages whose turn did not start within the bot's bound: one notice (answering the
+        newest) instead of an answer to a question asked long ago. Its id is stable over the
+        messages, so a replay, or a flush that finds them held again, sends it once."""
+        last = commands[-1]
+        metrics.OVERLOADED.labels(last.platform, last.bot_id).inc(len(commands))
+        waited = waited_seconds(commands[0].hops, now_ms()) or 0.0
+        log.info(
+            "dispatch: %d message(s) of %s waited %.0f s for a turn (bound %.0f s): overloaded notice",
+            len(commands),
+            last.conversation_key,
+            waited,
+            bot.overload.max_wait_seconds,
+        )
+        inbound_ids = [i for c in commands for i in c.inbound_ids]
+        await self.outputs.outbound(
+            self.notifier.answering(
+                bot,
+                "overloaded",
+                last,
+                outbound_id=stable_id("notice-", last.conversation_key, "overloaded", *inbound_ids),
+                reply_to_message_id=last.reply_to_message_id,
+            )
+        )
 
     async def _flush(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
         conversation = command.conversation_key
@@ -148,6 +182,10 @@ class DispatchStage:
             # A replayed command may have been held although its turn was sent already: drop it.
             sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw], conversation)
             held = [SessionCommand.model_validate_json(c) for (_, c), m in zip(raw, sent, strict=True) if m != "1"]
+            stale = [c for c in held if too_late(bot.overload, c.hops, now_ms())]
+            if stale:  # their turn did not start in time: the notice instead (they go with this flush)
+                await self._overloaded(bot, stale)
+                held = [c for c in held if c not in stale]
             if held:
                 break
             await conversations.drop_held(conversation, len(raw))

@@ -10,15 +10,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import httpx
+
 from pipeline import metrics
 from pipeline.addressing import ChatCommand, TriggerReason, parse_chat_command, strip_trigger, trigger_reason
+from pipeline.controls.limits import LimitDecision, LimitsConfig, TurnRequest
+from pipeline.controls.moderation import ask_hook
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord, context_entry_json
+from pipeline.state.limits import TurnLimiter, context_quota
 
 from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
@@ -91,6 +97,15 @@ class _Plan:
     command: ChatCommand | None
     reason: TriggerReason | None
     dedup_id: str
+    # A trigger the controls stopped (docs/controls.md): why, for the metric (`moderated`,
+    # `rate_limited`), and the notice it is answered with, if any.
+    blocked: str | None = None
+    notice: str | None = None
+
+    @property
+    def settles(self) -> bool:
+        """Produces nothing: marked seen at admission."""
+        return self.command is None and (self.reason is None or (self.blocked is not None and self.notice is None))
 
 
 class _Settled:
@@ -109,6 +124,8 @@ class _Settled:
         if result.duplicate:
             self.duplicate(message)
             return
+        if result.unkept:
+            count_unkept(message)
         message.hops["ingest"] = now
         metrics.observe_hop("ingest", message.hops, "ingress", now)
         self.filtered[message.platform] = self.filtered.get(message.platform, 0) + 1
@@ -118,6 +135,11 @@ class _Settled:
             metrics.child(metrics.INBOUND_DEDUPLICATED, platform).inc(n)
         for platform, n in self.filtered.items():
             metrics.child(metrics.INBOUND_FILTERED, platform).inc(n)
+
+
+def count_unkept(message: InboundMessage) -> None:
+    """A group message over its chat's (or its sender's) message limit, not kept as context."""
+    metrics.child(metrics.RATE_LIMITED, message.platform, message.bot_id, "context", "unkept").inc()
 
 
 def _context_entry(message: InboundMessage) -> bytes:
@@ -147,6 +169,8 @@ class IngestStage:
         self.admissions = CoalescedAdmissions(
             state.markers, settings.group_context_size, linger=settings.ingest_admission_linger_ms / 1000
         )
+        self.limiter = TurnLimiter(state.redis, state.keys)
+        self._hook_client: httpx.AsyncClient | None = None
 
     async def handle(self, message: InboundMessage) -> None:
         """One message (the batch path with a batch of one)."""
@@ -167,6 +191,9 @@ class IngestStage:
         items: list[InboundAdmission] = []
         seen: set[str] = set()
         size = self.settings.group_context_size
+        # The triggers the limits may stop.
+        limited: list[_Plan] = []
+        clock = int(time.time() * 1000)  # the limits' windows
         for message in messages:
             bot = self.settings.bot(message.platform, message.bot_id)
             if bot is None:
@@ -179,26 +206,48 @@ class IngestStage:
             seen.add(dedup_id)
             command = parse_chat_command(message.text)
             reason = trigger_reason(message, bot) if command is None else None
-            in_window = message.chat_type == "group" and command is None
+            planned = _Plan(message, bot, command, reason, dedup_id)
+            if command is None and bot.moderation.lists and bot.moderation.matches(message.text):
+                # Commands are never moderated away; chatter that matches is kept out of the window.
+                planned.blocked = "moderated"
+                if reason is not None:
+                    self._count_moderated(planned, "list")
+            elif reason is not None and bot.limits.active:
+                limited.append(planned)
+            plans.append(planned)
+        if limited:
+            # The limits' Redis step, one script per batch and bot; only batches with triggers of
+            # bots with limits pay it.
+            decisions = await self.limiter.admit([_turn_request(p) for p in limited], clock)
+            for limited_plan, decision in zip(limited, decisions, strict=True):
+                self._apply_limit(limited_plan, decision)
+        for each in plans:
+            if each is None or each.bot is None:
+                continue
+            message = each.message
+            in_window = message.chat_type == "group" and each.command is None
+            # Kept out of the window: a moderated message; one over a limit unless the bot holds it.
+            if each.blocked == "moderated" or (each.blocked == "rate_limited" and each.bot.limits.over_limit == "drop"):
+                in_window = False
             entry_json = _context_entry(message) if in_window else None
+            quota = context_quota(each.bot.limits, message.sender.user_id, clock) if in_window else None
             # A message that produces nothing is marked seen at once. A user turn is marked by
-            # dispatch when it starts or is held (in the same step); a chat command once the broker
-            # has its output. A copy admitted before that produces again, and dispatch drops the
-            # repeated turn by its stable id.
-            settles = command is None and reason is None
+            # dispatch when it starts or is held (in the same step); a chat command, or a notice
+            # of the controls, once the broker has its output. A copy admitted before that
+            # produces again, and dispatch drops the repeated turn by its stable id.
             items.append(
                 InboundAdmission(
-                    dedup_id=dedup_id,
+                    dedup_id=each.dedup_id,
                     conversation=message.conversation_key,
                     entry_json=entry_json,
-                    want_window=in_window and reason is not None and size > 0,
-                    mark=settles,
+                    want_window=in_window and each.reason is not None and each.blocked is None and size > 0,
+                    mark=each.settles,
+                    quota=quota,
                 )
             )
-            plans.append(_Plan(message, bot, command, reason, dedup_id))
         pending: Iterator[asyncio.Future[AdmissionResult]] | None = None
         results: Iterator[AdmissionResult] = iter(())
-        settle_all = all(p is None or (p.bot is not None and p.command is None and p.reason is None) for p in plans)
+        settle_all = all(p is None or (p.bot is not None and p.settles) for p in plans)
         if settle_all and self.admissions.startable(items):
             shared = SharedWork(
                 functools.partial(self._settle_started, messages, plans, self.admissions.start(items), now)
@@ -225,12 +274,17 @@ class IngestStage:
                 works.append(functools.partial(self._settle_deferred, message, item, next(pending), now))
                 continue
             result = next(results)
-            if result.duplicate or (plan.command is None and plan.reason is None):
+            if result.duplicate or plan.settles:
                 settled.add(message, result, now)
                 works.append(None)
                 continue
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
+            if result.unkept:
+                count_unkept(message)
+            if plan.blocked is not None:
+                works.append(functools.partial(self._blocked_notice, plan))
+                continue
             works.append(functools.partial(self._produce, plan, result.window))
         settled.count()
         return works
@@ -263,6 +317,72 @@ class IngestStage:
         settled.add(message, result, now)
         settled.count()
 
+    def _apply_limit(self, plan: _Plan, decision: LimitDecision) -> None:
+        if decision.allowed or plan.bot is None:
+            return
+        message = plan.message
+        plan.blocked = "rate_limited"
+        plan.notice = "rate_limited" if decision.notice and plan.bot.limits.notice else None
+        metrics.RATE_LIMITED.labels(message.platform, message.bot_id, decision.scope or "", decision.outcome).inc()
+        log.info(
+            "ingest: %s message %s over the %s limit (%s)",
+            message.conversation_key,
+            message.message_id,
+            decision.scope,
+            decision.outcome,
+        )
+
+    def _count_moderated(self, plan: _Plan, reason: str) -> None:
+        assert plan.bot is not None
+        message = plan.message
+        notice = plan.bot.moderation.inbound == "notice"
+        plan.notice = "moderated" if notice else None
+        outcome = "noticed" if notice else "dropped"
+        metrics.MODERATION.labels(message.platform, message.bot_id, "inbound", outcome, reason).inc()
+        log.info(
+            "ingest: %s message %s moderated (%s, %s)", message.conversation_key, message.message_id, reason, outcome
+        )
+
+    async def _blocked_notice(self, plan: _Plan) -> None:
+        """A trigger the controls stopped, answered with its notice; marked seen once the broker
+        has the notice (a replay before that answers again, under the same stable id)."""
+        assert plan.bot is not None and plan.notice is not None
+        self.outputs.begin()
+        await self.outputs.outbound(self._notice(plan.bot, plan.message, plan.notice))
+        await self.outputs.delivered()
+        await self.state.markers.set_marker("in", plan.dedup_id, plan.message.conversation_key)
+
+    async def _hook_allows(self, plan: _Plan) -> bool:
+        """The bot's moderation hook, asked once per message that would start or join a turn."""
+        assert plan.bot is not None
+        hook = plan.bot.moderation.hook
+        if hook is None:
+            return True
+        if self._hook_client is None:
+            self._hook_client = httpx.AsyncClient()
+        message = plan.message
+        verdict = await ask_hook(
+            self._hook_client,
+            hook,
+            platform=message.platform,
+            bot_id=message.bot_id,
+            chat_id=message.chat_id,
+            user_id=message.sender.user_id,
+            text=message.text,
+        )
+        if verdict.allowed:
+            if verdict.reason == "hook_failed":
+                metrics.MODERATION.labels(message.platform, message.bot_id, "inbound", "allowed", "hook_failed").inc()
+            return True
+        plan.blocked = "moderated"
+        self._count_moderated(plan, verdict.reason)
+        return False
+
+    async def close(self) -> None:
+        if self._hook_client is not None:
+            await self._hook_client.aclose()
+            self._hook_client = None
+
     async def _unknown_bot(self, message: InboundMessage) -> None:
         await self.outputs.dead_letter("ingest", "unknown_bot", message.model_dump_json())
 
@@ -278,6 +398,17 @@ class IngestStage:
             await self.state.markers.set_marker("in", plan.dedup_id, plan.message.conversation_key)
             return
         assert plan.reason is not None
+        if not await self._hook_allows(plan):
+            if message.chat_type == "group":
+                # Admitted into the context window before the hook was asked: taken out again, so
+                # the agent never reads it as context (the entry is the same bytes, built again).
+                window_key = self.state.keys.window(message.conversation_key)
+                await self.state.redis.execute("LREM", window_key, 0, _context_entry(message))
+            if plan.notice is not None:
+                await self.outputs.outbound(self._notice(plan.bot, message, plan.notice))
+                await self.outputs.delivered()
+            await self.state.markers.set_marker("in", plan.dedup_id, message.conversation_key)
+            return
         metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
         await self.outputs.session_command(self.user_turn(plan.bot, message, window))
         await self.outputs.delivered()
@@ -372,6 +503,16 @@ class IngestStage:
             reply_to_message_id=message.message_id,
             params=params,
         )
+
+
+def _turn_request(plan: _Plan) -> tuple[str, LimitsConfig, TurnRequest]:
+    """What the limiter is asked about a trigger: its bot, the bot's limits, the message. The bot's
+    admins (configured, or as the platform reports them) are exempt."""
+    message, bot = plan.message, plan.bot
+    assert bot is not None
+    exempt = message.sender.is_admin or message.sender.user_id in bot.admins
+    request = TurnRequest(plan.dedup_id, message.sender.user_id, message.chat_id, exempt=exempt)
+    return f"{message.platform}:{message.bot_id}", bot.limits, request
 
 
 def may_answer(bot: BotConfig, starter_id: str | None, message: InboundMessage) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
+from pipeline.controls.moderation import moderate_reply
 from pipeline.records import (
     OutboundKind,
     OutboundMessage,
@@ -33,7 +34,7 @@ from pipeline.segments import finalize as contract
 from pipeline.segments.context import Capabilities, Member, ReplyPolicy, TurnContext
 from pipeline.segments.leaks import REDACTION_MARKER
 from pipeline.segments.media import rejection_label
-from pipeline.segments.models import Segment, TextData, TextSegment
+from pipeline.segments.models import MarkdownData, MarkdownSegment, Segment, TextData, TextSegment
 from pipeline.session.models import (
     AgentCustomToolUse,
     AgentMCPToolUse,
@@ -419,19 +420,52 @@ class RenderStage:
             await self._emit(bot, record, state, "notice", [_text(outcome.notice.text)], suffix="reply")
         else:
             notes: list[OutboundNote] = ["corrected"] if outcome.corrected else []
+            # The bot's moderation lists, on the reply as validated and leak-checked.
             if outcome.passthrough is not None:
-                await self._emit(bot, record, state, "reply", [_text(outcome.passthrough)], suffix="reply", notes=notes)
+                reply = self._moderated(bot, record, [_text(outcome.passthrough)])
+                if reply:
+                    await self._emit(bot, record, state, "reply", reply, suffix="reply", notes=notes)
+                else:
+                    await self._notice(bot, record, state, "reply_moderated")
             elif outcome.segments:
+                reply = self._moderated(bot, record, list(outcome.segments))
+                if not reply:
+                    await self._notice(bot, record, state, "reply_moderated")
+                    return
                 await self._emit(
                     bot,
                     record,
                     state,
                     "reply",
-                    list(outcome.segments),
+                    reply,
                     suffix="reply",
                     notes=notes,
                     media_rejected=media_rejected,
                 )
+
+    @staticmethod
+    def _moderated(bot: BotConfig, record: SessionEventRecord, segments: list[Segment]) -> list[Segment]:
+        """The reply after the bot's moderation lists (its text and markdown segments): as it was,
+        redacted, or [] when blocked."""
+        places = [i for i, s in enumerate(segments) if isinstance(s, TextSegment | MarkdownSegment)]
+        texts = [_segment_text(segments[i]) for i in places]
+        moderated = moderate_reply(bot.moderation, texts)
+        if not moderated.hits:
+            return segments
+        outcome = "blocked" if moderated.blocked else "redacted"
+        metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
+        log.info("reply of %s: %d moderation hit(s), %s", record.conversation_key, moderated.hits, outcome)
+        if moderated.blocked:
+            return []
+        out = list(segments)
+        for i, text in zip(places, moderated.texts, strict=True):
+            segment = out[i]
+            out[i] = (
+                MarkdownSegment(type="markdown", data=MarkdownData(content=text))
+                if isinstance(segment, MarkdownSegment)
+                else _text(text)
+            )
+        return out
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
@@ -561,6 +595,10 @@ def _shortened(text: str, limit: int) -> str:
         return text
     at = text.find(REDACTION_MARKER, max(0, limit - len(REDACTION_MARKER) + 1), limit + len(REDACTION_MARKER))
     return text[: at + len(REDACTION_MARKER)] if 0 <= at < limit else text[:limit]
+
+
+def _segment_text(segment: Segment) -> str:
+    return segment.data.content if isinstance(segment, MarkdownSegment) else segment.data.text  # type: ignore[union-attr]
 
 
 def _text(text: str) -> TextSegment:

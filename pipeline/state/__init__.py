@@ -34,6 +34,7 @@ from pipeline.state.markers import MarkerStore
 from pipeline.state.models import (
     AdmissionResult,
     ContextEntry,
+    ContextQuota,
     ConversationState,
     InboundAdmission,
     InflightStream,
@@ -101,6 +102,7 @@ __all__ = [
     "ConnectionStore",
     "ConsoleStore",
     "ContextEntry",
+    "ContextQuota",
     "ConversationState",
     "ConversationStore",
     "DeadlineStore",

@@ -83,8 +83,9 @@ class MarkerStore:
                     raw[position] = one
         results = []
         for reply in raw:
-            duplicate = int(reply[0]) == 0
-            results.append(AdmissionResult(duplicate=duplicate, window=window(reply[1:]) if len(reply) > 1 else []))
+            status = int(reply[0])  # 0: a duplicate; 2: over its context quota, not pushed
+            entries = window(reply[1:]) if len(reply) > 1 else []
+            results.append(AdmissionResult(duplicate=status == 0, window=entries, unkept=status == 2))
         return results
 
     async def _admit(self, items: list[InboundAdmission], positions: Sequence[int], context_size: int) -> list[Any]:
@@ -95,6 +96,12 @@ class MarkerStore:
             keys.append(self.keys.window(item.conversation))
             push = item.entry_json is not None and context_size > 0
             read = item.want_window and context_size > 0
-            args.append(("w" if read else "") + ("p" if push else "") + ("m" if item.mark else "") or "-")
+            quota = item.quota if push else None
+            flags = ("w" if read else "") + ("p" if push else "") + ("m" if item.mark else "") + ("c" if quota else "")
+            args.append(flags or "-")
             args.append(item.entry_json if push and item.entry_json is not None else "")
+            if quota is not None:
+                keys.append(self.keys.scoped("ctxquota", item.conversation, f"{item.conversation}:{quota.chat}"))
+                keys.append(self.keys.scoped("ctxquota", item.conversation, f"{item.conversation}:{quota.user}"))
+                args += [quota.chat_limit, quota.chat_ms, quota.user_limit, quota.user_ms]
         return list(await self.redis.run_script(_ADMIT_INBOUND, keys, args))

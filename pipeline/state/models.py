@@ -79,6 +79,20 @@ class ConversationState(BaseModel):
 
 
 @dataclass(frozen=True)
+class ContextQuota:
+    """How many messages per window the chat, and the sender in it, may add to the chat's
+    group-context window (`[bots.limits]` `chat_messages`, `user_messages`): counter ids that name
+    their window (`chat:<index>`, `user:<id>:<index>`), a limit (0: none) and the window in ms."""
+
+    chat: str
+    chat_limit: int
+    chat_ms: int
+    user: str
+    user_limit: int
+    user_ms: int
+
+
+@dataclass(frozen=True)
 class InboundAdmission:
     """One inbound message for `MarkerStore.admit_inbound`."""
 
@@ -87,12 +101,14 @@ class InboundAdmission:
     entry_json: bytes | None = None  # pushed onto the group-context window (`context_entry_json`)
     want_window: bool = False  # return the window as it was before this message
     mark: bool = False  # set the de-duplication marker now
+    quota: ContextQuota | None = None  # pushed only within it, and counted in it
 
 
 @dataclass(frozen=True)
 class AdmissionResult:
     duplicate: bool
     window: list[ContextEntry] = field(default_factory=list)
+    unkept: bool = False  # over its context quota: not pushed onto the window
 
 
 @dataclass

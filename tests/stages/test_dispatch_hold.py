@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from prometheus_client import REGISTRY
 
-from pipeline.records import SessionCommand
+from pipeline.records import SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -35,7 +35,7 @@ def command(inbound: str) -> SessionCommand:
         events=[{"type": "user.message", "id": f"msg-{inbound}", "content": [{"type": "text", "text": inbound}]}],
         inbound_ids=[inbound],
         trace_id=f"t-{inbound}",
-        hops={"ingress": 1.0},
+        hops={"ingress": now_ms()},  # just received: within the overload bound
     )
 
 
