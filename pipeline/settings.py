@@ -80,7 +80,8 @@ class BotConfig(BaseModel):
     # `socket_mode`; Lark: `long_connection`), held by one worker at a time.
     transport: str = "webhook"
     # Telegram `polling`: call deleteWebhook when polling starts (without it, a webhook still set is
-    # an error the holder logs and counts), and how long one getUpdates waits for updates.
+    # an error the holder logs and counts), and how long one getUpdates waits for updates (Matrix
+    # `sync`: how long one /sync waits).
     delete_webhook: bool = False
     poll_timeout_seconds: int = Field(default=30, ge=1, le=50)
     trigger: TriggerPolicy = Field(default_factory=TriggerPolicy)

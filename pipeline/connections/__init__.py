@@ -12,6 +12,7 @@ one worker at a time, taken over by another when the holder dies.
 - `dingtalk`: DingTalk Stream mode (a WebSocket opened with a ticket of `connections/open`).
 - `discord`: Discord's Gateway (resumed from the session state kept under the lease).
 - `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
+- `matrix`: Matrix `/sync` (its `next_batch` token kept under the lease, so a new holder resumes).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
 """
@@ -29,6 +30,7 @@ from .base import ActionAnswer, Connection, Link, Transport
 from .dingtalk import TRANSPORTS as _DINGTALK
 from .discord import TRANSPORTS as _DISCORD
 from .lark import TRANSPORTS as _LARK
+from .matrix import TRANSPORTS as _MATRIX
 from .onebot import TRANSPORTS as _ONEBOT
 from .slack import TRANSPORTS as _SLACK
 from .telegram import TRANSPORTS as _TELEGRAM
@@ -36,7 +38,7 @@ from .telegram import TRANSPORTS as _TELEGRAM
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD}
+    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD, **_MATRIX}
 
 
 def open_connections(

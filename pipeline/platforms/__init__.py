@@ -26,6 +26,7 @@ _REGISTRY: dict[str, str] = {
     "qqbot": "pipeline.platforms.qqbot:QQBotPlatform",
     "discord": "pipeline.platforms.discord:DiscordPlatform",
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
+    "matrix": "pipeline.platforms.matrix:MatrixPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
 
