@@ -310,7 +310,8 @@ class MatrixPlatform(Platform):
                 for piece in _pieces(value):
                     contents.append((_text_content(piece), None))
             else:
-                contents.append(({"msgtype": _MSGTYPE_OF[value.type], "body": value.type}, value))
+                # No mentions in a media message: clients notify nobody for it.
+                contents.append(({"msgtype": _MSGTYPE_OF[value.type], "body": value.type, "m.mentions": {}}, value))
 
         calls: list[PlatformCall] = []
         for index, (content, segment) in enumerate(contents):
