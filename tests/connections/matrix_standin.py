@@ -90,6 +90,7 @@ class Homeserver:
         self.txns: dict[str, Stored] = {}
         self.send_attempts: Counter[str] = Counter()  # PUTs per transaction id
         self.syncs: list[dict[str, str]] = []  # the query of each /sync
+        self.requests: Counter[str] = Counter()  # "METHOD path" of every request
         self.served: Counter[str] = Counter()  # times each event id was in a sync's answer
         self.uploads: dict[str, bytes] = {}
         self.typing: list[tuple[str, dict[str, Any]]] = []
@@ -170,6 +171,7 @@ class Homeserver:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
+        self.requests[f"{request.method} {path}"] += 1
         if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
             self.errors.append(f"{request.method} {path}: no or a wrong access token")
             return _error(401, "M_UNKNOWN_TOKEN", "Invalid access token passed.")

@@ -144,8 +144,8 @@ def test_media_arrive_as_their_mxc_uri() -> None:
     event["content"] = {"msgtype": "m.image", "body": "look", "filename": "cat.png", "url": f"mxc://{SERVER}/abc123"}
     [message] = platform.parse(bot_config(), frame(event)).messages
     image = message.segments[0]
-    assert image.type == "image" and image.data.media.kind == "file"  # type: ignore[union-attr]
-    assert image.data.media.value == f"mxc://{SERVER}/abc123"  # type: ignore[union-attr]
+    assert image.type == "image" and image.data.media.kind == "file"
+    assert image.data.media.value == f"mxc://{SERVER}/abc123"
     assert message.text == "[image] look"
 
 
