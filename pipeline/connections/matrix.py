@@ -147,6 +147,7 @@ class MatrixSyncer(Connection):
         self.direct_rooms = direct_rooms
         self.members: OrderedDict[str, int] = OrderedDict()  # room → joined members
         self.senders: OrderedDict[str, str] = OrderedDict()  # event id → sender
+        self.names: OrderedDict[str, str] = OrderedDict()  # "room user" → display name
         self.noticed: set[str] = set()  # rooms told they are encrypted
         self._closed = asyncio.Event()
         self._call: asyncio.Task[Any] | None = None
@@ -218,13 +219,15 @@ class MatrixSyncer(Connection):
                     self.bot.bot_id,
                     logger=log,
                 )
-            events = [*_list(_dict(room.get("state")).get("events")), *_list(timeline.get("events"))]
-            for event in events:
+            for event in _list(_dict(room.get("state")).get("events")):
+                if isinstance(event, dict) and event.get("type") == "m.room.member":
+                    self._member(room_id, event, changed=False)  # lazy-loaded: who the senders are
+            for event in _list(timeline.get("events")):
                 if not isinstance(event, dict):
                     continue
                 kind = event.get("type")
-                if kind == "m.room.member" and not isinstance(summary, int):
-                    self.members.pop(room_id, None)  # membership changed: count again when needed
+                if kind == "m.room.member":
+                    self._member(room_id, event, changed=not isinstance(summary, int))
                 elif kind == "m.room.encrypted":
                     await self._encrypted(room_id)
                 elif kind == "m.room.message" and event.get("sender") != self.bot.self_id:
@@ -233,10 +236,21 @@ class MatrixSyncer(Connection):
                         "direct": await self._is_direct(room_id),
                         "event": event,
                         "reply_sender": await self._reply_sender(room_id, event),
+                        "sender_name": self.names.get(f"{room_id} {event.get('sender')}"),
                     }
                     acknowledgements.append(await link.submit(json.dumps(frame, ensure_ascii=False).encode()))
         # Raises when the broker could not take them: the token stays, they are synced again.
         await asyncio.gather(*acknowledgements)
+
+    def _member(self, room_id: str, event: dict[str, Any], *, changed: bool) -> None:
+        """A member event: the display name remembered; one in the timeline (someone joined or
+        left) makes the room's member count stale, unless the sync's summary gave it."""
+        user, content = event.get("state_key"), _dict(event.get("content"))
+        name = content.get("displayname")
+        if isinstance(user, str) and isinstance(name, str) and name:
+            self._remember(self.names, f"{room_id} {user}", name[:100])
+        if changed:
+            self.members.pop(room_id, None)
 
     async def _is_direct(self, room_id: str) -> bool:
         if room_id in self.direct_rooms:

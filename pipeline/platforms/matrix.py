@@ -1,9 +1,10 @@
 """Matrix (the client-server API of a homeserver: Synapse, Dendrite, Conduit…).
 
 In: room events read by `/sync` (transport `sync`, `pipeline.connections.matrix`), one frame per
-`m.room.message` event: `{"room_id", "direct", "event", "reply_sender"}` — the event as the
-homeserver sent it, whether the room is a direct chat (listed in the bot's `m.direct` account data,
-or with two joined members) and who wrote the event it replies to, which the holder looked up. A
+`m.room.message` event: `{"room_id", "direct", "event", "reply_sender", "sender_name"}` — the event
+as the homeserver sent it, whether the room is a direct chat (listed in the bot's `m.direct` account
+data, or with two joined members), who wrote the event it replies to, which the holder looked up,
+and the sender's display name in the room, when a member event gave it. A
 direct room is a private chat, any other a group. The bot is addressed by a mention
 (`m.mentions.user_ids`; from a client without intentional mentions, a pill
 `<a href="https://matrix.to/#/@bot:server">` in `formatted_body`, or its user id in `body`) or by a
@@ -247,7 +248,7 @@ class MatrixPlatform(Platform):
             chat_id=room_id,
             chat_type="private" if frame.get("direct") is True else "group",
             user_id=sender,
-            user_name=sender[1:].split(":", 1)[0],
+            user_name=_name(frame.get("sender_name"), sender),
             message_id=event_id,
             event_id=event_id,
             text="".join(parts.plain).strip(),
@@ -419,6 +420,11 @@ class _BodyReader(HTMLParser):
             self.pill_text.append(data)
         else:
             self.parts.text(data)
+
+
+def _name(given: Any, user_id: str) -> str:
+    """The sender's display name the holder saw in the room, else the localpart of the user id."""
+    return given if isinstance(given, str) and given else user_id[1:].split(":", 1)[0]
 
 
 def _read_html(formatted: str, parts: InboundParts) -> None:

@@ -38,12 +38,15 @@ from mautrix.types import (
     Format,
     InReplyTo,
     MediaMessageEventContent,
+    Membership,
+    MemberStateEventContent,
     MessageEvent,
     MessageType,
     RelatesTo,
     RelationType,
     RoomID,
     SessionID,
+    StateEvent,
     TextMessageEventContent,
     UserID,
 )
@@ -146,6 +149,19 @@ class Homeserver:
             sender=UserID(sender),
             timestamp=int(time.time() * 1000),
             content=EncryptedEventContent(content),
+        ).serialize()
+
+    def member_event(self, room_id: str, user: str) -> dict[str, Any]:
+        """The `m.room.member` join of `user`, with a display name (`User` + the localpart)."""
+        content = MemberStateEventContent(membership=Membership.JOIN, displayname=f"User {user[1:].split(':')[0]}")
+        return StateEvent(
+            type=EventType.ROOM_MEMBER,
+            room_id=RoomID(room_id),
+            event_id=EventID(f"$m{abs(hash((room_id, user)))}"),
+            sender=UserID(user),
+            timestamp=0,
+            state_key=user,
+            content=content,
         ).serialize()
 
     def add(self, room_id: str, event: dict[str, Any]) -> None:
@@ -299,9 +315,15 @@ class Homeserver:
         rooms: dict[str, Any] = {}
         if since is not None:
             for room_id, event in self.stream[start:end]:
-                room = rooms.setdefault(room_id, {"timeline": {"events": [], "limited": False}})
+                room = rooms.setdefault(
+                    room_id, {"timeline": {"events": [], "limited": False}, "state": {"events": []}}
+                )
                 room["timeline"]["events"].append(event)
                 self.served[event["event_id"]] += 1
+                # Lazy-loaded members: the member event of each sender comes with its events.
+                member = self.member_event(room_id, event["sender"])
+                if member not in room["state"]["events"]:
+                    room["state"]["events"].append(member)
         else:  # an initial sync: the last event of each room (history the bot must not answer)
             for room_id, event in self.stream[:end]:
                 rooms[room_id] = {"timeline": {"events": [event], "limited": True}}

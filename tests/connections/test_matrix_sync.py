@@ -1,8 +1,8 @@
 """Matrix `/sync` (transport `sync`) against the stand-in homeserver (`matrix_standin`, events built by
 mautrix), with the lease and the `since` token on a real Redis: the first sync skips history; a
 synced event is the message the platform's parser makes of its frame; the token is committed only
-after the broker acknowledged, under the lease, and a new holder syncs on from it; direct rooms and
-replies to the bot are looked up; an access token of another user fails the dial."""
+after the broker acknowledged, under the lease, and a new holder syncs on from it; direct rooms,
+replies to the bot and display names are looked up; an access token of another user fails the dial."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ async def test_history_is_skipped_then_new_events_are_produced_and_the_token_wai
     assert len(first_syncs) == 1 and first_syncs[0]["timeout"] == "0"
     in_group, in_pair = inbound(produced)
     assert in_group.text == "and then?" and in_group.chat_type == "group"
+    assert in_group.sender.name == "User alice"  # from the lazy-loaded member event
     assert in_group.reply_to is not None and in_group.reply_to.is_bot  # looked up: the bot wrote it
     assert in_pair.chat_type == "private"  # two joined members
     assert homeserver.requests[f"GET /_matrix/client/v3/rooms/{PAIR}/joined_members"] == 1

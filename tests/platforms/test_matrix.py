@@ -90,6 +90,16 @@ def test_a_pill_and_m_mentions_address_the_bot_in_a_room() -> None:
     assert message.text == "@switch: what time is it?"
 
 
+def test_the_sender_is_named_by_the_display_name_the_holder_saw_else_the_localpart() -> None:
+    event = Homeserver().text_event(ROOM, ALICE, "hi")
+    request = frame(event)
+    named = json.loads(request.body) | {"sender_name": "Alice A."}
+    [message] = platform.parse(bot_config(), WebhookRequest(headers={}, body=json.dumps(named).encode())).messages
+    assert message.sender.name == "Alice A."
+    [message] = platform.parse(bot_config(), request).messages
+    assert message.sender.name == "alice"
+
+
 def test_a_room_message_without_a_mention_does_not_address_the_bot() -> None:
     event = Homeserver().text_event(ROOM, ALICE, "hello all")
     [message] = platform.parse(bot_config(), frame(event)).messages
