@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult, get_platform
 from pipeline.settings import BotConfig
 
-from . import test_dingtalk, test_discord, test_lark, test_onebot, test_qqbot, test_slack
+from . import test_dingtalk, test_discord, test_lark, test_matrix, test_onebot, test_qqbot, test_slack
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -149,6 +149,37 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
             ),
         ],
     ),
+    "matrix": (
+        test_matrix.bot_config(),
+        [
+            json.loads(
+                test_matrix.frame(
+                    test_matrix.Homeserver().text_event(test_matrix.ROOM, test_matrix.ALICE, "hi", mention=True)
+                ).body
+            ),
+            json.loads(
+                test_matrix.frame(
+                    {
+                        **test_matrix.Homeserver().text_event(test_matrix.ROOM, test_matrix.ALICE, "x", reply_to="$p"),
+                        "content": {
+                            "msgtype": "m.image",
+                            "body": "cap",
+                            "filename": "a.png",
+                            "url": "mxc://example.org/abc",
+                            "m.relates_to": {
+                                "rel_type": "m.thread",
+                                "event_id": "$r",
+                                "m.in_reply_to": {"event_id": "$p"},
+                            },
+                            "m.mentions": {"user_ids": [test_matrix.BOT_USER]},
+                        },
+                    },
+                    direct=True,
+                    reply_sender=test_matrix.BOT_USER,
+                ).body
+            ),
+        ],
+    ),
     "qqbot": (
         test_qqbot.bot_config(),
         [
@@ -177,6 +208,8 @@ IGNORED = {
     "no_staff_id",
     "empty_message",
     "ping",
+    "notice",
+    "edit",
 }
 
 
