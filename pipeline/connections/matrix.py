@@ -257,7 +257,14 @@ class MatrixSyncer(Connection):
             return True
         count = self.members.get(room_id)
         if count is None:
-            answer = await self.api.call("GET", f"/rooms/{quote(room_id, safe='')}/joined_members", _HTTP_SLACK_SECONDS)
+            try:
+                answer = await self.api.call(
+                    "GET", f"/rooms/{quote(room_id, safe='')}/joined_members", _HTTP_SLACK_SECONDS
+                )
+            except _Refused as refused:
+                if refused.reason != "bad_request":
+                    raise
+                return False  # refused for good (the bot left meanwhile): a group, never a retry loop
             count = len(_dict(answer.get("joined")))
             self._remember(self.members, room_id, count)
         return count == 2

@@ -227,8 +227,8 @@ class MatrixPlatform(Platform):
                 if user not in parts.mentions:
                     parts.mentions.append(user)
             mentions_bot = bot.self_id is not None and bot.self_id in users
-        elif not mentions_bot and bot.self_id and bot.self_id in body:
-            mentions_bot = True  # a client without m.mentions: the user id typed out
+        elif not mentions_bot and _names_bot(bot, body):
+            mentions_bot = True  # a client without m.mentions: the user id or display name typed out
 
         reply_to: ReplyRef | None = None
         if in_reply_to is not None:
@@ -420,6 +420,15 @@ class _BodyReader(HTMLParser):
             self.pill_text.append(data)
         else:
             self.parts.text(data)
+
+
+def _names_bot(bot: BotConfig, body: str) -> bool:
+    """Whether a body names the bot the way Matrix's legacy mention rules look for: its user id, or
+    its display name (`username` in the bots file) as a word."""
+    if bot.self_id and bot.self_id in body:
+        return True
+    name = (bot.username or "").strip()
+    return bool(name) and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", body, re.IGNORECASE) is not None
 
 
 def _name(given: Any, user_id: str) -> str:

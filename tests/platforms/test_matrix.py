@@ -114,6 +114,14 @@ def test_m_mentions_decides_even_when_the_body_names_the_bot() -> None:
     del event["content"]["m.mentions"]  # a client from before intentional mentions
     [message] = platform.parse(bot_config(), frame(event)).messages
     assert message.mentions_bot
+    event["content"]["body"] = "Switch Bot, are you there?"
+    [message] = platform.parse(bot_config(username="switch bot"), frame(event)).messages
+    assert message.mentions_bot  # the display name as a word
+    [message] = platform.parse(bot_config(username="switch"), frame(event)).messages
+    assert message.mentions_bot
+    event["content"]["body"] = "switchboard is down"
+    [message] = platform.parse(bot_config(username="switch"), frame(event)).messages
+    assert not message.mentions_bot
 
 
 def test_a_direct_room_is_a_private_chat() -> None:
