@@ -68,7 +68,8 @@ class BotConfig(BaseModel):
     bot_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     # The bot's own user id on the platform (mentions of it trigger the agent).
     self_id: str | None = None
-    # Telegram: the bot's @username, for `@username` mentions in text.
+    # Telegram: the bot's @username, for `@username` mentions in text. Matrix: its display name, for
+    # mentions from clients without `m.mentions`.
     username: str | None = None
     credentials: dict[str, SecretStr] = Field(default_factory=dict)
     # Override of the platform API base URL (stand-in servers in tests, private deployments). For a
