@@ -193,7 +193,10 @@ class MatrixPlatform(Platform):
             return WebhookResult(ignored="unsupported_message")  # redacted, or not a message
 
         parent = obj(relates.get("m.in_reply_to")).get("event_id")
-        in_reply_to = parent if isinstance(parent, str) and parent else None
+        # In a thread, `is_falling_back` marks `m.in_reply_to` as a fallback for clients without
+        # threads (it points at the thread's latest event), not a reply the user chose.
+        fallback = relates.get("rel_type") == "m.thread" and relates.get("is_falling_back") is True
+        in_reply_to = parent if isinstance(parent, str) and parent and not fallback else None
         is_reply = in_reply_to is not None
         parts = InboundParts()
         if msgtype in _MEDIA_MSGTYPES:

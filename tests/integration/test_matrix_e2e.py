@@ -3,12 +3,13 @@ through a real broker, Redis, the simulator and two worker processes. The stand-
 (`tests/connections/matrix_standin.py`, events built by mautrix) is served from a thread of its own
 and checks every request; the simulator's agent echoes, so `m<n>` is answered `echo: … m<n>`.
 
-Covered: the first sync skips the rooms' history; a group-room message that mentions the bot and a
-direct-room message, each on the stream twice (the same event id in two syncs), each answered once
-in its own room with `m.in_reply_to` the event; a group message that does not address the bot gets
-no answer, a reply to the bot's message does; an encrypted event is counted and its room told once;
-the sync holder SIGKILLed mid-traffic, a survivor takes the lease, syncs on from the `since` token
-saved in Redis (never a first sync again), and every message is answered once.
+Covered: the first sync skips the rooms' history; a group-room message that mentions the bot, a
+direct-room message and a mention in a thread, each on the stream twice (the same event id in two
+syncs), each answered once in its own room (and thread) with `m.in_reply_to` the event; a group
+message that does not address the bot gets no answer, a reply to the bot's message does; an
+encrypted event is counted and its room told once; the sync holder SIGKILLed mid-traffic, a
+survivor takes the lease, syncs on from the `since` token saved in Redis (never a first sync
+again), and every message is answered once.
 """
 
 from __future__ import annotations
@@ -138,12 +139,20 @@ async def test_a_mention_in_a_room_and_a_direct_message_each_twice_are_answered_
     direct = homeserver.it.text_event(DIRECT, CAROL, f"m{d}")
     pair = homeserver.it.text_event(PAIR, DAVE, f"m{p}")
     ignored = homeserver.it.text_event(GROUP, ALICE, f"m{quiet} not for the bot")
+    t = next(_numbers)
+    threaded = homeserver.it.text_event(GROUP, ALICE, f"m{t}", mention=True)
+    root = f"$root{t}"
+    threaded["content"]["m.relates_to"] = {"rel_type": "m.thread", "event_id": root, "is_falling_back": True}
     await homeserver.post(GROUP, group, times=2)
     await homeserver.post(DIRECT, direct, times=2)
     await homeserver.post(PAIR, pair)
     await homeserver.post(GROUP, ignored)
+    await homeserver.post(GROUP, threaded, times=2)
     await wait_for(
-        lambda: all(answers(homeserver, r, e["event_id"]) for r, e in ((GROUP, group), (DIRECT, direct), (PAIR, pair))),
+        lambda: all(
+            answers(homeserver, r, e["event_id"])
+            for r, e in ((GROUP, group), (DIRECT, direct), (PAIR, pair), (GROUP, threaded))
+        ),
         "answered",
         60,
     )
@@ -155,6 +164,14 @@ async def test_a_mention_in_a_room_and_a_direct_message_each_twice_are_answered_
         assert "room" not in answer["m.mentions"], answer
         assert [s for s in homeserver.it.sent_to(room_id) if f"m{n}" in s.content["body"]], room_id
     assert answers(homeserver, GROUP, ignored["event_id"]) == []
+    # In its thread: the answer stays there, replying to the message it answers.
+    [in_thread] = answers(homeserver, GROUP, threaded["event_id"])
+    assert f"m{t}" in in_thread["body"]
+    assert in_thread["m.relates_to"] == {
+        "rel_type": "m.thread",
+        "event_id": root,
+        "m.in_reply_to": {"event_id": threaded["event_id"]},
+    }
     assert answers(homeserver, GROUP, "$history") == [], "the first sync's history was answered"
     # Each answer was stored once: one transaction each, none sent to another room.
     for stored in homeserver.it.stored:

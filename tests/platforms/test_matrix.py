@@ -152,9 +152,19 @@ def test_an_html_reply_fallback_is_left_out() -> None:
 
 def test_a_threaded_message_keeps_its_thread() -> None:
     event = Homeserver().text_event(ROOM, ALICE, "in a thread")
-    event["content"]["m.relates_to"] = {"rel_type": "m.thread", "event_id": "$root", "is_falling_back": True}
+    relation = {
+        "rel_type": "m.thread",
+        "event_id": "$root",
+        "is_falling_back": True,
+        "m.in_reply_to": {"event_id": "$x"},
+    }
+    event["content"]["m.relates_to"] = relation
     [message] = platform.parse(bot_config(), frame(event)).messages
     assert message.route == {"thread_root": "$root"}
+    assert message.reply_to is None  # the fallback points at the thread's latest event: no reply
+    relation["is_falling_back"] = False  # a reply to one message of the thread
+    [message] = platform.parse(bot_config(), frame(event, reply_sender=BOT_USER)).messages
+    assert message.reply_to is not None and message.reply_to.message_id == "$x" and message.reply_to.is_bot
 
 
 def test_media_arrive_as_their_mxc_uri() -> None:
