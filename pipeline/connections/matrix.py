@@ -324,7 +324,20 @@ class MatrixSyncer(Connection):
         platform, bot_id = self.bot.platform, self.bot.bot_id
         metrics.CONNECTION_POLL_ERRORS.labels(platform, bot_id, refused.reason).inc()
         backoff = refused.backoff if refused.backoff is not None else min(_MAX_BACKOFF, 0.5 * 2**failures)
-        log.warning("%s/%s: sync failed (%s); again in %.1f s", platform, bot_id, refused, backoff)
+        if refused.reason == "bad_request":  # no retry cures it: say what to do
+            log.error(
+                "%s/%s: the homeserver refused the sync (%s); again in %.0f s. If it no longer knows the "
+                "saved since token (a homeserver restored from a backup), delete the Redis key "
+                "resume:matrix:%s (under the deployment's prefix): the next sync starts afresh, skipping "
+                "what came before",
+                platform,
+                bot_id,
+                refused,
+                backoff,
+                bot_id,
+            )
+        else:
+            log.warning("%s/%s: sync failed (%s); again in %.1f s", platform, bot_id, refused, backoff)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(backoff):
                 await self._closed.wait()

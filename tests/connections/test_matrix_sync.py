@@ -106,3 +106,23 @@ async def test_an_access_token_of_another_user_fails_the_dial(
         await until(lambda: failed._value.get() >= before + 2, "dials fail")
     assert homeserver.syncs == []
     assert homeserver.requests["GET /_matrix/client/v3/account/whoami"] >= 2
+
+
+async def test_a_since_token_the_homeserver_refuses_is_an_error_naming_the_fix(
+    homeserver: Homeserver,
+    redis_url: str,
+    redis_prefix: str,
+    produced: Produced,
+    redis_client: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await redis_client.set(f"{redis_prefix}resume:matrix:mx1", "s999")  # from a homeserver since restored
+    refused = metrics.CONNECTION_POLL_ERRORS.labels("matrix", "mx1", "bad_request")
+    before = refused._value.get()
+    async with running(redis_url, redis_prefix, produced, sync_bot(homeserver.url)):
+        await until(lambda: refused._value.get() > before, "the refused sync counted")
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and all("refused the sync" in e and "resume:matrix:mx1" in e for e in errors), errors
+    assert ACCESS_TOKEN not in caplog.text
+    # Refused as a homeserver refuses it (the stand-in notes it among the requests it refused).
+    assert set(homeserver.errors) == {"sync: since 's999' is no token this server gave"}
