@@ -181,8 +181,11 @@ async def test_a_mention_in_a_room_and_a_direct_message_each_twice_are_answered_
 
 async def test_a_reply_to_the_bot_in_a_room_is_answered(stack: Stack, homeserver: HomeserverThread) -> None:
     await synced(homeserver)
-    n = next(_numbers)
-    bot_event = next(s.event_id for s in homeserver.it.sent_to(GROUP))
+    first, n = next(_numbers), next(_numbers)
+    mention = homeserver.it.text_event(GROUP, ALICE, f"m{first}", mention=True)
+    await homeserver.post(GROUP, mention)
+    await wait_for(lambda: answers(homeserver, GROUP, mention["event_id"]), "the mention answered", 60)
+    bot_event = next(s.event_id for s in homeserver.it.sent_to(GROUP) if f"m{first}" in s.content["body"])
     reply = homeserver.it.text_event(GROUP, ALICE, f"m{n}", reply_to=bot_event)
     await homeserver.post(GROUP, reply)
     await wait_for(lambda: answers(homeserver, GROUP, reply["event_id"]), "the reply answered", 60)
