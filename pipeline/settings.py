@@ -71,7 +71,8 @@ class BotConfig(BaseModel):
     bot_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     # The bot's own user id on the platform (mentions of it trigger the agent).
     self_id: str | None = None
-    # Telegram: the bot's @username, for `@username` mentions in text.
+    # Telegram: the bot's @username, for `@username` mentions in text. Matrix: its display name, for
+    # mentions from clients without `m.mentions`.
     username: str | None = None
     credentials: dict[str, SecretStr] = Field(default_factory=dict)
     # Override of the platform API base URL (stand-in servers in tests, private deployments). For a
@@ -83,7 +84,8 @@ class BotConfig(BaseModel):
     # `socket_mode`; Lark: `long_connection`), held by one worker at a time.
     transport: str = "webhook"
     # Telegram `polling`: call deleteWebhook when polling starts (without it, a webhook still set is
-    # an error the holder logs and counts), and how long one getUpdates waits for updates.
+    # an error the holder logs and counts), and how long one getUpdates waits for updates (Matrix
+    # `sync`: how long one /sync waits).
     delete_webhook: bool = False
     poll_timeout_seconds: int = Field(default=30, ge=1, le=50)
     trigger: TriggerPolicy = Field(default_factory=TriggerPolicy)

@@ -13,6 +13,7 @@ one worker at a time, taken over by another when the holder dies.
 - `discord`: Discord's Gateway (resumed from the session state kept under the lease).
 - `slack`: Slack Socket Mode; `lark`: Lark/Feishu's long connection (events in, replies over HTTP).
 - `satori`: a Satori server's event WebSocket (resumed from the last durable `sn` kept under the lease).
+- `matrix`: Matrix `/sync` (its `next_batch` token kept under the lease, so a new holder resumes).
 
 The mechanism and its bounds: docs/architecture.md, "Long connections".
 """
@@ -30,6 +31,7 @@ from .base import ActionAnswer, Connection, Link, Transport
 from .dingtalk import TRANSPORTS as _DINGTALK
 from .discord import TRANSPORTS as _DISCORD
 from .lark import TRANSPORTS as _LARK
+from .matrix import TRANSPORTS as _MATRIX
 from .onebot import TRANSPORTS as _ONEBOT
 from .satori import TRANSPORTS as _SATORI
 from .slack import TRANSPORTS as _SLACK
@@ -38,7 +40,7 @@ from .telegram import TRANSPORTS as _TELEGRAM
 
 def transports() -> dict[tuple[str, str], Transport]:
     """Every long-connection transport, by (platform, transport name as in the bots file)."""
-    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD, **_SATORI}
+    return {**_ONEBOT, **_TELEGRAM, **_SLACK, **_LARK, **_DINGTALK, **_DISCORD, **_SATORI, **_MATRIX}
 
 
 def open_connections(

@@ -29,6 +29,7 @@ _REGISTRY: dict[str, str] = {
     "wecom": "pipeline.platforms.wecom:WeComPlatform",
     "line": "pipeline.platforms.line:LinePlatform",
     "whatsapp": "pipeline.platforms.whatsapp:WhatsAppPlatform",
+    "matrix": "pipeline.platforms.matrix:MatrixPlatform",
 }
 _INSTANCES: dict[str, Platform] = {}
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipeline.platforms import WebhookRejected, WebhookRequest, WebhookResult, get_platform
 from pipeline.settings import BotConfig
 
-from . import test_dingtalk, test_discord, test_lark, test_onebot, test_qqbot, test_satori, test_slack
+from . import test_dingtalk, test_discord, test_lark, test_matrix, test_onebot, test_qqbot, test_satori, test_slack
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -156,6 +156,35 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
                 [test_satori.Quote("q1")(test_satori.Author("1")), test_satori.At(test_satori.BOT)], group=True
             ),
             test_satori.message_event([test_satori.Image("https://x/a.png")], group=False),
+    "matrix": (
+        test_matrix.bot_config(),
+        [
+            json.loads(
+                test_matrix.frame(
+                    test_matrix.Homeserver().text_event(test_matrix.ROOM, test_matrix.ALICE, "hi", mention=True)
+                ).body
+            ),
+            json.loads(
+                test_matrix.frame(
+                    {
+                        **test_matrix.Homeserver().text_event(test_matrix.ROOM, test_matrix.ALICE, "x", reply_to="$p"),
+                        "content": {
+                            "msgtype": "m.image",
+                            "body": "cap",
+                            "filename": "a.png",
+                            "url": "mxc://example.org/abc",
+                            "m.relates_to": {
+                                "rel_type": "m.thread",
+                                "event_id": "$r",
+                                "m.in_reply_to": {"event_id": "$p"},
+                            },
+                            "m.mentions": {"user_ids": [test_matrix.BOT_USER]},
+                        },
+                    },
+                    direct=True,
+                    reply_sender=test_matrix.BOT_USER,
+                ).body
+            ),
         ],
     ),
     "qqbot": (
@@ -187,6 +216,8 @@ IGNORED = {
     "empty_message",
     "ping",
     "other_login",
+    "notice",
+    "edit",
 }
 
 
