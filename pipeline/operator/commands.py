@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from pipeline.errors import SwitchboardError
 from pipeline.kafka import ConsumeTimeoutError
 from pipeline.platforms import Platform, get_platform, known_platforms
 from pipeline.records import conversation_key, now_ms
@@ -36,7 +37,7 @@ LIST_COLUMNS = ["position", "at", "stage", "reason", "platform", "bot", "chat", 
 PLAN_COLUMNS = ["position", "stage", "reason", "platform", "chat", "skip", "detail"]
 
 
-class CommandError(Exception):
+class CommandError(SwitchboardError):
     """A command cannot do what was asked: one plain line for the terminal."""
 
 
