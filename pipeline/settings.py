@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from pipeline.controls.budgets import Budgets
 from pipeline.errors import ConfigurationError
 
 BusyPolicy = Literal["merge", "queue", "interrupt"]
@@ -114,6 +115,9 @@ class BotConfig(BaseModel):
     # more than 2,500 guilds must shard: one bot entry per shard (same token, a bot_id each), each
     # held under its own lease by whichever worker wins it.
     shard: tuple[int, int] = (0, 1)
+    # Usage budgets (tokens, active seconds) per chat, user and bot over a day or month
+    # (docs/controls.md, "Usage budgets"). Off unless a limit is set.
+    budgets: Budgets = Field(default_factory=Budgets)
 
     @field_validator("shard")
     @classmethod

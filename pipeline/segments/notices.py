@@ -33,6 +33,14 @@ class NoticeKind(StrEnum):
     # the answer will not come here (or, with the bot's active messages, will come separately).
     REPLY_WINDOW_CLOSING = "reply_window_closing"
     REPLY_WINDOW_CLOSING_ACTIVE = "reply_window_closing_active"
+    # Usage budgets (`pipeline.controls.budgets`).
+    BUDGET_SPENT_CHAT = "budget_spent_chat"
+    BUDGET_SPENT_USER = "budget_spent_user"
+    BUDGET_SPENT_BOT = "budget_spent_bot"
+    USAGE_REPORT = "usage_report"
+    BUDGET_GRANTED = "budget_granted"
+    GRANT_HELP = "grant_help"
+    ADMINS_ONLY = "admins_only"
 
 
 # Placeholders each kind may use; anything else in a template is a configuration error.
@@ -40,6 +48,11 @@ NOTICE_PLACEHOLDERS: Mapping[NoticeKind, frozenset[str]] = {
     NoticeKind.TOOL_CONFIRMATION_PROMPT: frozenset({"tool_name", "who", "tool_input"}),
     NoticeKind.CONFIRMATION_REFUSED: frozenset({"who"}),
     NoticeKind.CUSTOM_TOOL_UNAVAILABLE: frozenset({"tool_name"}),
+    NoticeKind.BUDGET_SPENT_CHAT: frozenset({"until"}),
+    NoticeKind.BUDGET_SPENT_USER: frozenset({"until", "who"}),
+    NoticeKind.BUDGET_SPENT_BOT: frozenset({"until"}),
+    NoticeKind.USAGE_REPORT: frozenset({"who", "window", "tokens", "seconds"}),
+    NoticeKind.BUDGET_GRANTED: frozenset({"who", "amount", "window"}),
 }
 
 DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
@@ -64,6 +77,14 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         "message, so it cannot be sent here. Send a new message to get it.",
         NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE: "This answer is taking longer than this chat lets me reply to "
         "your message; it will be sent as a separate message.",
+        NoticeKind.BUDGET_SPENT_CHAT: "This chat has used up its usage budget. I can answer again after {until}.",
+        NoticeKind.BUDGET_SPENT_USER: "{who}, you have used up your usage budget. "
+        "I can answer you again after {until}.",
+        NoticeKind.BUDGET_SPENT_BOT: "My usage budget is used up. I can answer again after {until}.",
+        NoticeKind.USAGE_REPORT: "Usage of {who} in {window}: {tokens} tokens, {seconds} active seconds.",
+        NoticeKind.BUDGET_GRANTED: "Granted {amount} more to {who} for {window}.",
+        NoticeKind.GRANT_HELP: "Usage: /grant <amount> [@user], e.g. /grant 20000, /grant 20k @alice, /grant 10m.",
+        NoticeKind.ADMINS_ONLY: "Only admins may use this command.",
     },
     "zh": {
         NoticeKind.REPLY_INVALID: "抱歉，回复格式生成失败，请稍后重试。",
@@ -84,6 +105,13 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.REPLY_WINDOW_CLOSING: "回答耗时超过了平台允许回复这条消息的时间，无法在此发送。"
         "请再发一条消息获取回答。",
         NoticeKind.REPLY_WINDOW_CLOSING_ACTIVE: "回答耗时超过了平台允许回复这条消息的时间，稍后将作为单独的消息发送。",
+        NoticeKind.BUDGET_SPENT_CHAT: "本群的用量额度已用完，{until} 之后恢复回答。",
+        NoticeKind.BUDGET_SPENT_USER: "{who}，你的用量额度已用完，{until} 之后恢复回答。",
+        NoticeKind.BUDGET_SPENT_BOT: "机器人的用量额度已用完，{until} 之后恢复回答。",
+        NoticeKind.USAGE_REPORT: "{who} 在 {window} 的用量：{tokens} 个 token，活跃 {seconds} 秒。",
+        NoticeKind.BUDGET_GRANTED: "已为 {who} 在 {window} 增加额度 {amount}。",
+        NoticeKind.GRANT_HELP: "用法：/grant <数量> [@用户]，例如 /grant 20000、/grant 20k @alice、/grant 10m。",
+        NoticeKind.ADMINS_ONLY: "只有管理员可以使用此命令。",
     },
 }
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pipeline import metrics
 from pipeline.addressing import ChatCommand, TriggerReason, parse_chat_command, strip_trigger, trigger_reason
+from pipeline.controls.usage import Refusal, UsageBudgets
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
@@ -144,6 +145,7 @@ class IngestStage:
         self.outputs = outputs
         self.notifier = notifier
         self.prompt = prompt
+        self.budgets = UsageBudgets(state.redis, state.keys)
         self.admissions = CoalescedAdmissions(
             state.markers, settings.group_context_size, linger=settings.ingest_admission_linger_ms / 1000
         )
@@ -204,14 +206,30 @@ class IngestStage:
                 functools.partial(self._settle_started, messages, plans, self.admissions.start(items), now)
             )
             return [None if plan is None else shared for plan in plans]
+        # Messages that would start a turn, of bots with a usage budget: checked in the same round
+        # trip time as the admission (a spent budget starts no turn).
+        asks = [
+            (i, p)
+            for i, p in enumerate(plans)
+            if p is not None and p.bot is not None and p.reason is not None and p.bot.budgets.enabled
+        ]
+        refusals: dict[int, Refusal] = {}
         if self.admissions.deferrable(items):
             pending = iter(self.admissions.later(items))
         elif items:  # (an empty batch sends nothing, and leaves deferred chatter to its linger)
-            results = iter(await self.admissions.now(items))
+            if asks:
+                admitted_now, checked = await asyncio.gather(
+                    self.admissions.now(items),
+                    self.budgets.check([(p.bot, p.message) for _, p in asks if p.bot is not None]),
+                )
+                results = iter(admitted_now)
+                refusals = {i: r for (i, _), r in zip(asks, checked, strict=True) if r is not None}
+            else:
+                results = iter(await self.admissions.now(items))
         admitted = iter(items)
         settled = _Settled()
         works: list[Remaining] = []
-        for message, plan in zip(messages, plans, strict=True):
+        for index, (message, plan) in enumerate(zip(messages, plans, strict=True)):
             if plan is None:
                 settled.duplicate(message)
                 works.append(None)
@@ -231,6 +249,10 @@ class IngestStage:
                 continue
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
+            refusal = refusals.get(index)
+            if refusal is not None:
+                works.append(functools.partial(self._over_budget, plan, refusal))
+                continue
             works.append(functools.partial(self._produce, plan, result.window))
         settled.count()
         return works
@@ -282,6 +304,24 @@ class IngestStage:
         await self.outputs.session_command(self.user_turn(plan.bot, message, window))
         await self.outputs.delivered()
 
+    async def _over_budget(self, plan: _Plan, refusal: Refusal) -> None:
+        """A usage budget is spent: no turn; the sender hears so once per window (not per message)."""
+        assert plan.bot is not None
+        message = plan.message
+        metrics.child(metrics.BUDGET_REFUSED, message.platform, message.bot_id, refusal.spent.scope).inc()
+        self.outputs.begin()
+        if await self.budgets.first_notice(refusal):
+            log.info(
+                "ingest: the %s budget (%s) of %s is spent; a notice to the sender",
+                refusal.spent.scope,
+                refusal.spent.kind,
+                message.conversation_key,
+            )
+            kind, params = refusal.notice(plan.bot, message)
+            await self.outputs.outbound(self._notice(plan.bot, message, kind, **params))
+        await self.outputs.delivered()
+        await self.state.markers.set_marker("in", plan.dedup_id, message.conversation_key)
+
     def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
         inbound_ids = [message.message_id]
         event = {
@@ -318,6 +358,10 @@ class IngestStage:
             return
         if command.name == "stop":
             await self.outputs.session_command(self._control(message, "interrupt", []))
+            return
+        if command.name in ("usage", "grant"):
+            kind, params = await self.budgets.command(bot, message, command)
+            await self.outputs.outbound(self._notice(bot, message, kind, **params))
             return
         # /allow, /deny: answer the pending tool confirmations, if this sender may.
         state = await self.state.conversations.conversation(conversation)

@@ -1,0 +1,1 @@
+"""Controls for busy chats: rate limits, usage budgets, moderation, overload."""
