@@ -96,7 +96,7 @@ def notices(recorder: Recorder) -> list[str]:
     for topic, _, value in recorder.records:
         if topic.startswith("im.outbound"):
             out = OutboundMessage.model_validate_json(value)
-            texts.append(" ".join(s.data.text for s in out.segments if s.type == "text"))  # type: ignore[union-attr]
+            texts.append(" ".join(s.data.text for s in out.segments if s.type == "text"))
     return texts
 
 
@@ -134,7 +134,9 @@ async def test_usage_and_grant_are_for_admins(state: State) -> None:
     assert notices(recorder)[-1] == "Only admins may use this command."
     await run(stage, recorder, [message(2, "/grant 1000 @alice", user="boss")])
     await run(stage, recorder, [message(3, "/usage @alice", user="boss")])
-    assert notices(recorder)[-1] == "Usage of @alice in 2026-12-06: 1200 / 5000 (+1000) tokens, 30.5 / 600 active seconds."
+    assert (
+        notices(recorder)[-1] == "Usage of @alice in 2026-12-06: 1200 / 5000 (+1000) tokens, 30.5 / 600 active seconds."
+    )
     await run(stage, recorder, [message(4, "/usage", user="boss")])
     assert notices(recorder)[-1] == "Usage of this chat in 2026-12-06: 1200 tokens, 30.5 active seconds."
     await run(stage, recorder, [message(5, "/grant", user="boss")])
