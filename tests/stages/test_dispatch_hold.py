@@ -131,7 +131,9 @@ async def test_a_message_arriving_before_the_owed_flush_goes_behind_the_held_one
             Notifier(settings),
         )
         try:
-            running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+            running = TurnRecord(
+                trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group"
+            )
             await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
             await stage.handle(command("m-B"), 0)
             conversations = state.conversations
