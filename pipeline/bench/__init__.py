@@ -10,6 +10,7 @@ and chaos.
     switchboard bench --chaos --redis cluster           # the same on a Redis Cluster (a primary killed)
     switchboard bench --chaos --kafka-cluster 3 --chaos-kill leader,rolling   # broker faults, lag recovery
     switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
+    switchboard bench --flood --flood-rate 300          # one chat floods: the other chats' overhead ratio
 
 Writes bench/results/<name>.json and .png (see bench/README.md for every field).
 """
@@ -136,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="py-spy record the worker for S seconds during the load (raw folded output)",
     )
+    p.add_argument(
+        "--flood",
+        action="store_true",
+        help="fairness: the normal load alone, then beside one chat flooding triggering messages (only that)",
+    )
+    p.add_argument("--flood-rate", type=float, default=300.0, help="with --flood: the flooding chat's messages/s")
     p.add_argument("--quick", action="store_true", help="tiny load for a smoke test (a few seconds)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--name", default=None, help="result file name (default bench-<timestamp>)")
