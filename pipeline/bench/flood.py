@@ -11,11 +11,16 @@ message's turn, not answered (held, limited or dropped), and the notices it got.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import uuid
 from typing import Any
 
+import httpx
+
 from pipeline.bench.load import Generator, Plan, Sent, TrafficMix
+from pipeline.bench.measure import TLS, scrape_metrics
 from pipeline.bench.runner import BenchStack, PhaseResult, log, run_phase
 
 TARGET_RATIO = 1.5
@@ -76,6 +81,23 @@ async def flood_outcome(bs: BenchStack, plan: Plan, generator: Generator) -> dic
     }
 
 
+async def _pending_peaks(bs: BenchStack, peaks: dict[str, float]) -> None:
+    """The most work each stage's executor held accepted and unacknowledged (summed over workers),
+    sampled every second: where a flood piles up (at `max_pending` a stage stops fetching)."""
+    async with httpx.AsyncClient(timeout=5, verify=TLS) as http:
+        while True:
+            now: dict[str, float] = {}
+            for url in bs.urls():
+                with contextlib.suppress(httpx.HTTPError):
+                    for key, value in (await scrape_metrics(url, http)).items():
+                        if key.startswith("switchboard_executor_pending{"):
+                            stage = key.partition('stage="')[2].partition('"')[0]
+                            now[stage] = now.get(stage, 0.0) + value
+            for stage, value in now.items():
+                peaks[stage] = max(peaks.get(stage, 0.0), value)
+            await asyncio.sleep(1.0)
+
+
 async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -> dict[str, Any]:
     """The two phases and the figure (the stack is warmed up by the caller)."""
     log(f"flood: baseline, {args.rate:g} msg/s of normal traffic for {args.duration:g} s")
@@ -83,12 +105,17 @@ async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -
     plan = flood_plan(mix.bot, args.flood_rate, args.duration)
     log(f"flood: the same traffic beside one chat sending {args.flood_rate:g} triggering msg/s")
     flooder = Generator(plan, bs.urls)
+    peaks: dict[str, float] = {}
+    sampler = asyncio.create_task(_pending_peaks(bs, peaks))
     flooder.start()
     try:
         flooded = await run_phase(bs, mix, args.rate, args.duration, label="flooded", drain_timeout=60)
     finally:
         flooder.stop()
         await flooder.wait()
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
     base, with_flood = _overhead(alone), _overhead(flooded)
     result: dict[str, Any] = {
         "normal_rate_msgs_per_s": args.rate,
@@ -100,6 +127,7 @@ async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -
         "ratio_p99": _ratio(with_flood.get("p99"), base.get("p99")),
         "target_ratio": TARGET_RATIO,
         "flooding_chat": await flood_outcome(bs, plan, flooder),
+        "executor_pending_peak": peaks,
         "phases": {"alone": alone.data, "flooded": flooded.data},
     }
     result["met"] = all(r is not None and r <= TARGET_RATIO for r in (result["ratio_p50"], result["ratio_p99"]))
@@ -113,4 +141,5 @@ async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -
         f"flood: the flooding chat sent {outcome['sent']} ({outcome['accepted']} accepted): {outcome['turns']} turns, "
         f"{outcome['merged']} merged into them, {outcome['not_answered']} not answered, {outcome['notices']} notices"
     )
+    log(f"flood: executor pending peaks by stage (max_pending stops a stage's fetch): {peaks}")
     return result

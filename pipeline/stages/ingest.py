@@ -229,6 +229,7 @@ class IngestStage:
         admitted = iter(items)
         settled = _Settled()
         works: list[Remaining] = []
+        turns: list[tuple[int, _Plan, list[ContextEntry]]] = []  # the batch's user turns
         for index, (message, plan) in enumerate(zip(messages, plans, strict=True)):
             if plan is None:
                 settled.duplicate(message)
@@ -253,9 +254,47 @@ class IngestStage:
             if refusal is not None:
                 works.append(functools.partial(self._over_budget, plan, refusal))
                 continue
+            if plan.command is None:
+                turns.append((index, plan, result.window))
             works.append(functools.partial(self._produce, plan, result.window))
         settled.count()
-        return works
+        return self._turns_together(messages, works, turns)
+
+    def _turns_together(
+        self,
+        messages: list[InboundMessage],
+        works: list[Remaining],
+        turns: list[tuple[int, _Plan, list[ContextEntry]]],
+    ) -> list[Remaining]:
+        """A chat's user turns that follow one another in the batch (no other work of the chat in
+        between) produce in one work, which waits for the broker once. With a work each, a chat
+        sending hundreds of triggering messages a second waited for the broker once per message,
+        in its own order: it outran its key, and its backlog filled the executor, which then stopped
+        the fetch for every chat. The work sits on the first of them; the others' records are
+        acknowledged after it (offset order), so a crash replays them all (dispatch drops repeats
+        by their stable ids)."""
+        if len(turns) < 2:
+            return works
+        turn_at = {index: (plan, window) for index, plan, window in turns}
+        runs: dict[str, list[int]] = {}  # per chat, its current run of turns
+        groups: list[list[int]] = []
+        for index, (message, work) in enumerate(zip(messages, works, strict=True)):
+            if work is None or isinstance(work, SharedWork):
+                continue
+            key = message.conversation_key
+            if index in turn_at:
+                runs.setdefault(key, []).append(index)
+            elif key in runs:  # a command (or a refusal) of the chat ends its run
+                groups.append(runs.pop(key))
+        groups.extend(runs.values())
+        together = list(works)
+        for group in groups:
+            if len(group) < 2:
+                continue
+            together[group[0]] = functools.partial(self._produce_turns, [turn_at[i] for i in group])
+            for index in group[1:]:
+                together[index] = None
+        return together
 
     async def _settle_started(
         self,
@@ -302,6 +341,15 @@ class IngestStage:
         assert plan.reason is not None
         metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
         await self.outputs.session_command(self.user_turn(plan.bot, message, window))
+        await self.outputs.delivered()
+
+    async def _produce_turns(self, turns: list[tuple[_Plan, list[ContextEntry]]]) -> None:
+        """Several user turns of one chat, in order, acknowledged by the broker together."""
+        self.outputs.begin()
+        for plan, window in turns:
+            assert plan.bot is not None and plan.reason is not None
+            metrics.TURNS_TRIGGERED.labels(plan.message.platform, plan.reason).inc()
+            await self.outputs.session_command(self.user_turn(plan.bot, plan.message, window))
         await self.outputs.delivered()
 
     async def _over_budget(self, plan: _Plan, refusal: Refusal) -> None:
