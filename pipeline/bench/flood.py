@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from pipeline.bench.load import Generator, Plan, Sent, TrafficMix
-from pipeline.bench.measure import TLS, scrape_metrics
+from pipeline.bench.measure import TLS, scrape_metrics, wait_idle
 from pipeline.bench.runner import BenchStack, PhaseResult, log, run_phase
 
 TARGET_RATIO = 1.5
@@ -116,6 +116,13 @@ async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
+    # The flooding chat's backlog may outlast the phase's drain (which follows the normal traffic):
+    # its outcome is read once the workers have nothing left in flight.
+    drained = True
+    try:
+        await wait_idle(bs.urls, quiet=1.0, timeout=180)
+    except TimeoutError:
+        drained = False
     base, with_flood = _overhead(alone), _overhead(flooded)
     result: dict[str, Any] = {
         "normal_rate_msgs_per_s": args.rate,
@@ -126,7 +133,7 @@ async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -
         "ratio_p50": _ratio(with_flood.get("p50"), base.get("p50")),
         "ratio_p99": _ratio(with_flood.get("p99"), base.get("p99")),
         "target_ratio": TARGET_RATIO,
-        "flooding_chat": await flood_outcome(bs, plan, flooder),
+        "flooding_chat": {**await flood_outcome(bs, plan, flooder), "drained": drained},
         "executor_pending_peak": peaks,
         "phases": {"alone": alone.data, "flooded": flooded.data},
     }
