@@ -16,8 +16,8 @@ from pipeline.records import InboundMessage
 from pipeline.settings import BotConfig
 
 TriggerReason = Literal["private", "mention", "reply_to_bot", "command", "keyword"]
-CommandName = Literal["stop", "reset", "allow", "deny"]
-_COMMAND_RE = re.compile(r"^\s*/(stop|reset|allow|deny)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
+CommandName = Literal["stop", "reset", "allow", "deny", "usage", "grant"]
+_COMMAND_RE = re.compile(r"^\s*/(stop|reset|allow|deny|usage|grant)(?:@\S+)?(?:\s+(.*))?$", re.IGNORECASE | re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class ChatCommand:
 
 
 def parse_chat_command(text: str) -> ChatCommand | None:
-    """`/stop`, `/reset`, `/allow [tool id]`, `/deny [reason]` (Telegram's `/stop@botname` too)."""
+    """`/stop`, `/reset`, `/allow [tool id]`, `/deny [reason]`, and the usage budgets' `/usage [user]`
+    and `/grant <amount> [user]` (Telegram's `/stop@botname` too)."""
     match = _COMMAND_RE.match(text)
     if match is None:
         return None

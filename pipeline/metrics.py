@@ -78,6 +78,22 @@ TOKENS = Counter("switchboard_session_tokens_total", "Tokens reported by span.mo
 ACTIVE_SECONDS = Counter("switchboard_session_active_seconds_total", "Active seconds from session.usage deltas")
 CUSTOM_TOOLS = Counter("switchboard_custom_tool_calls_total", "agent.custom_tool_use answered", ["tool", "outcome"])
 
+# Usage budgets (`pipeline.controls`): per bot, never per chat or user.
+BUDGET_TOKENS = Counter(
+    "switchboard_budget_tokens_total", "Tokens accounted against usage budgets (session.usage)", ["platform", "bot"]
+)
+BUDGET_ACTIVE_SECONDS = Counter(
+    "switchboard_budget_active_seconds_total", "Active seconds accounted against usage budgets", ["platform", "bot"]
+)
+BUDGET_WINDOW_TOKENS = Gauge(
+    "switchboard_budget_window_tokens", "The bot's tokens in its current budget window", ["platform", "bot"]
+)
+BUDGET_REFUSED = Counter(
+    "switchboard_budget_refused_total",
+    "Messages that started no turn: a usage budget spent",
+    ["platform", "bot", "scope"],
+)  # scope: chat | user | bot
+
 # Session streams.
 STREAMS_OPEN = Gauge("switchboard_sse_streams_open", "Session streams held by this worker")
 STREAM_RECONNECTS = Counter("switchboard_sse_reconnects_total", "Session stream reconnects")

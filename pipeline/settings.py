@@ -35,6 +35,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pipeline.controls.limits import LimitsConfig
 from pipeline.controls.moderation import ModerationConfig
 from pipeline.controls.overload import OverloadConfig
+from pipeline.controls.budgets import Budgets
 from pipeline.errors import ConfigurationError
 
 BusyPolicy = Literal["merge", "queue", "interrupt"]
@@ -126,6 +127,9 @@ class BotConfig(BaseModel):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     moderation: ModerationConfig = Field(default_factory=ModerationConfig)
     overload: OverloadConfig = Field(default_factory=OverloadConfig)
+    # Usage budgets (tokens, active seconds) per chat, user and bot over a day or month
+    # (docs/controls.md, "Usage budgets"). Off unless a limit is set.
+    budgets: Budgets = Field(default_factory=Budgets)
 
     @field_validator("shard")
     @classmethod

@@ -67,6 +67,9 @@ FULL_TIER: dict[str, str] = {
     "tests/integration/test_redis_failover.py": "a Redis primary killed under the pipeline",
     "tests/integration/test_redis_outage.py": "Redis stopped and restarted under the pipeline",
     "tests/integration/test_worker_crash.py": "workers SIGKILLed mid-turn",
+    "tests/integration/test_usage_budgets.py::test_replayed_usage_after_a_sigkill_counts_once": (
+        "a worker SIGKILLed mid-turn"
+    ),
     "tests/packaging/": "builds the wheel and installs it into a fresh virtualenv",
     "tests/embedded/test_apache_kafka.py": "boots Apache Kafka (a JVM)",
     "tests/cli/test_up_lifecycle.py::test_hang_up_stops_every_part_on_apache_kafka": "`up` on Apache Kafka (a JVM)",

@@ -11,6 +11,7 @@ and chaos.
     switchboard bench --chaos --kafka-cluster 3 --chaos-kill leader,rolling   # broker faults, lag recovery
     switchboard bench --attach http://127.0.0.1:8080 --worker-pid 1234   # a running stack (env settings)
     switchboard bench --soak                            # an hour at 80 msg/s, per 5-minute window: latency, RSS, Redis
+    switchboard bench --flood --flood-rate 300          # one chat floods: the other chats' overhead ratio
 
 Writes bench/results/<name>.json and .png (see bench/README.md for every field).
 """
@@ -162,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--soak",
         action="store_true",
         help="only a soak: steady load for --duration (an hour) at --rate (half the worker's max), figures per "
-        "--window, judged against issue #39's targets after --warmup (bench/README.md)",
+        "--window, judged against the long-run targets after --warmup (bench/README.md)",
     )
     p.add_argument("--window", type=float, default=SOAK_WINDOW, metavar="S", help="with --soak: seconds per window")
     p.add_argument(
@@ -172,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --soak: seconds of the soak before the targets are judged (its windows are reported, not judged)",
     )
+        "--flood",
+        action="store_true",
+        help="fairness: the normal load alone, then beside one chat flooding triggering messages (only that)",
+    )
+    p.add_argument("--flood-rate", type=float, default=300.0, help="with --flood: the flooding chat's messages/s")
     p.add_argument("--quick", action="store_true", help="tiny load for a smoke test (a few seconds)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--name", default=None, help="result file name (default bench-<timestamp>)")

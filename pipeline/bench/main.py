@@ -256,6 +256,13 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
                 ),
             }
         )
+    flood = result.get("flood") or {}
+    if flood:
+        h["flood_others_overhead_p50_ratio"] = flood.get("ratio_p50")
+        h["flood_others_overhead_p99_ratio"] = flood.get("ratio_p99")
+        h["flood_chat_outcome"] = {
+            k: flood["flooding_chat"][k] for k in ("sent", "turns", "merged", "not_answered", "notices")
+        }
     if result.get("filtered"):
         h["filtered_webhooks_msgs_per_s"] = result["filtered"].get("ingest_msgs_per_s")
     if result.get("filtered_backlog"):
@@ -297,6 +304,11 @@ async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any
     mix = mix_from(args)
     log(f"warm-up: {mix.conversations} conversations")
     await warm_up(bs, mix)
+    if args.flood:  # the fairness scenario alone (pipeline/bench/flood.py)
+        from pipeline.bench.flood import flood_run
+
+        result["flood"] = await flood_run(bs, mix, args)
+        return
     if args.mode == "max":
         result["max"] = await ramp(bs, mix, args)
         best = result["max"].get("max_offered_msgs_per_s") or args.ramp_start

@@ -7,7 +7,7 @@ messages and replies whatever the duration: its own memory stays flat. Each chun
 carry their window (`<run>w<window>c<chunk>-<n>`), so a reply is counted in the window its message
 was sent in. Per window: the load phase's latency figures (`latency_report`) over the replies to
 the messages sent in it, the RSS and CPU of every process at its end, Redis memory and keys; at the
-end, each RSS's slope per 10,000 messages and the verdicts against issue #39's targets.
+end, each RSS's slope per 10,000 messages and the verdicts against the long-run targets.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ CHUNK_S = 10.0
 #: A reply is counted in its window if it arrives at most this long after the window's end;
 #: later ones are counted as `replies_after_close` (and fail the p99 target: they are that slow).
 GRACE_MAX_S = 60.0
-#: The targets (issue #39): after the warm-up, worker RSS within +5%; Redis bounded; every window's
+#: The long-run targets: after the warm-up, worker RSS within +5%; Redis bounded; every window's
 #: overhead p99 within 1.5x the first post-warm-up window's.
 RSS_GROWTH_LIMIT_PCT = 5.0
 REDIS_GROWTH_LIMIT_PCT = 5.0

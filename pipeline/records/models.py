@@ -24,6 +24,7 @@ from pipeline.session.models import (
     SessionError,
     SessionStatusIdle,
     SessionStatusTerminated,
+    SessionUsage,
 )
 
 ChatType = Literal["private", "group"]
@@ -134,7 +135,8 @@ class SessionCommand(_Record):
 
 
 # The server events render acts on: the session stream forwards these and keeps the rest of a
-# turn's events (status, spans, usage, thinking, tool results, thread events) out of Kafka.
+# turn's events (status, spans, thinking, tool results, thread events) out of Kafka. The turn's
+# `session.usage` goes with its idle, for the usage budgets.
 ForwardedEvent = Annotated[
     AgentMessage
     | AgentToolUse
@@ -143,7 +145,8 @@ ForwardedEvent = Annotated[
     | SessionError
     | SessionStatusIdle
     | SessionStatusTerminated
-    | SessionDeleted,
+    | SessionDeleted
+    | SessionUsage,
     Field(discriminator="type"),
 ]
 FORWARDED_EVENT_TYPES: frozenset[str] = frozenset(

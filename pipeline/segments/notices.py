@@ -39,6 +39,14 @@ class NoticeKind(StrEnum):
     MODERATED = "moderated"
     REPLY_MODERATED = "reply_moderated"
     OVERLOADED = "overloaded"
+    # Usage budgets (`pipeline.controls.budgets`).
+    BUDGET_SPENT_CHAT = "budget_spent_chat"
+    BUDGET_SPENT_USER = "budget_spent_user"
+    BUDGET_SPENT_BOT = "budget_spent_bot"
+    USAGE_REPORT = "usage_report"
+    BUDGET_GRANTED = "budget_granted"
+    GRANT_HELP = "grant_help"
+    ADMINS_ONLY = "admins_only"
 
 
 # Placeholders each kind may use; anything else in a template is a configuration error.
@@ -46,6 +54,11 @@ NOTICE_PLACEHOLDERS: Mapping[NoticeKind, frozenset[str]] = {
     NoticeKind.TOOL_CONFIRMATION_PROMPT: frozenset({"tool_name", "who", "tool_input"}),
     NoticeKind.CONFIRMATION_REFUSED: frozenset({"who"}),
     NoticeKind.CUSTOM_TOOL_UNAVAILABLE: frozenset({"tool_name"}),
+    NoticeKind.BUDGET_SPENT_CHAT: frozenset({"until"}),
+    NoticeKind.BUDGET_SPENT_USER: frozenset({"until", "who"}),
+    NoticeKind.BUDGET_SPENT_BOT: frozenset({"until"}),
+    NoticeKind.USAGE_REPORT: frozenset({"who", "window", "tokens", "seconds"}),
+    NoticeKind.BUDGET_GRANTED: frozenset({"who", "amount", "window"}),
 }
 
 DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
@@ -74,6 +87,14 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.MODERATED: "Sorry, I can't respond to that message.",
         NoticeKind.REPLY_MODERATED: "Sorry, this reply was withheld by the chat's content rules.",
         NoticeKind.OVERLOADED: "Sorry, I'm too busy to answer that now. Please try again later.",
+        NoticeKind.BUDGET_SPENT_CHAT: "This chat has used up its usage budget. I can answer again after {until}.",
+        NoticeKind.BUDGET_SPENT_USER: "{who}, you have used up your usage budget. "
+        "I can answer you again after {until}.",
+        NoticeKind.BUDGET_SPENT_BOT: "My usage budget is used up. I can answer again after {until}.",
+        NoticeKind.USAGE_REPORT: "Usage of {who} in {window}: {tokens} tokens, {seconds} active seconds.",
+        NoticeKind.BUDGET_GRANTED: "Granted {amount} more to {who} for {window}.",
+        NoticeKind.GRANT_HELP: "Usage: /grant <amount> [@user], e.g. /grant 20000, /grant 20k @alice, /grant 10m.",
+        NoticeKind.ADMINS_ONLY: "Only admins may use this command.",
     },
     "zh": {
         NoticeKind.REPLY_INVALID: "抱歉，回复格式生成失败，请稍后重试。",
@@ -98,6 +119,13 @@ DEFAULT_NOTICES: Mapping[str, Mapping[NoticeKind, str]] = {
         NoticeKind.MODERATED: "抱歉，无法回应这条消息。",
         NoticeKind.REPLY_MODERATED: "抱歉，该回复因本群内容规则已被拦截。",
         NoticeKind.OVERLOADED: "抱歉，现在太忙，暂时无法回答，请稍后再试。",
+        NoticeKind.BUDGET_SPENT_CHAT: "本群的用量额度已用完，{until} 之后恢复回答。",
+        NoticeKind.BUDGET_SPENT_USER: "{who}，你的用量额度已用完，{until} 之后恢复回答。",
+        NoticeKind.BUDGET_SPENT_BOT: "机器人的用量额度已用完，{until} 之后恢复回答。",
+        NoticeKind.USAGE_REPORT: "{who} 在 {window} 的用量：{tokens} 个 token，活跃 {seconds} 秒。",
+        NoticeKind.BUDGET_GRANTED: "已为 {who} 在 {window} 增加额度 {amount}。",
+        NoticeKind.GRANT_HELP: "用法：/grant <数量> [@用户]，例如 /grant 20000、/grant 20k @alice、/grant 10m。",
+        NoticeKind.ADMINS_ONLY: "只有管理员可以使用此命令。",
     },
 }
 

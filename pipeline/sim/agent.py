@@ -210,6 +210,12 @@ async def run_turn(session: SimSession, message: dict[str, Any]) -> None:
     if directives.has("deltas"):
         await _stream_previews(session, message_id, body)
     session.emit("agent.message", {"content": text_blocks(body)}, event_id=message_id)
-    session.span_end(input_tokens=10 + len(task_text) // 4, output_tokens=1 + len(body) // 4)
+    usage = directives.usage()  # chosen counts (`[sim:usage=…]`), to try budgets with
+    session.usage.cache_read_input_tokens += int(usage.get("cache_read", 0))
+    session.usage.active_seconds += usage.get("active", 0.0)
+    session.span_end(
+        input_tokens=int(usage.get("input", 10 + len(task_text) // 4)),
+        output_tokens=int(usage.get("output", 1 + len(body) // 4)),
+    )
     session.context.stats["turns_completed"] += 1
     session.go_idle({"type": "end_turn"})

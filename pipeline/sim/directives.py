@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 _DIRECTIVE = re.compile(r"\[sim:([a-z_]+)(?:=([^\]]*))?\]")
 _REPLY_START = "[sim:reply="
+USAGE_KINDS = frozenset({"input", "output", "cache_read", "active"})
 
 
 @dataclass(slots=True)
@@ -30,6 +31,24 @@ class Directives:
             return float(self.values[name])
         except (KeyError, ValueError):
             return default
+
+    def usage(self) -> dict[str, float]:
+        """``[sim:usage=input:1200,output:300,cache_read:0,active:30]``: what the turn reports it
+        cost (tokens of each kind; `active` seconds added to the session's active time). Unknown
+        kinds and unreadable counts are left out; an absent kind keeps its default."""
+        counts: dict[str, float] = {}
+        for part in self.get("usage").split(","):
+            kind, _, value = part.partition(":")
+            kind = kind.strip()
+            if kind not in USAGE_KINDS:
+                continue
+            try:
+                count = float(value)
+            except ValueError:
+                continue
+            if count >= 0:
+                counts[kind] = count
+        return counts
 
 
 def _parse_block(block: str, values: dict[str, str]) -> str:

@@ -93,8 +93,62 @@ class DispatchStage:
         self.notifier = notifier
 
     async def admit(self, commands: list[SessionCommand], positions: list[Position]) -> list[Work | None]:
-        """The batch step: each command is sent in its conversation's turn."""
-        return [functools.partial(self.handle, c, p.partition) for c, p in zip(commands, positions, strict=True)]
+        """The batch step: each command is sent in its conversation's turn. A chat's user turns
+        that follow one another in the batch (nothing else of the chat in between; busy policy
+        merge or queue) are one work: the first is handled as usual, the rest decided in one round
+        trip (`_user_turns`). One at a time, a chat sending hundreds of triggering messages a
+        second outran its own key, and its backlog filled the executor, which then stopped the
+        fetch for every chat."""
+        works: list[Work | None] = [
+            functools.partial(self.handle, c, p.partition) for c, p in zip(commands, positions, strict=True)
+        ]
+        runs: dict[str, list[int]] = {}
+        groups: list[list[int]] = []
+        for index, command in enumerate(commands):
+            key = command.conversation_key
+            bot = self.settings.bot(command.platform, command.bot_id)
+            if command.kind == "user_turn" and bot is not None and bot.busy_policy in ("merge", "queue"):
+                runs.setdefault(key, []).append(index)
+            elif key in runs:
+                groups.append(runs.pop(key))
+        groups.extend(runs.values())
+        for group in groups:
+            if len(group) > 1:
+                works[group[0]] = functools.partial(
+                    self._user_turns, [commands[i] for i in group], positions[group[0]].partition
+                )
+                for index in group[1:]:
+                    works[index] = None  # acknowledged after the group's work (offset order)
+        return works
+
+    async def _user_turns(self, commands: list[SessionCommand], partition: int) -> None:
+        """A chat's user turns in a row: the first as usual (it may start a turn), then the rest
+        decided in one round trip, in order. Most are held behind the running turn; any other
+        decision (a start, a session to create, a turn to resume) is then handled as usual, in
+        order: a turn the script recorded as started is found so (`resume`) and sent."""
+        await self.handle(commands[0], partition)
+        rest = commands[1:]
+        bot = self.settings.bot(rest[0].platform, rest[0].bot_id)
+        assert bot is not None  # checked by `admit`
+        calls = []
+        for command in rest:
+            if "dispatch_in" not in command.hops:
+                now = command.hops["dispatch_in"] = now_ms()
+                metrics.observe_hop("dispatch", command.hops, "ingest", now)
+            calls.append(self._begin_call(command, partition, turn_message_id(command), bot.busy_policy))
+        starts = await self.state.conversations.begin_turns(rest[0].conversation_key, partition, calls)
+        flush = None
+        for command, start in zip(rest, starts, strict=True):
+            if start.decision == "done":
+                metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
+            elif start.decision in ("held", "behind"):
+                metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+                if start.decision == "behind":
+                    flush = command
+            else:
+                await self.handle(command, partition)
+        if flush is not None:  # idle with messages held: they go now, oldest first (see `_start_turn`)
+            await self._flush(bot, flush, partition)
 
     async def handle(self, command: SessionCommand, partition: int) -> None:
         bot = self.settings.bot(command.platform, command.bot_id)
@@ -274,28 +328,33 @@ class DispatchStage:
         *,
         new_session: str | None = None,
     ) -> TurnStart:
-        begin = functools.partial(
-            self.state.conversations.begin_turn,
-            command.conversation_key,
-            partition,
-            turn_id=turn_id,
-            mode=mode,
-            turn=self._turn_record(command),
-            trace_id=command.trace_id,
-            inbound_markers=[
+        call = self._begin_call(command, partition, turn_id, mode, new_session=new_session)
+        return await self.state.conversations.begin_turn(command.conversation_key, partition, **call)
+
+    def _begin_call(
+        self, command: SessionCommand, partition: int, turn_id: str, mode: TurnMode, *, new_session: str | None = None
+    ) -> dict[str, Any]:
+        """The arguments of `ConversationStore.begin_turn` for this command."""
+        call: dict[str, Any] = {
+            "turn_id": turn_id,
+            "mode": mode,
+            "turn": self._turn_record(command),
+            "trace_id": command.trace_id,
+            "inbound_markers": [
                 inbound_dedup_id(command.platform, command.bot_id, command.chat_id, i) for i in command.inbound_ids
             ],
-            note=self._console_note(command, mode),
-            new_session=new_session,
-        )
-        if mode not in ("merge", "queue"):  # a turn that cannot be held never needs its command kept
-            return await begin(command_json=None)
-        # The command goes along in case the session is busy: dumping it costs far less than the
-        # second round trip that asking for it after a `hold` would. The time from here to its
-        # release is the busy policy's wait, which latency reports keep apart from the pipeline's
-        # own overhead.
-        held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
-        return await begin(command_json=held.model_dump_json())
+            "note": self._console_note(command, mode),
+            "new_session": new_session,
+            "command_json": None,  # a turn that cannot be held never needs its command kept
+        }
+        if mode in ("merge", "queue"):
+            # The command goes along in case the session is busy: dumping it costs far less than the
+            # second round trip that asking for it after a `hold` would. The time from here to its
+            # release is the busy policy's wait, which latency reports keep apart from the pipeline's
+            # own overhead.
+            held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
+            call["command_json"] = held.model_dump_json()
+        return call
 
     def _console_note(self, command: SessionCommand, mode: TurnMode) -> tuple[str, str] | None:
         """The status note the console page shows on the messages of a turn that is held (merge,

@@ -20,6 +20,7 @@ from pipeline import metrics
 from pipeline.addressing import ChatCommand, TriggerReason, parse_chat_command, strip_trigger, trigger_reason
 from pipeline.controls.limits import LimitDecision, LimitsConfig, TurnRequest
 from pipeline.controls.moderation import ask_hook
+from pipeline.controls.usage import Refusal, UsageBudgets
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
 from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
 from pipeline.settings import BotConfig, Settings
@@ -166,6 +167,7 @@ class IngestStage:
         self.outputs = outputs
         self.notifier = notifier
         self.prompt = prompt
+        self.budgets = UsageBudgets(state.redis, state.keys)
         self.admissions = CoalescedAdmissions(
             state.markers, settings.group_context_size, linger=settings.ingest_admission_linger_ms / 1000
         )
@@ -253,14 +255,35 @@ class IngestStage:
                 functools.partial(self._settle_started, messages, plans, self.admissions.start(items), now)
             )
             return [None if plan is None else shared for plan in plans]
+        # Messages that would start a turn, of bots with a usage budget: checked in the same round
+        # trip time as the admission (a spent budget starts no turn).
+        asks = [
+            (i, p)
+            for i, p in enumerate(plans)
+            if p is not None
+            and p.bot is not None
+            and p.reason is not None
+            and p.blocked is None
+            and p.bot.budgets.enabled
+        ]
+        refusals: dict[int, Refusal] = {}
         if self.admissions.deferrable(items):
             pending = iter(self.admissions.later(items))
         elif items:  # (an empty batch sends nothing, and leaves deferred chatter to its linger)
-            results = iter(await self.admissions.now(items))
+            if asks:
+                admitted_now, checked = await asyncio.gather(
+                    self.admissions.now(items),
+                    self.budgets.check([(p.bot, p.message) for _, p in asks if p.bot is not None]),
+                )
+                results = iter(admitted_now)
+                refusals = {i: r for (i, _), r in zip(asks, checked, strict=True) if r is not None}
+            else:
+                results = iter(await self.admissions.now(items))
         admitted = iter(items)
         settled = _Settled()
         works: list[Remaining] = []
-        for message, plan in zip(messages, plans, strict=True):
+        turns: list[tuple[int, _Plan, list[ContextEntry]]] = []  # the batch's user turns
+        for index, (message, plan) in enumerate(zip(messages, plans, strict=True)):
             if plan is None:
                 settled.duplicate(message)
                 works.append(None)
@@ -285,9 +308,51 @@ class IngestStage:
             if plan.blocked is not None:
                 works.append(functools.partial(self._blocked_notice, plan))
                 continue
+            refusal = refusals.get(index)
+            if refusal is not None:
+                works.append(functools.partial(self._over_budget, plan, refusal))
+                continue
+            if plan.command is None:
+                turns.append((index, plan, result.window))
             works.append(functools.partial(self._produce, plan, result.window))
         settled.count()
-        return works
+        return self._turns_together(messages, works, turns)
+
+    def _turns_together(
+        self,
+        messages: list[InboundMessage],
+        works: list[Remaining],
+        turns: list[tuple[int, _Plan, list[ContextEntry]]],
+    ) -> list[Remaining]:
+        """A chat's user turns that follow one another in the batch (no other work of the chat in
+        between) produce in one work, which waits for the broker once. With a work each, a chat
+        sending hundreds of triggering messages a second waited for the broker once per message,
+        in its own order: it outran its key, and its backlog filled the executor, which then stopped
+        the fetch for every chat. The work sits on the first of them; the others' records are
+        acknowledged after it (offset order), so a crash replays them all (dispatch drops repeats
+        by their stable ids)."""
+        if len(turns) < 2:
+            return works
+        turn_at = {index: (plan, window) for index, plan, window in turns}
+        runs: dict[str, list[int]] = {}  # per chat, its current run of turns
+        groups: list[list[int]] = []
+        for index, (message, work) in enumerate(zip(messages, works, strict=True)):
+            if work is None or isinstance(work, SharedWork):
+                continue
+            key = message.conversation_key
+            if index in turn_at:
+                runs.setdefault(key, []).append(index)
+            elif key in runs:  # a command (or a refusal) of the chat ends its run
+                groups.append(runs.pop(key))
+        groups.extend(runs.values())
+        together = list(works)
+        for group in groups:
+            if len(group) < 2:
+                continue
+            together[group[0]] = functools.partial(self._produce_turns, [turn_at[i] for i in group])
+            for index in group[1:]:
+                together[index] = None
+        return together
 
     async def _settle_started(
         self,
@@ -413,6 +478,33 @@ class IngestStage:
         await self.outputs.session_command(self.user_turn(plan.bot, message, window))
         await self.outputs.delivered()
 
+    async def _produce_turns(self, turns: list[tuple[_Plan, list[ContextEntry]]]) -> None:
+        """Several user turns of one chat, in order, acknowledged by the broker together."""
+        self.outputs.begin()
+        for plan, window in turns:
+            assert plan.bot is not None and plan.reason is not None
+            metrics.TURNS_TRIGGERED.labels(plan.message.platform, plan.reason).inc()
+            await self.outputs.session_command(self.user_turn(plan.bot, plan.message, window))
+        await self.outputs.delivered()
+
+    async def _over_budget(self, plan: _Plan, refusal: Refusal) -> None:
+        """A usage budget is spent: no turn; the sender hears so once per window (not per message)."""
+        assert plan.bot is not None
+        message = plan.message
+        metrics.child(metrics.BUDGET_REFUSED, message.platform, message.bot_id, refusal.spent.scope).inc()
+        self.outputs.begin()
+        if await self.budgets.first_notice(refusal):
+            log.info(
+                "ingest: the %s budget (%s) of %s is spent; a notice to the sender",
+                refusal.spent.scope,
+                refusal.spent.kind,
+                message.conversation_key,
+            )
+            kind, params = refusal.notice(plan.bot, message)
+            await self.outputs.outbound(self._notice(plan.bot, message, kind, **params))
+        await self.outputs.delivered()
+        await self.state.markers.set_marker("in", plan.dedup_id, message.conversation_key)
+
     def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
         inbound_ids = [message.message_id]
         event = {
@@ -449,6 +541,10 @@ class IngestStage:
             return
         if command.name == "stop":
             await self.outputs.session_command(self._control(message, "interrupt", []))
+            return
+        if command.name in ("usage", "grant"):
+            kind, params = await self.budgets.command(bot, message, command)
+            await self.outputs.outbound(self._notice(bot, message, kind, **params))
             return
         # /allow, /deny: answer the pending tool confirmations, if this sender may.
         state = await self.state.conversations.conversation(conversation)

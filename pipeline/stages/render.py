@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pipeline import metrics
 from pipeline.controls.moderation import moderate_reply
+from pipeline.controls.usage import UsageBudgets
 from pipeline.records import (
     OutboundKind,
     OutboundMessage,
@@ -44,9 +45,10 @@ from pipeline.session.models import (
     SessionError,
     SessionStatusIdle,
     SessionStatusTerminated,
+    SessionUsage,
 )
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import ConversationState, PendingAction, State
+from pipeline.state import ConversationState, PendingAction, State, TurnRecord
 
 from ._ids import stable_id
 from .deadlines import ReplyDeadlines
@@ -61,7 +63,7 @@ Work = Callable[[], Awaitable[None]]
 _TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
 _TURN_EVENTS = frozenset({"session.status_idle", "session.status_terminated", "session.deleted"})
 # Event types whose handling reads or writes the conversation's state (ordered per conversation).
-_STATEFUL = frozenset({"agent.message", *_TOOL_CALLS, *_TURN_EVENTS})
+_STATEFUL = frozenset({"agent.message", "session.usage", *_TOOL_CALLS, *_TURN_EVENTS})
 
 
 def message_text(event: AgentMessage) -> str:
@@ -134,6 +136,7 @@ class RenderStage:
         deadlines: ReplyDeadlines | None = None,
     ) -> None:
         self.deadlines = deadlines
+        self.budgets = UsageBudgets(state.redis, state.keys)
         self.settings = settings
         self.state = state
         self.outputs = outputs
@@ -176,15 +179,22 @@ class RenderStage:
 
     async def _handle_group(self, group: list[tuple[SessionEventRecord, int]]) -> None:
         last: tuple[str, str | None] | None = None  # an agent.message not yet written
+        usage: SessionEventRecord | None = None  # a session.usage not yet accounted
         for position, (record, partition) in enumerate(group):
             self.outputs.begin()  # turn-end markers wait for what this record produced (see Outputs)
             event = record.event
-            if isinstance(event, AgentMessage):
-                last = (message_text(event), event.id)
+            if isinstance(event, AgentMessage | SessionUsage):
+                if isinstance(event, AgentMessage):
+                    last = (message_text(event), event.id)
+                else:
+                    usage = record  # accounted with its idle: the turn it ends says whose it is
                 if position == len(group) - 1:  # its turn's end is not in this batch: keep it
-                    await self.state.conversations.update_conversation(
-                        record.conversation_key, last_message=last[0], last_message_id=last[1]
-                    )
+                    if last is not None:
+                        await self.state.conversations.update_conversation(
+                            record.conversation_key, last_message=last[0], last_message_id=last[1]
+                        )
+                    if usage is not None:
+                        await self._account(usage, None)
                 continue
             if last is not None and isinstance(event, ToolCall):
                 await self.state.conversations.update_conversation(
@@ -193,11 +203,16 @@ class RenderStage:
             if isinstance(event, ToolCall):
                 await self._tool_call(record, event)
             else:
-                await self._turn_end_event(record, partition, last)
+                await self._turn_end_event(record, partition, last, usage)
             last = None
+            usage = None
 
     async def _turn_end_event(
-        self, record: SessionEventRecord, partition: int, last: tuple[str, str | None] | None
+        self,
+        record: SessionEventRecord,
+        partition: int,
+        last: tuple[str, str | None] | None,
+        usage: SessionEventRecord | None = None,
     ) -> None:
         conversation = record.conversation_key
         idle = isinstance(record.event, SessionStatusIdle)
@@ -206,6 +221,10 @@ class RenderStage:
         # turn has replaced "the current turn" in the state meanwhile.
         ends_turn = idle and _stop_reason(record) != "requires_action"
         end = await self.state.conversations.bind_turn_end(conversation, record.event.id, bind=ends_turn)
+        if usage is not None:
+            # Before the reply goes out, so the next message already sees the budget it spent. A
+            # replay (handled before or not) accounts nothing twice: see `UsageBudgets.account`.
+            await self._account(usage, end.turn or end.state.turn)
         if record.event.id and end.handled is not None:
             # Handled before. A flush may still be owed (a crash after the end was written): its
             # repeat is harmless.
@@ -574,6 +593,24 @@ class RenderStage:
             hops=hops,
             notes=notes or [],
         )
+
+    async def _account(self, record: SessionEventRecord, turn: TurnRecord | None) -> None:
+        """A turn's `session.usage` into the usage budgets of its bot, chat and starter. Without the
+        turn (its idle comes in a later batch) the conversation's current turn is taken."""
+        if not isinstance(record.event, SessionUsage):
+            return
+        if turn is None:
+            turn = (await self.state.conversations.conversation(record.conversation_key)).turn
+        try:
+            ref = parse_conversation_key(record.conversation_key)
+        except ValueError:
+            return
+        bot = self.settings.bot(ref.platform, ref.bot_id)
+        if bot is None:
+            return
+        chat_id = turn.chat_id if turn is not None else ref.chat_id
+        starter = turn.starter_id if turn is not None else ref.user_id
+        await self.budgets.account(bot, record.session_id, record.event.usage, chat_id, starter)
 
     def _bot(self, conversation: str, state: ConversationState) -> BotConfig | None:
         if state.turn is not None:

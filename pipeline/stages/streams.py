@@ -28,6 +28,7 @@ from pipeline.session.models import (
     SessionErrorDetail,
     SessionStatusIdle,
     SessionStatusTerminated,
+    SessionUsage,
     UnknownEvent,
     UnknownStopReason,
     UnparsedEvent,
@@ -43,9 +44,9 @@ log = logging.getLogger(__name__)
 # After these a stream is released: the turn is over (or waits on the chat), or the session is gone.
 _TERMINAL = frozenset({"session.status_terminated", "session.deleted"})
 _TURN_END = frozenset({"session.status_idle", *_TERMINAL})
-# What render acts on (`ForwardedEvent`); the rest of a turn's events (status, spans, usage,
-# thinking, tool results, thread events, the user's own events) stay out of Kafka: ten records per
-# turn become two.
+# What render acts on (`ForwardedEvent`); the rest of a turn's events (status, spans, thinking, tool
+# results, thread events, the user's own events) stay out of Kafka: ten records per turn become
+# three (the reply, the usage and the idle, in one produce).
 FORWARDED = FORWARDED_EVENT_TYPES
 
 
@@ -241,7 +242,8 @@ class StreamRegistry:
                     observe_unforwarded(event)
                     continue
                 metrics.STREAM_EVENTS.labels(event.type).inc()
-                if isinstance(forwarded, AgentMessage):
+                if isinstance(forwarded, AgentMessage | SessionUsage):
+                    # The usage comes just before its idle (P9): both go in one produce too.
                     messages.append(forwarded)
                     continue
                 terminal = event.type in _TERMINAL

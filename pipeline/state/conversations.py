@@ -13,6 +13,8 @@ import json
 from collections.abc import Awaitable, Sequence
 from typing import Any, Literal, TypeVar
 
+from redis.exceptions import NoScriptError
+
 from . import scripts
 from ._codec import conversation_state, hash_fields, text, window
 from .client import RedisClient
@@ -126,41 +128,79 @@ class ConversationStore:
         flush, in the same step: the console's status notes cost no round trip of their own.
         `new_session`, after a `no_session` decision: the session just created, mapped to the
         conversation in the same step unless one is mapped already (which then carries the turn)."""
+        keys, args = self._begin_turn_call(
+            conversation,
+            partition,
+            turn_id=turn_id,
+            mode=mode,
+            turn=turn,
+            command_json=command_json,
+            trace_id=trace_id,
+            inbound_markers=inbound_markers,
+            note=note,
+            new_session=new_session,
+        )
+        raw = await self._indexed(self.redis.run_script(_BEGIN_TURN, keys, args), partition, conversation)
+        return _turn_start(raw)
+
+    async def begin_turns(self, conversation: str, partition: int, calls: Sequence[dict[str, Any]]) -> list[TurnStart]:
+        """Several `begin_turn`s of one conversation (each call's keyword arguments), decided in
+        order, each in one step as `begin_turn` does, in one round trip: a chat's messages that
+        arrive together while its session is busy are held for the price of one call. On a cluster
+        (the calls' keys are hash-tagged to the conversation's slot, but the index is not) they go
+        one after another."""
+        if self.keys.cluster:
+            return [await self.begin_turn(conversation, partition, **call) for call in calls]
+        commands: list[tuple[Any, ...]] = []
+        for call in calls:
+            keys, args = self._begin_turn_call(conversation, partition, **call)
+            commands.append(("EVALSHA", _BEGIN_TURN.sha, len(keys), *keys, *args))
+        try:
+            replies = await self.redis.pipeline(commands)
+        except NoScriptError:  # Redis lost its scripts (a restart): the first call loads it again
+            first = await self.begin_turn(conversation, partition, **calls[0])
+            return [first, *await self.begin_turns(conversation, partition, calls[1:])] if calls[1:] else [first]
+        return [_turn_start(raw) for raw in replies]
+
+    def _begin_turn_call(
+        self,
+        conversation: str,
+        partition: int,
+        *,
+        turn_id: str,
+        mode: TurnMode,
+        turn: TurnRecord,
+        command_json: str | None,
+        trace_id: str,
+        inbound_markers: Sequence[str] = (),
+        note: tuple[str, str] | None = None,
+        new_session: str | None = None,
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of `scripts/begin_turn.lua` for one turn."""
         k = self.keys
-        turn_json = turn.model_dump_json()
         stream = InflightStream(session_id="", conversation_key=conversation, trace_id=trace_id)
-        script = self.redis.run_script(
-            _BEGIN_TURN,
-            [
-                k.conversation(conversation),
-                k.held(conversation),
-                k.turns(conversation),
-                k.turn(turn_id, conversation),
-                k.inflight(partition, conversation),
-                k.marker("sent", turn_id, conversation),
-                k.session_of(conversation),
-                *(k.marker("in", m, conversation) for m in inbound_markers),
-            ],
-            [
-                turn_id,
-                f"{turn_id}\n{command_json}" if command_json is not None else "",
-                mode,
-                turn_json,
-                inflight_entry(stream),
-                self.mapping_ttl,
-                self.dedup_ttl,
-                *(note or ("", "")),
-                new_session or "",
-            ],
-        )
-        raw = await self._indexed(script, partition, conversation)
-        decision, session_id, cursor, interrupt = (text(v) or "" for v in raw)
-        return TurnStart(
-            decision=decision,  # type: ignore[arg-type]
-            session_id=session_id or None,
-            cursor=cursor.partition("|")[2] if cursor.partition("|")[0] == session_id and session_id else None,
-            interrupt=interrupt == "1",
-        )
+        keys = [
+            k.conversation(conversation),
+            k.held(conversation),
+            k.turns(conversation),
+            k.turn(turn_id, conversation),
+            k.inflight(partition, conversation),
+            k.marker("sent", turn_id, conversation),
+            k.session_of(conversation),
+            *(k.marker("in", m, conversation) for m in inbound_markers),
+        ]
+        args = [
+            turn_id,
+            f"{turn_id}\n{command_json}" if command_json is not None else "",
+            mode,
+            turn.model_dump_json(),
+            inflight_entry(stream),
+            self.mapping_ttl,
+            self.dedup_ttl,
+            *(note or ("", "")),
+            new_session or "",
+        ]
+        return keys, args
 
     async def drop_turn(self, conversation: str, turn_id: str) -> int:
         """Forget a turn whose send failed; returns how many turns remain."""
@@ -278,3 +318,13 @@ class ConversationStore:
 def inflight_entry(stream: InflightStream) -> str:
     """A stream's in-flight entry: its routing (the cursor is read from the conversation)."""
     return json.dumps({"conversation_key": stream.conversation_key, "trace_id": stream.trace_id})
+
+
+def _turn_start(raw: Any) -> TurnStart:
+    decision, session_id, cursor, interrupt = (text(v) or "" for v in raw)
+    return TurnStart(
+        decision=decision,  # type: ignore[arg-type]
+        session_id=session_id or None,
+        cursor=cursor.partition("|")[2] if cursor.partition("|")[0] == session_id and session_id else None,
+        interrupt=interrupt == "1",
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiohttp import web
@@ -22,6 +23,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from pipeline import metrics
+from pipeline.controls.budget_store import BudgetStore, bot_scope
+from pipeline.controls.budgets import SCOPES, Totals, window_at
 from pipeline.platforms.console import bearer_ok
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import message_seq
@@ -39,6 +42,7 @@ def add_console_routes(app: web.Application, static: Path) -> None:
     app.router.add_get("/console/api/config", console_config)
     app.router.add_get("/console/api/messages", console_messages)
     app.router.add_get("/console/api/stream", console_stream)
+    app.router.add_get("/console/api/usage", console_usage)
     app.router.add_get("/console", redirect_to_console)
     app.router.add_get("/console/", console_page)
     app.router.add_static("/console/static/", static)
@@ -145,6 +149,41 @@ async def console_messages(request: web.Request) -> web.Response:
         content_type="application/json",
         headers={"Cache-Control": "no-store"},
     )
+
+
+async def console_usage(request: web.Request) -> web.Response:
+    """The usage budgets' totals of the chat, of `user_id` (optional) and of the bot in the current
+    window, with their limits (None: no limit) and grants: the line above a console chat."""
+    bot = _authorized_bot(request)
+    chat_id = _chat_id(request)
+    user_id = request.query.get("user_id", "")
+    if len(user_id) > MAX_CHAT_ID:
+        raise _reject(400, "bad_request", f"user_id is longer than {MAX_CHAT_ID} characters")
+    console = _console(request)
+    store = BudgetStore(console.store.redis, console.store.keys)
+    window = window_at(bot.budgets, datetime.now(UTC))
+    idents = {"chat": chat_id, "user": user_id, "bot": ""}
+    scopes = [scope for scope in SCOPES if idents[scope] or scope == "bot"]
+    ref = bot_scope(bot.platform, bot.bot_id)
+    try:
+        totals = await store.totals([store.totals_key(ref, window, scope, idents[scope]) for scope in scopes])
+    except RedisError as exc:
+        raise _reject(503, "unavailable", f"Redis: {type(exc).__name__}") from None
+
+    def shown(scope: str, total: Totals) -> dict[str, object]:
+        limit = bot.budgets.limit(scope)  # type: ignore[arg-type]  # one of SCOPES
+        return {
+            "tokens": total.tokens,
+            "active_seconds": total.active_ms / 1000,
+            "granted_tokens": total.granted_tokens,
+            "granted_seconds": total.granted_ms / 1000,
+            "limit_tokens": limit.tokens if limit else None,
+            "limit_seconds": limit.active_seconds if limit else None,
+        }
+
+    body: dict[str, object] = {"window": window.label, "timezone": bot.budgets.timezone}
+    body.update({scope: shown(scope, total) for scope, total in zip(scopes, totals, strict=True)})
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def console_stream(request: web.Request) -> web.StreamResponse:

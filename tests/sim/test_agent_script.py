@@ -15,7 +15,7 @@ from pipeline.session import (
     UserInterrupt,
     UserToolConfirmation,
 )
-from pipeline.session.models import AgentCustomToolUse, AgentToolUse, RequiresAction, SessionError
+from pipeline.session.models import AgentCustomToolUse, AgentToolUse, RequiresAction, SessionError, SessionUsage
 from pipeline.sim import SimServer
 from pipeline.sim.agent import _answer_text
 
@@ -203,3 +203,15 @@ async def test_progress_directive(sim: SimServer, ark: SessionClient) -> None:
 )
 def test_a_denial_without_a_reason_has_no_dangling_colon(answer: dict[str, str], text: str) -> None:
     assert _answer_text("confirm", answer) == text
+
+
+async def test_usage_directive_reports_the_chosen_token_counts(sim: SimServer, ark: SessionClient) -> None:
+    sid = await sim.create_session()
+    first = await turn(ark, sid, "count [sim:usage=input:1200,output:300,active:30]")
+    usage = [e for e in first if isinstance(e, SessionUsage)][-1].usage
+    assert (usage.input_tokens, usage.output_tokens) == (1200, 300)
+    assert usage.active_seconds >= 30
+    second = await turn(ark, sid, "more [sim:usage=input:5,output:bad,cache_read:7]")
+    usage = [e for e in second if isinstance(e, SessionUsage)][-1].usage
+    # Cumulative per session (P9): the second turn adds 5 input tokens, its default output count and 7 cached.
+    assert usage.input_tokens == 1205 and usage.output_tokens > 300 and usage.cache_read_input_tokens == 7

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from prometheus_client import REGISTRY
 
-from pipeline.records import SessionCommand, now_ms
+from pipeline.records import Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -158,3 +158,22 @@ async def test_a_message_arriving_before_the_owed_flush_goes_behind_the_held_one
             await stage.streams.close()
             await client.aclose()
             await state.redis.aclose()
+
+
+async def test_a_chats_messages_in_a_row_are_held_in_two_round_trips(redis_url: str, redis_prefix: str) -> None:
+    """A flooding chat's batch: the first message as usual, the rest decided in one round trip, in
+    order; a replay of the batch holds nothing twice."""
+    async with busy_dispatch(redis_url, redis_prefix) as (stage, state, _):
+        batch = [command(f"m-{i}") for i in range(5)]
+        works = await stage.admit(batch, [Position("session.input", 0, i) for i in range(5)])
+        assert [w is None for w in works] == [False, True, True, True, True]
+        before = round_trips()
+        first = works[0]
+        assert first is not None
+        await first()
+        assert round_trips() - before == 2
+        held = await state.conversations.peek_held(CONVERSATION)
+        assert [turn_id for turn_id, _ in held] == [turn_message_id(c) for c in batch]
+        await first()  # the batch replayed
+        assert len(await state.conversations.peek_held(CONVERSATION)) == 5
+        assert (await state.conversations.conversation(CONVERSATION)).held == 5

@@ -1,4 +1,4 @@
-"""The session stream forwards what render acts on, typed, and nothing else."""
+"""The session stream forwards what render acts on (and the usage budgets count), typed, and nothing else."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ def test_render_gets_messages_tool_calls_errors_and_turn_ends_only() -> None:
         "session.status_idle",
         "session.status_terminated",
         "session.deleted",
+        "session.usage",
     }
     for kept_out in (
         {"type": "session.status_running"},
         {"type": "span.model_request_start"},
         {"type": "agent.thinking", "content": []},
-        {"type": "session.usage", "usage": {}},
         {"type": "user.message", "content": [{"type": "text", "text": "hi"}]},
         {"type": "session.thread_status_idle", "session_thread_id": "sthr-1"},
         {"type": "no.such_event"},

@@ -286,3 +286,28 @@ async def test_chatter_whose_shared_call_failed_is_admitted_alone_on_retry(redis
     else:
         raise AssertionError("the shared call's failure reached no work")
     assert [e.message_id for e in await ingest.state.conversations.context("console:demo:g", 5)] == ["m1"]
+
+
+async def test_a_chats_turns_in_a_row_produce_in_one_work_in_order(redis_url: str, redis_prefix: str) -> None:
+    """A flooding chat's triggering messages of one batch wait for the broker once, together; a
+    command of the chat ends the run, so the order of its records is kept."""
+    ingest, recorder = stage(redis_url, redis_prefix)
+    batch = [
+        msg(1, "@bot a", mentions_bot=True),
+        msg(2, "@bot b", mentions_bot=True),
+        msg(3, "@bot other chat", chat="h", mentions_bot=True),
+        msg(4, "/stop"),
+        msg(5, "@bot c", mentions_bot=True),
+        msg(6, "@bot d", mentions_bot=True),
+    ]
+    works = await ingest.admit(batch)
+    assert [w is None for w in works] == [False, True, False, False, False, True]
+    assert await run(ingest, recorder, batch) == [True, False, True, True, True, False]
+    produced = recorder.turns()
+    assert [(t.kind, t.inbound_ids) for t in produced if t.chat_id == "g"] == [
+        ("user_turn", ["m1"]),
+        ("user_turn", ["m2"]),
+        ("interrupt", ["m4"]),
+        ("user_turn", ["m5"]),
+        ("user_turn", ["m6"]),
+    ]

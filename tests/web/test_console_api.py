@@ -9,13 +9,16 @@ import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
+from pipeline.controls.budgets import Grant, window_at
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand
+from pipeline.session.models import UsageSnapshot
 from pipeline.state import ConsoleStore, PendingAction, TurnRecord, close_redis_py, redis_py_client
 from pipeline.topics import IM_INBOUND, SESSION_INPUT, outbound_topic
 from pipeline.web._hub import VIEWER_QUEUE
@@ -417,3 +420,31 @@ async def test_a_live_viewer_that_stops_reading_is_ended(start_worker: StartWork
     await wait_until(lambda: hub.viewers == 0, "the slow viewer ended")
     assert sample("switchboard_console_streams_ended_total", reason="slow") - before == 1
     writer.close()
+
+
+async def test_usage_shows_the_chats_the_senders_and_the_bots_totals_with_the_token(start_worker: StartWorker) -> None:
+    bot = console_bot(budgets={"per_chat": {"tokens": 1000}, "timezone": "Asia/Tokyo"})
+    worker = await start_worker(bots=[bot])
+    render = worker.runtime.render
+    await render.budgets.account(bot, "sesn-1", UsageSnapshot(input_tokens=700, active_seconds=2.5), "c1", "u1")
+    await render.budgets.store.grant(
+        "console:locked", window_at(bot.budgets, datetime.now(UTC)), "chat", "c1", Grant(300, "tokens", None)
+    )
+    query = {"chat_id": "c1", "bot_id": "locked", "user_id": "u1"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{worker.url}/console/api/usage", params=query) as r:
+            assert r.status == 401
+        async with http.get(f"{worker.url}/console/api/usage", params=query, headers=AUTH) as r:
+            assert r.status == 200
+            body = await r.json()
+    assert body["timezone"] == "Asia/Tokyo"
+    assert body["chat"] == {
+        "tokens": 700,
+        "active_seconds": 2.5,
+        "granted_tokens": 300,
+        "granted_seconds": 0,
+        "limit_tokens": 1000,
+        "limit_seconds": None,
+    }
+    assert (body["user"]["tokens"], body["user"]["limit_tokens"]) == (700, None)
+    assert body["bot"]["tokens"] == 700

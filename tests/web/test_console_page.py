@@ -59,6 +59,27 @@ BOT = {
 }
 TOKEN = "page-test-token"
 CHAT = "team"
+# What `/console/api/usage` answers (the usage budgets' totals in the window).
+USAGE = {
+    "window": "2026-12-06",
+    "timezone": "UTC",
+    "chat": {
+        "tokens": 1200,
+        "active_seconds": 3.2,
+        "granted_tokens": 500,
+        "granted_seconds": 0,
+        "limit_tokens": 1000,
+        "limit_seconds": None,
+    },
+    "bot": {
+        "tokens": 5000,
+        "active_seconds": 40.0,
+        "granted_tokens": 0,
+        "granted_seconds": 0,
+        "limit_tokens": None,
+        "limit_seconds": None,
+    },
+}
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -305,6 +326,7 @@ class FakeConsole:
         app.router.add_static("/console/static/", STATIC)
         app.router.add_get("/console/api/config", self._json({"bots": [BOT]}))
         app.router.add_get("/console/api/messages", self.messages)
+        app.router.add_get("/console/api/usage", self._json(USAGE))
         app.router.add_get("/console/api/stream", self.stream)
         app.router.add_post("/webhooks/console/{bot_id}", self.webhook)
         app.router.add_get("/fake/pic.png", self._bytes(PNG, "image/png"))
@@ -515,6 +537,10 @@ async def test_console_page() -> None:
         # Every canned bot message is there (SSE connected after the initial load).
         await page.wait_for_selector('.msg[data-id="out-6"]')
         await page.wait_for_selector("[data-testid=conn][data-state=live]")
+        # The usage budgets' line: the chat against its limit (with the grant), the bot's total.
+        await page.wait_for_selector("[data-testid=usage-line]:has-text('usage 2026-12-06')")
+        usage_line = await page.get_by_test_id("usage-line").text_content() or ""
+        assert "chat 1200/1500 tok, 3 s" in usage_line and "bot 5000 tok, 40 s" in usage_line
 
         # Mention the bot and Carol, send.
         await page.get_by_test_id("mention-bot").click()

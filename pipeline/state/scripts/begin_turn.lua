@@ -43,10 +43,14 @@ if mode ~= 'flush' and mode ~= 'resume' and #KEYS >= 8 then
 end
 local busy = status and status ~= 'idle' and session
 if busy and mode == 'flush' then return {'busy', session, cursor, '0'} end
--- Keep this turn for later: once (a replay finds it held), and only with its command.
+-- Keep this turn for later: once (a replay finds it held), and only with its command. A turn that
+-- carries inbound markers was marked when it was held, so a replay of it returned 'done' above:
+-- only a turn without any is looked for in the list. (Reading the whole list on every hold cost a
+-- chat's flood O(held) each, all of it inside Redis, which stalled every other chat's calls.)
 local function hold(decision)
   local prefix = turn_id .. '\n'
-  for _, item in ipairs(redis.call('LRANGE', held, 0, -1)) do
+  local items = #KEYS >= 8 and {} or redis.call('LRANGE', held, 0, -1)
+  for _, item in ipairs(items) do
     if string.sub(item, 1, #prefix) == prefix then
       mark_inbound()
       return {decision, session or '', cursor, '0'}

@@ -24,6 +24,7 @@
   const API = {
     config: "api/config",
     messages: (bot, chat) => `api/messages?chat_id=${enc(chat)}&bot_id=${enc(bot)}`,
+    usage: (bot, chat, user) => `api/usage?chat_id=${enc(chat)}&bot_id=${enc(bot)}&user_id=${enc(user || "")}`,
     stream: (bot, chat, after) => `api/stream?chat_id=${enc(chat)}&bot_id=${enc(bot)}&after=${after}`,
     webhook: (bot) => `../webhooks/console/${enc(bot)}`,
   };
@@ -1172,6 +1173,7 @@
       learnSkew(key, msg);
     }
     noteSeen(key);
+    if (added && key === state.chatKey) refreshUsage(key);
     if (added && key === state.chatKey) renderMessages();
     else if (added) {
       chatRt.unread += added;
@@ -1804,7 +1806,30 @@
       sub.append(h("span", { class: `type-badge ${chat.type}`, text: chat.type }), h("span", { text: ` ${chat.id}` }),
         h("span", { class: "muted", text: ` · ${chat.botId}` }));
     }
+    if (chat) sub.append(h("span", { class: "muted usage-line", "data-testid": "usage-line", text: usageLine(state.chatKey) }));
     document.title = chat ? `${chat.name || chat.id} · Switchboard console` : "Switchboard console";
+  }
+
+  // Usage budgets: the chat's, the sender's and the bot's totals in the current window (one line).
+  const usageByChat = new Map();
+  function usageLine(key) {
+    const u = usageByChat.get(key);
+    if (!u) return "";
+    const part = (label, s) => {
+      if (!s) return null;
+      const cap = s.limit_tokens != null ? `/${s.limit_tokens + (s.granted_tokens || 0)}` : "";
+      return `${label} ${s.tokens}${cap} tok, ${Math.round(s.active_seconds)} s`;
+    };
+    const parts = [part("chat", u.chat), part("you", u.user), part("bot", u.bot)].filter(Boolean);
+    return ` · usage ${u.window}: ${parts.join(" · ")}`;
+  }
+  async function refreshUsage(key) {
+    const [botId, chatId] = key.split("\u241f");
+    try {
+      const body = await fetchJson(API.usage(botId, chatId, state.userId), { headers: authHeaders() });
+      usageByChat.set(key, body);
+      if (key === state.chatKey) renderHeader();
+    } catch (_) { /* usage is a nicety: the chat works without it */ }
   }
 
   function renderAll() {
