@@ -32,10 +32,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from pipeline.controls.budgets import Budgets
 from pipeline.controls.limits import LimitsConfig
 from pipeline.controls.moderation import ModerationConfig
 from pipeline.controls.overload import OverloadConfig
-from pipeline.controls.budgets import Budgets
 from pipeline.errors import ConfigurationError
 
 BusyPolicy = Literal["merge", "queue", "interrupt"]

@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --soak: seconds of the soak before the targets are judged (its windows are reported, not judged)",
     )
+    p.add_argument(
         "--flood",
         action="store_true",
         help="fairness: the normal load alone, then beside one chat flooding triggering messages (only that)",

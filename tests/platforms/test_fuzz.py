@@ -156,6 +156,8 @@ FIXTURES: dict[str, tuple[BotConfig, list[dict[str, Any]]]] = {
                 [test_satori.Quote("q1")(test_satori.Author("1")), test_satori.At(test_satori.BOT)], group=True
             ),
             test_satori.message_event([test_satori.Image("https://x/a.png")], group=False),
+        ],
+    ),
     "matrix": (
         test_matrix.bot_config(),
         [
