@@ -99,6 +99,9 @@ async def test_a_chat_over_its_token_budget_gets_the_notice_after_the_turn_that_
     assert sum(1 for e in events if e["type"] == "user.message") == 2  # no turn after the crossing
     # An admin grants more: the chat's turns start again.
     await console.send(chat, "/grant 1k", user_id="boss")
+    # The grant takes effect once it is confirmed: a message in the same ingest batch as the
+    # command is checked against the budget before the command runs (docs/controls.md).
+    await console.wait_for(chat, 4)
     await console.send(chat, "five")
     got = texts(await console.wait_for(chat, 5))
     assert got[3].startswith("Granted 1000 tokens more to this chat") and got[4] == "echo: five"
