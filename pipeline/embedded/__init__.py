@@ -11,7 +11,7 @@
 Each is usable as ``await svc.start()`` / ``await svc.stop()``, ``async with svc:`` or ``with svc:``.
 """
 
-from pipeline.embedded._process import ManagedProcess, free_port, port_open, run_sync
+from pipeline.embedded._process import ManagedProcess, free_port, free_ports, port_open, run_sync
 from pipeline.embedded.apache_kafka import (
     DEFAULT_KAFKA_VERSION,
     ApacheKafka,
@@ -51,6 +51,7 @@ __all__ = [
     "TansuBroker",
     "ensure_kafka_jars",
     "free_port",
+    "free_ports",
     "kafka_jars_cached",
     "kafka_unavailable",
     "port_open",

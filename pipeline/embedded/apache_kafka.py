@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.embedded._kafka_probe import kafka_ready
-from pipeline.embedded._process import ManagedProcess, free_port
+from pipeline.embedded._process import ManagedProcess, free_ports
 from pipeline.embedded.exceptions import BinaryNotFoundError, ServiceStartError
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
@@ -210,8 +210,12 @@ class ApacheKafka(ManagedProcess):
         self.version = version
         self.host = host
         self._port_is_ours = port is None and controller_port is None
-        self.port = port if port is not None else free_port(host)
-        self.controller_port = controller_port if controller_port is not None else free_port(host)
+        # Two ports chosen together, so never the same one (the broker refuses two listeners on one).
+        broker_port, broker_controller_port = free_ports(2, host)
+        self.port = port if port is not None else broker_port
+        self.controller_port = controller_port if controller_port is not None else broker_controller_port
+        if self.controller_port == self.port:
+            self.controller_port = next(p for p in free_ports(2, host) if p != self.port)
         self.heap = heap
         self.auto_create_topics = auto_create_topics
         self.extra_properties = dict(extra_properties or {})
@@ -231,8 +235,7 @@ class ApacheKafka(ManagedProcess):
         return self.run_dir / "data"
 
     def _pick_new_port(self) -> None:
-        self.port = free_port(self.host)
-        self.controller_port = free_port(self.host)
+        self.port, self.controller_port = free_ports(2, self.host)
 
     def _ports(self) -> list[tuple[str, int]]:
         return [(self.host, self.port), (self.host, self.controller_port)]

@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Self
 
 from pipeline.embedded._kafka_probe import brokers_listed_by_each_node
-from pipeline.embedded._process import free_port
+from pipeline.embedded._process import free_ports
 from pipeline.embedded.apache_kafka import DEFAULT_KAFKA_VERSION, ApacheKafka, random_cluster_id
 from pipeline.embedded.exceptions import ServiceStartError
 from pipeline.kafka.admin import admin_client
@@ -70,7 +70,8 @@ class KafkaCluster:
         self._owns_run_dir = run_dir is None
         self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="switchboard-kafkas-"))
         self.cluster_id = random_cluster_id()
-        ports = {i: (free_port(host), free_port(host)) for i in range(1, nodes + 1)}
+        chosen = iter(free_ports(2 * nodes, host))  # all distinct
+        ports = {i: (next(chosen), next(chosen)) for i in range(1, nodes + 1)}
         voters = ",".join(f"{i}@{host}:{controller}" for i, (_, controller) in ports.items())
         self.nodes: dict[int, ApacheKafka] = {}
         for i, (port, controller) in ports.items():

@@ -15,6 +15,7 @@ from pipeline.embedded import (
     ServiceStartError,
     TansuBroker,
     free_port,
+    free_ports,
     port_open,
 )
 
@@ -138,3 +139,13 @@ async def test_exit_code_of_a_dead_service() -> None:
         await svc.start()
     assert svc.exit_code == 3
     svc.cleanup()
+
+
+def test_ports_chosen_together_are_distinct() -> None:
+    """Apache Kafka's broker and controller ports: two `free_port` calls in a row once returned the
+    same port, and the broker refused to start (two listeners on one port)."""
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports:  # and each was free: it can be bound now
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
