@@ -29,7 +29,7 @@ import httpx
 from pipeline.bench.chaos_kafka import LagWatch, lag_recovery, run_broker_faults
 from pipeline.bench.chaos_onebot import BOT_ID as ONEBOT_BOT_ID
 from pipeline.bench.chaos_onebot import BOT_TOML as ONEBOT_BOT_TOML
-from pipeline.bench.chaos_onebot import OneBotLane, dead_lettered_outcome_unknown
+from pipeline.bench.chaos_onebot import OneBotLane, dead_lettered_by_the_session_api, dead_lettered_outcome_unknown
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, read_deliveries
 from pipeline.bench.measure import wait_idle
 from pipeline.bench.runner import BenchStack, log, start_stack
@@ -589,13 +589,16 @@ async def _under_faults(
     )
     if lane is not None:
         unknown: set[int] = set()
+        noticed: set[int] = set()
         try:
             unknown = await dead_lettered_outcome_unknown(bs.bootstrap)
+            noticed = await dead_lettered_by_the_session_api(bs.bootstrap)
         except Exception as exc:  # the report says so; the messages count as lost
             log(f"chaos onebot ws: the dead-letter topic could not be read: {exc!r}")
-        ob = result["onebot_ws"] = lane.account(late_after=cfg.late_after, outcome_unknown=unknown)
+        ob = result["onebot_ws"] = lane.account(late_after=cfg.late_after, outcome_unknown=unknown, noticed=noticed)
         log(
-            f"chaos onebot ws: {ob['written_to_a_socket']} written, {ob['answered']} answered; lost {ob['lost']} "
+            f"chaos onebot ws: {ob['written_to_a_socket']} written, {ob['answered']} answered, "
+            f"{ob['answered_by_notice']} by a notice (the session API refused them); lost {ob['lost']} "
             f"(in a dead socket {ob['lost_in_dead_socket']}, outcome unknown {ob['outcome_unknown']}) "
             f"duplicated {ob['duplicated']} late {ob['late']}; {ob['sockets']} sockets"
         )

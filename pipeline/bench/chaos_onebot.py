@@ -122,7 +122,9 @@ class OneBotLane:
     def replies_received(self) -> int:
         return len(self.peer.replies())
 
-    def account(self, *, late_after: float = 30.0, outcome_unknown: set[int] | None = None) -> dict[str, Any]:
+    def account(
+        self, *, late_after: float = 30.0, outcome_unknown: set[int] | None = None, noticed: set[int] | None = None
+    ) -> dict[str, Any]:
         return account_onebot(
             self.sent,
             self.written(),
@@ -130,12 +132,25 @@ class OneBotLane:
             self.peer.sockets,
             late_after=late_after,
             outcome_unknown=outcome_unknown,
+            noticed=noticed,
         )
 
 
 async def dead_lettered_outcome_unknown(bootstrap: str, topic: str = DEADLETTER) -> set[int]:
     """Message numbers whose reply egress dead-lettered `outcome_unknown` (the dead-letter topic,
     read from the beginning to its end)."""
+    return await dead_lettered_numbers(bootstrap, "egress", "outcome_unknown", topic)
+
+
+async def dead_lettered_by_the_session_api(bootstrap: str, topic: str = DEADLETTER) -> set[int]:
+    """Message numbers whose turn the session API refused after the client's retries (the chaos
+    run's injected 429s and 500s): dispatch dead-letters the command `session_api_error` and tells
+    the chat with a notice (`overloaded`, `provider_error`) instead of an answer."""
+    return await dead_lettered_numbers(bootstrap, "dispatch", "session_api_error", topic)
+
+
+async def dead_lettered_numbers(bootstrap: str, stage: str, reason: str, topic: str = DEADLETTER) -> set[int]:
+    """Message numbers (`ob<n>`) in the OneBot bot's dead letters of `stage` and `reason`."""
     # Subscribed without a group: every partition is assigned once the topic's metadata is in.
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
@@ -152,7 +167,7 @@ async def dead_lettered_outcome_unknown(bootstrap: str, topic: str = DEADLETTER)
             for records in (await consumer.getmany(timeout_ms=1000)).values():
                 for record in records:
                     letter = DeadLetter.model_validate_json(record.value or b"{}")
-                    if letter.stage == "egress" and letter.reason == "outcome_unknown" and BOT_ID in letter.record:
+                    if letter.stage == stage and letter.reason == reason and BOT_ID in letter.record:
                         found.update(int(n) for n in _TOKEN.findall(letter.record))
     finally:
         await consumer.stop()
@@ -181,16 +196,19 @@ def account_onebot(
     *,
     late_after: float = 30.0,
     outcome_unknown: set[int] | None = None,
+    noticed: set[int] | None = None,
 ) -> dict[str, Any]:
-    """Exactly one answer per message written to an open socket."""
+    """Exactly one answer per message written to an open socket; a message whose turn the session
+    API refused after retries is answered by a notice (`noticed`), not lost."""
     dead_lettered = outcome_unknown or set()
+    told = noticed or set()
     times = _answer_times(replies)
     counts = Counter(n for n, _ in times)
     first_answer: dict[int, float] = {}
     for n, at in times:
         first_answer[n] = min(at, first_answer.get(n, at))
     closed_at = {s.id: s.closed for s in sockets}
-    lost, lost_in_dead_socket, duplicated, late, unknown = [], [], [], [], []
+    lost, lost_in_dead_socket, duplicated, late, unknown, by_notice = [], [], [], [], [], []
     latencies: list[float] = []
     for w in written:
         got = counts.get(w.n, 0)
@@ -205,6 +223,8 @@ def account_onebot(
         closed = closed_at.get(w.socket)
         if w.n in dead_lettered:
             unknown.append(w.n)
+        elif w.n in told:
+            by_notice.append(w.n)
         elif closed is not None and (closed - w.at) * 1000 <= _DEAD_SOCKET_MS:
             lost_in_dead_socket.append(w.n)
         else:
@@ -224,6 +244,8 @@ def account_onebot(
         "lost_in_dead_socket_ids": lost_in_dead_socket[:100],
         "outcome_unknown": len(unknown),
         "outcome_unknown_ids": unknown[:100],
+        "answered_by_notice": len(by_notice),
+        "answered_by_notice_ids": by_notice[:100],
         "duplicated": len(duplicated),
         "duplicated_ids": duplicated[:100],
         "late": len(late),
@@ -246,4 +268,12 @@ def _percentiles(seconds: list[float]) -> dict[str, int]:
     return {"p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1] * 1000)}
 
 
-__all__ = ["BOT_TOML", "OneBotLane", "Written", "account_onebot", "answers", "dead_lettered_outcome_unknown"]
+__all__ = [
+    "BOT_TOML",
+    "OneBotLane",
+    "Written",
+    "account_onebot",
+    "answers",
+    "dead_lettered_by_the_session_api",
+    "dead_lettered_outcome_unknown",
+]

@@ -40,6 +40,16 @@ def test_loss_dead_socket_loss_and_duplicate_are_told_apart() -> None:
     assert acc["lost_ids"] == [3, 4]
 
 
+def test_a_turn_the_session_api_refused_is_answered_by_a_notice_not_lost() -> None:
+    """The chaos run injects 429s and 500s into the session API: a turn still refused after the
+    client's retries gets a notice (`overloaded`, `provider_error`), and dispatch dead-letters it."""
+    sockets = [Socket(1, "universal", "w1", opened=0.0)]
+    written = [Written(1, 1, 1.0), Written(2, 1, 2.0), Written(3, 1, 3.0)]
+    acc = account_onebot(3, written, [_reply(1)], sockets, noticed={2})
+    assert acc["answered_by_notice_ids"] == [2]
+    assert acc["lost_ids"] == [3]  # no notice, no answer: still lost
+
+
 def test_a_slow_answer_is_late_not_lost_and_latency_is_from_the_write_to_the_first_answer() -> None:
     sockets = [Socket(1, "universal", "w1", opened=0.0)]
     written = [Written(1, 1, 1.0), Written(2, 1, 2.0)]
