@@ -310,17 +310,22 @@ async def attach_stack(urls: Sequence[str], pids: Sequence[int]) -> BenchStack:
     return bs
 
 
-class DeliveryCounter:
-    """Counts console deliveries as they are published (one pubsub subscription, no polling)."""
+class LiveTap:
+    """Reads the console's live channel (every console bot's deliveries, one pubsub subscription, no
+    polling) and hands each message's data to `on_message`. A broken connection (Redis restarted, a
+    primary lost) is subscribed again; what it missed meanwhile is lost, and `resubscribed` counts it."""
 
     def __init__(self, bs: BenchStack, bot: str) -> None:
         self.bs = bs
         self.bot = bot
-        self.count = 0
+        self.resubscribed = 0
         self._task: asyncio.Task[None] | None = None
 
+    def on_message(self, data: Any) -> None:
+        raise NotImplementedError
+
     async def start(self) -> None:
-        channel = f"{self.bs.redis_prefix}console-live"  # every console bot's deliveries
+        channel = f"{self.bs.redis_prefix}console-live"
         subscription = await pubsub(self.bs.redis)
         await subscription.subscribe(channel)
 
@@ -330,15 +335,16 @@ class DeliveryCounter:
                 while True:
                     try:
                         msg = await subscription.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    except Exception:  # Redis restarted or a primary lost (chaos): subscribe again
+                    except Exception:  # the connection broke: subscribe again
+                        self.resubscribed += 1
                         await asyncio.sleep(0.5)
                         with contextlib.suppress(Exception):
                             await subscription.aclose()
                             subscription = await pubsub(self.bs.redis)
                             await subscription.subscribe(channel)
                         continue
-                    if msg is not None and _live_bot(msg.get("data")) == self.bot:
-                        self.count += 1
+                    if msg is not None:
+                        self.on_message(msg.get("data"))
             finally:
                 with contextlib.suppress(Exception):
                     await subscription.aclose()
@@ -350,6 +356,18 @@ class DeliveryCounter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+
+
+class DeliveryCounter(LiveTap):
+    """Counts one bot's console deliveries as they are published."""
+
+    def __init__(self, bs: BenchStack, bot: str) -> None:
+        super().__init__(bs, bot)
+        self.count = 0
+
+    def on_message(self, data: Any) -> None:
+        if _live_bot(data) == self.bot:
+            self.count += 1
 
 
 def _live_bot(data: Any) -> str | None:

@@ -31,8 +31,8 @@ import httpx
 from pipeline.bench.load import Delivery, Generator, Plan, Sent, TrafficMix, build_plan, latency_report, parse_delivery
 from pipeline.bench.measure import proc_cpu_seconds, rss_mib
 from pipeline.bench.report import write_json
-from pipeline.bench.runner import BenchStack, attach_stack, log, start_stack, warm_up
-from pipeline.state import LiveMessage, pubsub
+from pipeline.bench.runner import BenchStack, LiveTap, attach_stack, log, start_stack, warm_up
+from pipeline.state import LiveMessage
 
 #: Messages are planned this many seconds at a time (a few ms of the generator's thread each).
 CHUNK_S = 10.0
@@ -263,57 +263,24 @@ class WindowedReplies:
         return self.open.pop(window, [])
 
 
-class ReplyTap:
-    """Reads every console delivery of one bot off the live channel into a `WindowedReplies`."""
+class ReplyTap(LiveTap):
+    """Reads every console delivery of one bot off the live channel into a `WindowedReplies`
+    (`resubscribed`: times the channel's connection broke, so replies may be missing)."""
 
     def __init__(self, bs: BenchStack, bot: str) -> None:
-        self.bs = bs
-        self.bot = bot
+        super().__init__(bs, bot)
         self.replies = WindowedReplies()
         self.last_at = time.monotonic()
-        self.resubscribed = 0  # times the live channel's connection broke (replies may be missing)
-        self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        channel = f"{self.bs.redis_prefix}console-live"
-        subscription = await pubsub(self.bs.redis)
-        await subscription.subscribe(channel)
-
-        async def loop() -> None:
-            nonlocal subscription
-            try:
-                while True:
-                    try:
-                        msg = await subscription.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    except Exception:  # the connection broke: subscribe again (what it missed is lost)
-                        self.resubscribed += 1
-                        await asyncio.sleep(0.5)
-                        with contextlib.suppress(Exception):
-                            await subscription.aclose()
-                            subscription = await pubsub(self.bs.redis)
-                            await subscription.subscribe(channel)
-                        continue
-                    if msg is None:
-                        continue
-                    try:
-                        live = LiveMessage.parse(msg.get("data"))
-                    except (ValueError, TypeError):
-                        continue
-                    if live.bot_id != self.bot or live.seq == 0:  # seq 0: a status note, not a delivery
-                        continue
-                    self.replies.add(parse_delivery(live.chat_id, live.message, keep_text=False))
-                    self.last_at = time.monotonic()
-            finally:
-                with contextlib.suppress(Exception):
-                    await subscription.aclose()
-
-        self._task = asyncio.create_task(loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+    def on_message(self, data: Any) -> None:
+        try:
+            live = LiveMessage.parse(data)
+        except (ValueError, TypeError):
+            return
+        if live.bot_id != self.bot or live.seq == 0:  # seq 0: a status note, not a delivery
+            return
+        self.replies.add(parse_delivery(live.chat_id, live.message, keep_text=False))
+        self.last_at = time.monotonic()
 
 
 # ---------------------------------------------------------------------------- measuring

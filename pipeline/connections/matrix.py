@@ -69,7 +69,7 @@ FIRST_FILTER = {
     "account_data": {"types": []},
     "room": {"timeline": {"limit": 1}, "state": {"types": []}, "ephemeral": {"types": []}},
 }
-_HTTP_SLACK_SECONDS = 15.0
+_HTTP_TIMEOUT_SECONDS = 15.0  # an HTTP call's timeout; /sync gets it on top of its own wait
 _MAX_BACKOFF = 30.0
 _CACHE = 10_000  # rooms whose member count, events whose sender, a holder remembers
 _NOTICES = {
@@ -162,7 +162,7 @@ class MatrixSyncer(Connection):
             else:  # the bot's first sync ever: only where to start, no history
                 params = {"timeout": "0", "filter": json.dumps(FIRST_FILTER, separators=(",", ":"))}
             self._call = asyncio.ensure_future(
-                self.api.call("GET", "/sync", self.timeout_ms / 1000 + _HTTP_SLACK_SECONDS, params=params)
+                self.api.call("GET", "/sync", self.timeout_ms / 1000 + _HTTP_TIMEOUT_SECONDS, params=params)
             )
             try:
                 answer = await self._call
@@ -259,7 +259,7 @@ class MatrixSyncer(Connection):
         if count is None:
             try:
                 answer = await self.api.call(
-                    "GET", f"/rooms/{quote(room_id, safe='')}/joined_members", _HTTP_SLACK_SECONDS
+                    "GET", f"/rooms/{quote(room_id, safe='')}/joined_members", _HTTP_TIMEOUT_SECONDS
                 )
             except _Refused as refused:
                 if refused.reason != "bad_request":
@@ -278,7 +278,7 @@ class MatrixSyncer(Connection):
         if sender is None:
             try:
                 answer = await self.api.call(
-                    "GET", f"/rooms/{quote(room_id, safe='')}/event/{quote(parent, safe='')}", _HTTP_SLACK_SECONDS
+                    "GET", f"/rooms/{quote(room_id, safe='')}/event/{quote(parent, safe='')}", _HTTP_TIMEOUT_SECONDS
                 )
             except _Refused as refused:
                 if refused.reason != "bad_request":  # gone, or not visible to the bot: no author
@@ -308,7 +308,7 @@ class MatrixSyncer(Connection):
             await self.api.call(
                 "PUT",
                 f"/rooms/{quote(room_id, safe='')}/send/m.room.message/{txn}",
-                _HTTP_SLACK_SECONDS,
+                _HTTP_TIMEOUT_SECONDS,
                 body={"msgtype": "m.notice", "body": text, "m.mentions": {}},
             )
 
@@ -365,14 +365,14 @@ class MatrixSync(Transport):
         """`whoami` (the token works, and is the bot's), then the bot's `m.direct` rooms."""
         api = _ClientApi(bot, context.http)
         try:
-            whoami = await api.call("GET", "/account/whoami", _HTTP_SLACK_SECONDS)
+            whoami = await api.call("GET", "/account/whoami", _HTTP_TIMEOUT_SECONDS)
             if whoami.get("user_id") != bot.self_id:
                 raise PollFailed(
                     f"the access_token is {whoami.get('user_id')!r}'s, not the bot's self_id {bot.self_id!r}"
                 )
             try:
                 direct = await api.call(
-                    "GET", f"/user/{quote(bot.self_id or '', safe='')}/account_data/m.direct", _HTTP_SLACK_SECONDS
+                    "GET", f"/user/{quote(bot.self_id or '', safe='')}/account_data/m.direct", _HTTP_TIMEOUT_SECONDS
                 )
             except _Refused as refused:
                 if refused.reason != "bad_request":  # 404 M_NOT_FOUND: no direct rooms yet

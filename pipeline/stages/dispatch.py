@@ -257,17 +257,17 @@ class DispatchStage:
         events = list(command.events)
         if command.system_text:
             events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
-        start = await self._begin(bot, command, partition, turn_id, mode)
+        start = await self._begin(command, partition, turn_id, mode)
         if start.decision == "no_session":
             created = await self._create_session(command)
-            start = await self._begin(bot, command, partition, turn_id, mode, new_session=created)
+            start = await self._begin(command, partition, turn_id, mode, new_session=created)
         if start.decision == "resume":
             # A send cut short by a crash. Posted: the attempt that posted it had recorded the turn
             # and its stream in flight first, so the stream's owner finishes it (writing "running"
             # again could outlive that turn's end). Not posted: record it again and send it now.
             if start.session_id and await self._in_history(start.session_id, events):
                 return True
-            start = await self._begin(bot, command, partition, turn_id, "resume")
+            start = await self._begin(command, partition, turn_id, "resume")
         if start.decision == "done":
             metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
             return True
@@ -300,7 +300,7 @@ class DispatchStage:
                 await self.streams.untrack(partition, session_id, conversation)
                 await self.state.conversations.unmap_session(conversation, session_id)
                 created = await self._create_session(command)
-                start = await self._begin(bot, command, partition, turn_id, "resume", new_session=created)
+                start = await self._begin(command, partition, turn_id, "resume", new_session=created)
                 if start.session_id is None:
                     raise
                 await self.streams.track(
@@ -320,7 +320,6 @@ class DispatchStage:
 
     async def _begin(
         self,
-        bot: BotConfig,
         command: SessionCommand,
         partition: int,
         turn_id: str,
