@@ -282,6 +282,10 @@ class DispatchStage:
         if start.decision != "start" or start.session_id is None:
             return False  # busy (a flush while another turn runs: that turn's end flushes again)
         session_id = start.session_id
+        # With SWITCHBOARD_REDIS_REPLICA_WAIT_MS: the turn's record on a replica before the message
+        # reaches the session. A failover that lost it would leave the session's answer matching no
+        # turn (render ignores it) while a replay finds the message sent: the reply would be lost.
+        await self.state.redis.replicated()
         if self.deadlines is not None:
             await self.deadlines.turn_started(bot, conversation, turn_id, command.chat_id, command.route)
         await self.streams.track(

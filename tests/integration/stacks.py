@@ -46,8 +46,10 @@ def running_stack(
     redis_url: str | None = None,
     redis_aof: bool = False,
     partitions: int = 4,
+    env_extra: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
-    """A started stack; `redis_url=None` gives it its own Redis (with AOF if asked)."""
+    """A started stack; `redis_url=None` gives it its own Redis (with AOF if asked); `env_extra`:
+    more settings for its workers."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"sb-{name}-"))
     broker: TansuBroker | ApacheKafka = TansuBroker() if broker_kind == "tansu" else ApacheKafka()
     asyncio.run(broker.start())
@@ -70,6 +72,7 @@ def running_stack(
         env["SWITCHBOARD_CONFIG"] = str(config)
     if redis_url is not None:
         env["SWITCHBOARD_REDIS_URL"] = redis_url
+    env.update(env_extra or {})
     saved = {k: v for k, v in os.environ.items() if k.startswith("SWITCHBOARD_")}
     for key in saved:
         del os.environ[key]  # the developer's own settings must not leak into the test stack

@@ -35,7 +35,12 @@ def topology() -> Iterator[SentinelTopology]:
 
 @pytest.fixture(scope="module")
 def sentinel_stack(topology: SentinelTopology) -> Iterator[Stack]:
-    with running_stack("tansu", name="failover", redis_url=topology.url(), partitions=2) as stack:
+    # As a Sentinel deployment should run: a write that protects a reply waits for a replica, so the
+    # primary's SIGKILL cannot take a turn's start with it after its message reached the session.
+    replica_wait = {"SWITCHBOARD_REDIS_REPLICA_WAIT_MS": "100"}
+    with running_stack(
+        "tansu", name="failover", redis_url=topology.url(), partitions=2, env_extra=replica_wait
+    ) as stack:
         yield stack
 
 
