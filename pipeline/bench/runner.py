@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from pipeline.bench.hops import hop_breakdown
 from pipeline.bench.load import (
     Delivery,
     Generator,
@@ -595,6 +596,8 @@ async def run_phase(
             "pipeline_overhead_excluding_busy_wait": lat.overhead_excluding_busy_wait,
             "ingress_ack": lat.ingress_ack,
             "stages": lat.stages,
+            # Each Kafka hop's parts (pipeline/bench/hops.py), where the records carry the stamps.
+            "hop_parts": hop_breakdown(deliveries),
         },
         "cpu": {
             "seconds": {n: round(cpu1[n] - cpu0.get(n, cpu1[n]), 2) for n in cpu1},
