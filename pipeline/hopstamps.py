@@ -74,9 +74,11 @@ class AckJoin:
     """The producer's acknowledgement time of each record, joined to the record's `hops` when the
     consumer reads it. Whichever of the two comes second writes the stamp (the broker answers the
     producer and the consumer's fetch at about the same moment). Bounded: records produced or
-    consumed by another process never find their other half, and the oldest are dropped."""
+    consumed by another process never find their other half, and the oldest are dropped (joined
+    ones leave within milliseconds; the bound keeps a backlog produced elsewhere, such as the
+    bench's filtered drain, from holding more than a few MiB)."""
 
-    def __init__(self, limit: int = 100_000) -> None:
+    def __init__(self, limit: int = 10_000) -> None:
         self.limit = limit
         self._acked: dict[tuple[str, int, int], float] = {}
         self._waiting: dict[tuple[str, int, int], tuple[dict[str, float], str]] = {}
