@@ -268,11 +268,17 @@ async def bare_turn_for(
     log(
         format_breakdown(
             out["hop_breakdown"],
-            f"hop breakdown at {args.rate:g} msg/s on {bs.broker_kind}, ms "
-            "(pipeline vs bare turn; ratio = pipeline ÷ bare)",
+            f"hop breakdown at {args.rate:g} msg/s on {bs.broker_kind}, ms (pipeline vs bare turn; ratio = "
+            f"pipeline ÷ bare; load average over the pipeline's phase {_loads(pipeline.get('load'))}, over the "
+            f"bare turn's {_loads(out.get('same_rate'))})",
         )
     )
     return out
+
+
+def _loads(phase: dict[str, Any] | None) -> str:
+    start, end = (phase or {}).get("loadavg_1m") or (None, None)
+    return f"{start} → {end}"
 
 
 def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str, Any]:

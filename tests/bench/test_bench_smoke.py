@@ -124,3 +124,5 @@ def test_each_kafka_hop_is_split_into_its_parts_for_the_pipeline_and_the_bare_tu
     for row in ("ingress", "stream"):
         assert rows[row]["handle"]["pipeline"]["n"] > 0 and rows[row]["handle"]["bare"]["n"] > 0
     assert quick_run["load"]["latency_ms"]["hop_parts"]["render"]["handle"]["n"] > 0
+    # Each phase says how loaded the machine was, the two compared phases running one after the other.
+    assert len(quick_run["load"]["loadavg_1m"]) == len(quick_run["bare_turn"]["same_rate"]["loadavg_1m"]) == 2
