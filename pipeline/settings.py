@@ -262,6 +262,10 @@ class Settings(BaseSettings):
     # When the event loop is held this long, every thread's stack goes to the log (0: never).
     loop_stall_dump_seconds: float = Field(default=5.0, ge=0, le=600)
 
+    # `switchboard bench`'s finer stamps in each record's hops (pipeline/hopstamps.py): the parts
+    # of each Kafka hop (produce, broker + fetch, step, queue, handle). Off outside the bench.
+    hop_stamps: bool = False
+
     log_format: Literal["json", "text"] = "text"
     # Checked here, with every other setting: an unknown level would otherwise stop the worker
     # only once the broker, Redis and the simulator are already up.

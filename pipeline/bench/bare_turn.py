@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
+from pipeline.bench.hops import compare_breakdowns, format_breakdown
 from pipeline.bench.load import Delivery, TrafficMix
 from pipeline.bench.measure import profile_worker
 from pipeline.bench.runner import BenchStack, log, ramp, run_phase, warm_up
@@ -264,7 +265,20 @@ async def bare_turn_for(
         f"at the same rate, pipeline / bare hop p50 ≤ {out['ratio_hop_p50_max']}, overhead p99 without the busy "
         f"wait {out['ratio_overhead_excluding_busy_wait_p99']}"
     )
+    log(
+        format_breakdown(
+            out["hop_breakdown"],
+            f"hop breakdown at {args.rate:g} msg/s on {bs.broker_kind}, ms (pipeline vs bare turn; ratio = "
+            f"pipeline ÷ bare; load average over the pipeline's phase {_loads(pipeline.get('load'))}, over the "
+            f"bare turn's {_loads(out.get('same_rate'))})",
+        )
+    )
     return out
+
+
+def _loads(phase: dict[str, Any] | None) -> str:
+    start, end = (phase or {}).get("loadavg_1m") or (None, None)
+    return f"{start} → {end}"
 
 
 def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +356,8 @@ def same_rate_latency_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> 
     own = "pipeline_overhead_excluding_busy_wait"
     return {
         "same_rate_hops": hops,
+        # Each hop split into produce, broker + fetch, step, queue and handle (pipeline/bench/hops.py).
+        "hop_breakdown": compare_breakdowns(pipeline.get("hop_parts") or {}, bare.get("hop_parts") or {}),
         "ratio_hop_p50_max": max((h["ratio_p50"] for h in hops.values() if h["ratio_p50"] is not None), default=None),
         "ratio_overhead_p50": ratio(p(pipeline, "pipeline_overhead", "p50"), p(bare, "pipeline_overhead", "p50")),
         "ratio_overhead_p99": ratio(p(pipeline, "pipeline_overhead", "p99"), p(bare, "pipeline_overhead", "p99")),

@@ -37,10 +37,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
 from pipeline.errors import SwitchboardError
+from pipeline.hopstamps import AckJoin
 
 
 def dumps(value: Any) -> bytes:
@@ -99,7 +100,10 @@ class BareWorker:
         self.session_http: aiohttp.ClientSession | None = None
         self.platform_http: aiohttp.ClientSession | None = None
         self._consume_task: asyncio.Task[None] | None = None
-        self._handlers: dict[str, Callable[[bytes | None, bytes], Awaitable[None]]] = {
+        # The hops' parts, stamped as the pipeline stamps them with SWITCHBOARD_HOP_STAMPS
+        # (pipeline/hopstamps.py): <stage>.sent / .acked / .fetched / .started.
+        self.acks = AckJoin()
+        self._handlers: dict[str, Callable[[ConsumerRecord[bytes, bytes], float], Awaitable[None]]] = {
             self.inbound_topic: self._inbound,
             self.input_topic: self._input,
             self.events_topic: self._event,
@@ -163,9 +167,9 @@ class BareWorker:
             "message_id": message_id,
             "text": text,
             "mentions": mentions,
-            "hops": {"ingress": received},
+            "hops": {"ingress": received, "ingest.sent": now_ms()},
         }
-        delivery = await self.producer.send(self.inbound_topic, dumps(record), key=conversation.encode())
+        delivery = await self._send(self.inbound_topic, dumps(record), conversation.encode())
         await delivery  # answered once the broker has it (acks=all), as the worker's ingress does
         self.stats["webhooks"] += 1
         return web.json_response({"ok": True, "message_id": message_id})
@@ -181,16 +185,31 @@ class BareWorker:
         handlers = self._handlers
         while True:
             batch = await self.consumer.getmany(timeout_ms=1000, max_records=self.cfg.batch_max)
+            fetched = now_ms()
             for tp, records in batch.items():
                 handle = handlers[tp.topic]
                 for record in records:
                     try:
-                        await handle(record.key, record.value or b"")
+                        await handle(record, fetched)
                     except (ValueError, KeyError, TypeError) as exc:
                         self.stats[f"bad_record:{type(exc).__name__}"] += 1
 
-    async def _inbound(self, key: bytes | None, value: bytes) -> None:
-        message = json.loads(value)
+    async def _send(self, topic: str, value: bytes, key: bytes | None) -> asyncio.Future[Any]:
+        delivery = await self.producer.send(topic, value, key=key)
+        delivery.add_done_callback(self.acks.on_delivery)
+        return delivery
+
+    def _stamp(self, stage: str, record: ConsumerRecord[bytes, bytes], hops: dict[str, float], fetched: float) -> None:
+        """A record's arrival at `stage`: given to the stage (the fetch's end), acknowledged to its
+        producer (joined by position), and its work started (now: records are handled in turn)."""
+        hops[f"{stage}.fetched"] = fetched
+        self.acks.read(record.topic, record.partition, record.offset, hops, f"{stage}.acked")
+        hops[f"{stage}.started"] = now_ms()
+
+    async def _inbound(self, record: ConsumerRecord[bytes, bytes], fetched: float) -> None:
+        key = record.key
+        message = json.loads(record.value or b"")
+        self._stamp("ingest", record, message["hops"], fetched)
         self.stats["ingested"] += 1
         if message["chat_type"] == "group" and self.cfg.self_id not in message["mentions"]:
             return  # a group message without @bot: nothing to do
@@ -204,10 +223,12 @@ class BareWorker:
             "hops": message["hops"],
         }
         self.stats["triggered"] += 1
-        await self.producer.send(self.input_topic, dumps(command), key=key)
+        command["hops"]["dispatch.sent"] = now_ms()
+        await self._send(self.input_topic, dumps(command), key)
 
-    async def _input(self, key: bytes | None, value: bytes) -> None:
-        command = json.loads(value)
+    async def _input(self, record: ConsumerRecord[bytes, bytes], fetched: float) -> None:
+        command = json.loads(record.value or b"")
+        self._stamp("dispatch", record, command["hops"], fetched)
         command["hops"]["dispatch_in"] = now_ms()
         conversation = command["conversation"]
         if conversation in self.running:
@@ -218,15 +239,18 @@ class BareWorker:
         self.running.add(conversation)
         self._spawn(self._turn(command))
 
-    async def _event(self, key: bytes | None, value: bytes) -> None:
-        record = json.loads(value)
+    async def _event(self, consumed: ConsumerRecord[bytes, bytes], fetched: float) -> None:
+        key = consumed.key
+        record = json.loads(consumed.value or b"")
         conversation = record["conversation"]
         event = record["event"]
         if event.get("type") == "agent.message":
+            self.acks.read(consumed.topic, consumed.partition, consumed.offset, {}, "")  # (no hops: drop its ack)
             self.last_message[conversation] = event
             return
         message = self.last_message.pop(conversation, None)
         turn = record["turn"]
+        self._stamp("render", consumed, turn["hops"], fetched)
         turn["hops"]["render"] = now_ms()
         segments = reply_segments(message)
         if segments is None:
@@ -243,11 +267,15 @@ class BareWorker:
             "segments": segments,
             "hops": turn["hops"],
         }
-        await self.producer.send(self.outbound_topic, dumps(outbound), key=key)
+        turn["hops"]["egress.sent"] = now_ms()
+        await self._send(self.outbound_topic, dumps(outbound), key)
 
-    async def _outbound(self, key: bytes | None, value: bytes) -> None:
-        message = json.loads(value)
-        self._spawn(self._post_platform(message))
+    async def _outbound(self, record: ConsumerRecord[bytes, bytes], fetched: float) -> None:
+        message = json.loads(record.value or b"")
+        hops = message["hops"]
+        hops["egress.fetched"] = fetched
+        self.acks.read(record.topic, record.partition, record.offset, hops, "egress.acked")
+        self._spawn(self._post_platform(message))  # its work starts when that task runs
 
     # -- the session call: one POST, one SSE read ---------------------------------------------
     async def _turn(self, command: dict[str, Any]) -> None:
@@ -309,11 +337,10 @@ class BareWorker:
         key = conversation.encode()
         turn = {"bot": command["bot"], "chat_id": command["chat_id"], "reply_to": command["message_ids"][-1]}
         if message is not None:
-            await self.producer.send(
-                self.events_topic, dumps({"conversation": conversation, "event": message}), key=key
-            )
+            await self._send(self.events_topic, dumps({"conversation": conversation, "event": message}), key)
+        hops["render.sent"] = now_ms()
         record = {"conversation": conversation, "event": idle, "turn": {**turn, "hops": hops}}
-        await self.producer.send(self.events_topic, dumps(record), key=key)
+        await self._send(self.events_topic, dumps(record), key)
 
     async def _create_session(self, conversation: str) -> str:
         """Once per conversation (the bench's warm-up creates them all)."""
@@ -329,6 +356,7 @@ class BareWorker:
     # -- the platform call ---------------------------------------------------------------------
     async def _post_platform(self, message: dict[str, Any]) -> None:
         assert self.platform_http is not None
+        message["hops"]["egress.started"] = now_ms()
         payload = {k: message[k] for k in ("id", "kind", "chat_id", "reply_to", "segments", "hops")}
         try:
             async with self.platform_http.post(

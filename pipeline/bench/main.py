@@ -254,6 +254,8 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
                 "ratio_overhead_excluding_busy_wait_p99_to_bare_turn": bare.get(
                     "ratio_overhead_excluding_busy_wait_p99"
                 ),
+                "hop_parts_largest_excess_p50": _named_excess(bare, "p50"),
+                "hop_parts_largest_excess_p99": _named_excess(bare, "p99"),
             }
         )
     flood = result.get("flood") or {}
@@ -298,6 +300,12 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
             if cluster["error"]:
                 h["chaos_kafka_error"] = cluster["error"]
     return h
+
+
+def _named_excess(bare: dict[str, Any], stat: str) -> str | None:
+    """The hop parts where the pipeline's `stat` exceeds the bare turn's most (pipeline/bench/hops.py)."""
+    found = (bare.get("hop_breakdown") or {}).get(f"largest_excess_{stat}") or []
+    return ", ".join(f"{f['part']} +{f[f'excess_{stat}_ms']} ms" for f in found) or None
 
 
 async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any], name: str, out_dir: Path) -> None:
@@ -380,7 +388,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             partitions=args.partitions,
             log_level=args.log_level,
             aof=args.chaos,
-            extra_env=dict(kv.split("=", 1) for kv in args.env),
+            # The hops' parts (pipeline/hopstamps.py), as the bare turn stamps them; --env may turn them off.
+            extra_env={"SWITCHBOARD_HOP_STAMPS": "true", **dict(kv.split("=", 1) for kv in args.env)},
         )
         log(f"stack up: run dir {bs.run_dir}")
         target = result if index == 0 else {}
@@ -409,6 +418,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "limit": {k: (target.get("limit") or {}).get(k) for k in ("limit_turns_per_s", "ratio_turns_to_limit")},
             "bare_chain_latency_ms": ((target.get("limit") or {}).get("bare_chain") or {}).get("latency_ms"),
             "bare_chain_records_per_s": ((target.get("limit") or {}).get("bare_chain") or {}).get("records_per_s"),
+            "hop_breakdown": (target.get("bare_turn") or {}).get("hop_breakdown"),
             "bare_turn": {
                 k: (target.get("bare_turn") or {}).get(k)
                 for k in (

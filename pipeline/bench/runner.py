@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from pipeline.bench.hops import hop_breakdown
 from pipeline.bench.load import (
     Delivery,
     Generator,
@@ -472,6 +473,7 @@ async def run_phase(
     self0 = self_cpu_seconds()
     t0 = time.monotonic()
     t0_ms = time.time() * 1000
+    load0 = os.getloadavg()[0]
     gen = Generator(plan, bs.urls)
     gen.start()
     timeline: list[dict[str, float]] = []
@@ -562,6 +564,9 @@ async def run_phase(
     data: dict[str, Any] = {
         "label": label,
         "target_rate_msgs_per_s": rate,
+        # The machine's 1-minute load average as the phase started and ended: phases compared with
+        # each other (the pipeline's and the bare turn's) ran one after the other, maybe not alike.
+        "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "duration_s": duration,
         "wall_s": round(wall, 2),
         "ingest_seconds": round(ingest_done, 2) if ingest_done else None,
@@ -595,6 +600,8 @@ async def run_phase(
             "pipeline_overhead_excluding_busy_wait": lat.overhead_excluding_busy_wait,
             "ingress_ack": lat.ingress_ack,
             "stages": lat.stages,
+            # Each Kafka hop's parts (pipeline/bench/hops.py), where the records carry the stamps.
+            "hop_parts": hop_breakdown(deliveries),
         },
         "cpu": {
             "seconds": {n: round(cpu1[n] - cpu0.get(n, cpu1[n]), 2) for n in cpu1},

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from pipeline import metrics
+from pipeline import hopstamps, metrics
 from pipeline.records import DeadLetter, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.topics import DEADLETTER, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
@@ -57,12 +57,18 @@ class Outputs:
             pending.append(delivery)
 
     async def session_command(self, command: SessionCommand) -> None:
+        if hopstamps.enabled:
+            hopstamps.sent(command.hops, "dispatch")
         await self._produce(SESSION_INPUT, command.conversation_key, command.model_dump_json().encode())
 
     async def session_event(self, record: SessionEventRecord) -> None:
+        if hopstamps.enabled:
+            hopstamps.sent(record.hops, "render")
         await self._produce(SESSION_EVENTS, record.conversation_key, record.model_dump_json(exclude_none=True).encode())
 
     async def outbound(self, message: OutboundMessage) -> None:
+        if hopstamps.enabled:
+            hopstamps.sent(message.hops, "egress")
         await self._produce(
             outbound_topic(message.platform), message.conversation_key, message.model_dump_json().encode()
         )

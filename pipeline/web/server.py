@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.web import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline import metrics
+from pipeline import hopstamps, metrics
 from pipeline.platforms import (
     Platform,
     UnknownPlatform,
@@ -291,6 +291,9 @@ async def webhook(request: web.Request) -> web.StreamResponse:
 
 
 async def _produce(deps: WebDeps, messages: list[InboundMessage]) -> None:
+    if hopstamps.enabled:  # `switchboard bench`'s finer stamps (pipeline/hopstamps.py)
+        for m in messages:
+            hopstamps.sent(m.hops, "ingest")
     if len(messages) == 1:  # nearly always: no gather (its tasks cost more than the send)
         (message,) = messages
         await deps.produce(IM_INBOUND, message.conversation_key, message.model_dump_json().encode())

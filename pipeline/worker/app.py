@@ -7,19 +7,20 @@ runtime's resources after Faust starts and closes them after the stages stop.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 import mode
 from faust.types import TP
 
-from pipeline import metrics
+from pipeline import hopstamps, metrics
 from pipeline.errors import ConfigurationError
 from pipeline.executor import KeyedExecutor
 from pipeline.platforms.checks import check_bots
@@ -113,6 +114,7 @@ def create_app(
     platform_list = sorted(platforms) if platforms is not None else settings.platforms
     _check_driver_registered()
     collector.tune()
+    hopstamps.enable(settings.hop_stamps)
     assert settings.kafka_bootstrap is not None
     app = SwitchboardApp(
         settings.app_id,
@@ -298,6 +300,8 @@ def _producer_send(app: faust.App, *, acked: bool = False) -> Any:
         delivery = await app.producer.send(
             topic, key.encode() if key is not None else None, value, partition=None, timestamp=None, headers=None
         )
+        if hopstamps.enabled:
+            cast(asyncio.Future[Any], delivery).add_done_callback(hopstamps.ACKS.on_delivery)
         if acked:
             await delivery
             return None

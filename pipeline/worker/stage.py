@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from faust.types import Message
 from pydantic import BaseModel, ValidationError
 
-from pipeline import metrics
+from pipeline import hopstamps, metrics
 from pipeline.executor import KeyedExecutor, Ticket
 from pipeline.records import Position
 from pipeline.stages.outputs import Outputs
@@ -72,6 +72,9 @@ class StageRunner(Generic[R]):
 
     async def deliver(self, messages: Sequence[Message]) -> None:
         stage = self.stage
+        # `switchboard bench`'s finer stamps (pipeline/hopstamps.py): off, one attribute read per batch.
+        stamping = hopstamps.enabled
+        fetched = hopstamps.now_ms() if stamping else 0.0
         parsed: list[R | None] = []
         records: list[R] = []
         positions: list[Position] = []
@@ -87,6 +90,8 @@ class StageRunner(Generic[R]):
             parsed.append(record)
             records.append(record)
             positions.append(Position(message.topic, message.partition, message.offset))
+            if stamping:
+                self._stamp_fetched(record, message, fetched)
         works: Sequence[Remaining] | None = None
         if records:
             try:
@@ -96,6 +101,12 @@ class StageRunner(Generic[R]):
             if works is not None and len(works) != len(records):
                 log.error("%s: batch step gave %d results for %d records", stage.name, len(works), len(records))
                 works = None
+        if stamping:
+            stepped = hopstamps.now_ms()
+            for record in records:
+                hops = _hops_of(record)
+                if hops is not None:
+                    hops[f"{stage.name}.stepped"] = stepped
         planned = iter(works) if works is not None else None
         executor = self.executor
         groups: dict[SharedWork, _Group[R]] = {}
@@ -131,15 +142,31 @@ class StageRunner(Generic[R]):
                 continue
             assert parsed_record is not None
             dead_letter = functools.partial(self._dead_letter, message)
+            handled: Work = functools.partial(self.handling.run, work, dead_letter)
+            hops = _hops_of(parsed_record) if stamping else None
+            if hops is not None:
+                handled = functools.partial(self._stamped, hops, handled)
             await executor.submit(
                 getattr(parsed_record, "conversation_key", None) or message.partition,
-                functools.partial(self.handling.run, work, dead_letter),
+                handled,
                 partition=tp,
                 offset=message.offset,
                 ack=ack,
             )
         for shared, group in groups.items():
             await executor.settle_group(group.tickets, functools.partial(self._shared, shared, group.members))
+
+    def _stamp_fetched(self, record: R, message: Message, fetched: float) -> None:
+        hops = _hops_of(record)
+        if hops is None:
+            return
+        name = self.stage.name
+        hops[f"{name}.fetched"] = fetched
+        hopstamps.ACKS.read(message.topic, message.partition, message.offset, hops, f"{name}.acked")
+
+    async def _stamped(self, hops: dict[str, float], handled: Work) -> None:
+        with hopstamps.working(self.stage.name, hops):
+            await handled()
 
     def _ack_each(self, messages: list[Message]) -> None:
         for message in messages:
@@ -185,6 +212,12 @@ class StageRunner(Generic[R]):
             partition=message.partition,
             offset=message.offset,
         )
+
+
+def _hops_of(record: BaseModel) -> dict[str, float] | None:
+    """The record's `hops` (every topic's record has them; a test's record type may not)."""
+    hops = getattr(record, "hops", None)
+    return hops if isinstance(hops, dict) else None
 
 
 def _replayed(stage: str, message: Message) -> None:

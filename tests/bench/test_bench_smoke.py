@@ -110,3 +110,19 @@ def test_bare_turn_figures_are_present_and_sane(quick_run: dict[str, Any]) -> No
     assert head["bare_turn_turns_per_s"] > 0 and head["ratio_cpu_per_turn_bare_to_pipeline"] > 0
     if bare["bare_turn_max_turns_per_s"]:
         assert head["ratio_turns_to_bare_turn"] > 0
+
+
+def test_each_kafka_hop_is_split_into_its_parts_for_the_pipeline_and_the_bare_turn(quick_run: dict[str, Any]) -> None:
+    """The records carry the finer stamps on both sides (pipeline/hopstamps.py, SWITCHBOARD_HOP_STAMPS
+    set by the bench; the bare worker's own), so every hop has every part; the bare turn has no step."""
+    rows = quick_run["bare_turn"]["hop_breakdown"]["rows"]
+    for hop in ("ingest", "dispatch", "render", "egress"):
+        for part in ("produce", "broker_fetch", "queue", "handle", "total"):
+            entry = rows[hop][part]
+            assert entry["pipeline"]["n"] > 0 and entry["bare"]["n"] > 0, (hop, part)
+        assert rows[hop]["step"]["pipeline"]["n"] > 0 and rows[hop]["step"]["bare"] is None
+    for row in ("ingress", "stream"):
+        assert rows[row]["handle"]["pipeline"]["n"] > 0 and rows[row]["handle"]["bare"]["n"] > 0
+    assert quick_run["load"]["latency_ms"]["hop_parts"]["render"]["handle"]["n"] > 0
+    # Each phase says how loaded the machine was, the two compared phases running one after the other.
+    assert len(quick_run["load"]["loadavg_1m"]) == len(quick_run["bare_turn"]["same_rate"]["loadavg_1m"]) == 2
