@@ -130,12 +130,23 @@ def send_path(room_id: str, txn: str) -> str:
     return f"{CLIENT}/rooms/{quote(room_id, safe='')}/send/m.room.message/{txn}"
 
 
+def client_auth(bot: BotConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """The headers and query parameters that authenticate a client-server API call as the bot: its
+    `access_token` (transport `sync`), or the application service's `as_token` acting as the bot's
+    user (`appservice`: `user_id` names it; the spec lets an application service act as its sender
+    or any user of its namespace this way). Tokens go in the header only, never a query string."""
+    if bot.transport == "appservice":
+        return {"Authorization": f"Bearer {bot.secret('as_token') or ''}"}, {"user_id": bot.self_id or ""}
+    return {"Authorization": f"Bearer {bot.secret('access_token') or ''}"}, {}
+
+
 class MatrixPlatform(Platform):
     name: ClassVar[str] = "matrix"
-    required_credentials = ("access_token",)
-    # `sync`: `/sync` long polling held by one worker (`pipeline.connections.matrix`). No webhook:
-    # the application-service transport (transactions pushed with the `hs_token`) is not built.
-    transports = {"sync": ()}
+    # `sync`: `/sync` long polling held by one worker (`pipeline.connections.matrix`), with the bot
+    # account's `access_token`. `appservice`: the homeserver pushes transactions to any worker
+    # (`pipeline.web.matrix_appservice`), authenticated by the `hs_token`; sends use the `as_token`.
+    transports = {"sync": ("access_token",), "appservice": ("hs_token", "as_token")}
+    pushed_transports = frozenset({"appservice"})
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "reply", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,
@@ -163,8 +174,10 @@ class MatrixPlatform(Platform):
     # --- in --------------------------------------------------------------------------------------
 
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
-        # Only the sync holder produces frames; no webhook is served (`transports` has none).
-        raise WebhookRejected(401, "bad_signature", "Matrix bots take no webhooks (transport sync)")
+        # Frames come from the sync holder and the application-service route, which hand them to
+        # `parse` themselves; `/webhooks/matrix/{bot}` itself takes nothing (`transports` has no
+        # `webhook`; the application service's paths are below it, `pipeline.web.matrix_appservice`).
+        raise WebhookRejected(401, "bad_signature", "Matrix bots take no plain webhooks")
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -337,7 +350,7 @@ class MatrixPlatform(Platform):
         self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
     ) -> SendOutcome:
         root = (bot.api_base or "").rstrip("/")
-        headers = {"Authorization": f"Bearer {bot.secret('access_token') or ''}"}
+        headers, params = client_auth(bot)
         content = dict(call.json or {})
         media = call.media
         try:
@@ -347,7 +360,7 @@ class MatrixPlatform(Platform):
                     content["body"] = file_name(media, None, default=str(content.get("body") or "file"))
                 else:
                     segment_type = str(call.meta.get("segment", "file"))
-                    uploaded = await _upload(bot, root, headers, media, http, load_media, segment_type)
+                    uploaded = await _upload(bot, root, (headers, params), media, http, load_media, segment_type)
                     if isinstance(uploaded, SendOutcome):
                         if uploaded.status != "permanent" or uploaded.reason != "media_unavailable":
                             return uploaded
@@ -359,7 +372,7 @@ class MatrixPlatform(Platform):
                     else:
                         url, name, mime, size = uploaded
                         content.update(url=url, body=name, filename=name, info={"mimetype": mime, "size": size})
-            response = await http.request(call.method, root + call.path, json=content, headers=headers)
+            response = await http.request(call.method, root + call.path, json=content, headers=headers, params=params)
         except httpx.HTTPError as exc:
             return network_outcome(exc)
         return _classify(response)
@@ -371,12 +384,9 @@ class MatrixPlatform(Platform):
             f"{(bot.api_base or '').rstrip('/')}{CLIENT}/rooms/{quote(chat_id, safe='')}"
             f"/typing/{quote(bot.self_id, safe='')}"
         )
+        headers, params = client_auth(bot)
         try:
-            await http.put(
-                url,
-                json={"typing": True, "timeout": 30_000},
-                headers={"Authorization": f"Bearer {bot.secret('access_token') or ''}"},
-            )
+            await http.put(url, json={"typing": True, "timeout": 30_000}, headers=headers, params=params)
         except httpx.HTTPError:
             pass  # a typing indicator is a courtesy
 
@@ -520,7 +530,7 @@ def _relation(reply_id: str | None, thread_root: str | None) -> dict[str, Any]:
 async def _upload(
     bot: BotConfig,
     root: str,
-    headers: dict[str, str],
+    auth: tuple[dict[str, str], dict[str, str]],
     media: Media,
     http: httpx.AsyncClient,
     load_media: MediaLoader,
@@ -535,9 +545,10 @@ async def _upload(
         return SendOutcome("permanent", reason="media_unavailable", detail=text)
     name = file_name(media, mime)
     mime = mime or "application/octet-stream"
+    headers, params = auth
     response = await http.post(
         root + UPLOAD_PATH,
-        params={"filename": name},
+        params={**params, "filename": name},
         content=data,
         headers={**headers, "Content-Type": mime},
     )
@@ -572,4 +583,4 @@ def _classify(response: httpx.Response) -> SendOutcome:
     return SendOutcome("permanent", reason=reason, detail=detail)
 
 
-__all__ = ["FILE_ID_SHAPES", "MatrixPlatform", "send_path", "to_html", "txn_id"]
+__all__ = ["FILE_ID_SHAPES", "MatrixPlatform", "client_auth", "send_path", "to_html", "txn_id"]
