@@ -15,7 +15,9 @@ appends the Application Service API's paths to it, so every worker serves, for e
   `M_NOT_FOUND` (Switchboard creates no users or rooms on demand).
 - `POST /_matrix/app/v1/ping`: `200 {}` (the homeserver checking the `hs_token` for the
   application service's ping).
-- anything else: 404 `M_UNRECOGNIZED` (405 for a known path with another method), as the spec says.
+- anything else below the `url`: 404 `M_UNRECOGNIZED` (405 for a known path with another method),
+  as the spec says; the legacy paths without `/_matrix/app/v1` among them (the spec's homeservers
+  try the versioned ones first, and use them).
 
 Every request is authenticated before its path is looked at or its body read: `Authorization:
 Bearer <hs_token>` (the spec since v1.4), compared in constant time; none is 401 `M_UNAUTHORIZED`,
@@ -54,7 +56,7 @@ from ._front import header_problem
 
 log = logging.getLogger(__name__)
 
-ROUTE = "/webhooks/matrix/{bot_id}/_matrix/{tail:.*}"
+ROUTE = "/webhooks/matrix/{bot_id}/{tail:.+}"
 # Synapse sends at most 100 events (and 100 ephemeral ones) a transaction, each at most 64 KiB.
 MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
 _SEEN_TRANSACTIONS = 1000  # transaction ids a worker remembers per bot
@@ -158,9 +160,9 @@ async def serve(request: web.Request) -> web.StreamResponse:
         return _error(status, errcode, error, outcome)
     parts = request.match_info["tail"].split("/")
     method = request.method
-    if parts[:2] != ["app", "v1"] or len(parts) < 3:
+    if parts[:3] != ["_matrix", "app", "v1"] or len(parts) < 4:  # the legacy paths too: not served
         return _error(404, "M_UNRECOGNIZED", "Unrecognized request", "unrecognized")
-    what, rest = parts[2], parts[3:]
+    what, rest = parts[3], parts[4:]
     if what == "transactions" and len(rest) == 1 and rest[0]:
         if method != "PUT":
             return _error(405, "M_UNRECOGNIZED", "Unrecognized request", "method_not_allowed")
