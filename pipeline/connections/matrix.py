@@ -16,6 +16,9 @@ Dial: `GET /account/whoami` (the access token works and is the bot's `self_id`) 
 members: `summary`, else `GET /rooms/{id}/joined_members` once per room) and, for a reply, who wrote
 the event replied to (`GET /rooms/{id}/event/{eventId}`), so a reply to the bot is known as one.
 
+What a frame needs to know of the rooms is kept by `RoomView`, which the application-service
+transport (`pipeline.web.matrix_appservice`) uses too, so both make the same frames.
+
 Encrypted rooms: Switchboard holds no Olm/Megolm keys, so an `m.room.encrypted` event cannot be read.
 It is counted (`switchboard_connection_frames_total{platform="matrix",outcome="encrypted"}`), logged
 (a warning at most once a minute per bot), and the room gets one `m.notice` saying the bot cannot

@@ -1,7 +1,9 @@
 """Matrix (the client-server API of a homeserver: Synapse, Dendrite, Conduit…).
 
-In: room events read by `/sync` (transport `sync`, `pipeline.connections.matrix`), one frame per
-`m.room.message` event: `{"room_id", "direct", "event", "reply_sender", "sender_name"}` — the event
+In: room events read by `/sync` (transport `sync`, `pipeline.connections.matrix`) or pushed by the
+homeserver to an application service (transport `appservice`, `pipeline.web.matrix_appservice`),
+one frame per `m.room.message` event, made alike on both (`RoomView`):
+`{"room_id", "direct", "event", "reply_sender", "sender_name"}` — the event
 as the homeserver sent it, whether the room is a direct chat (listed in the bot's `m.direct` account
 data, or with two joined members), who wrote the event it replies to, which the holder looked up,
 and the sender's display name in the room, when a member event gave it. A
@@ -11,7 +13,8 @@ direct room is a private chat, any other a group. The bot is addressed by a ment
 reply to one of its messages. `m.notice` (what bots send), edits (`m.replace`) and the bot's own
 events start no turn. Media arrive as their `mxc://` URI (a `kind: file` media the agent can send
 back as it is).
-Out: `PUT /_matrix/client/v3/rooms/{roomId}/send/m.room.message/{txnId}`, the transaction id made
+Out (as the bot: its access token, or the `as_token` with `user_id`, `client_auth`):
+`PUT /_matrix/client/v3/rooms/{roomId}/send/m.room.message/{txnId}`, the transaction id made
 from the outbound id and the call's index, so a send retried after an unknown outcome is stored
 once by the homeserver. Text as `body` plus `formatted_body` (`org.matrix.custom.html`): markdown,
 links and mention pills; `m.mentions` always present, listing the users mentioned and never `room`,

@@ -22,8 +22,9 @@ appends the Application Service API's paths to it, so every worker serves, for e
 Every request is authenticated before its path is looked at or its body read: `Authorization:
 Bearer <hs_token>` (the spec since v1.4), compared in constant time; none is 401 `M_UNAUTHORIZED`,
 another token 403 `M_FORBIDDEN`. The legacy `access_token` query parameter is not accepted alone (a
-token in a query string ends up in proxies' access logs; homeservers send the header, Synapse only
-the header since 1.81); when a homeserver sends both, they must match (the spec asks it). Each
+token in a query string ends up in proxies' access logs; homeservers send the header, and Synapse
+adds the parameter only with `use_appservice_legacy_authorization`, off by default); when a
+homeserver sends both, they must match (the spec asks it). Each
 refusal is counted in `switchboard_webhooks_total{platform="matrix"}`.
 """
 

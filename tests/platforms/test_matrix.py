@@ -359,17 +359,18 @@ def appservice_config(homeserver: Homeserver, **extra: Any) -> BotConfig:
 
 
 def test_an_appservice_entry_needs_both_tokens_and_names_the_one_missing() -> None:
-    entry = {
+    tokens = {"hs_token": "h", "as_token": "a"}
+    entry: dict[str, Any] = {
         "platform": "matrix",
         "bot_id": "m",
         "transport": "appservice",
         "self_id": BOT_USER,
         "api_base": "https://matrix.example.org",
-        "credentials": {"hs_token": "h", "as_token": "a"},
+        "credentials": tokens,
     }
     assert bot_problems([entry]) == []  # no access_token: the as_token stands for it
     for missing in ("hs_token", "as_token"):
-        credentials = {k: v for k, v in entry["credentials"].items() if k != missing}
+        credentials = {k: v for k, v in tokens.items() if k != missing}
         [problem] = bot_problems([{**entry, "credentials": credentials}])
         assert problem.loc[1:] == ("credentials", missing)
         assert problem.message == "required for matrix appservice (bot 'm')"
