@@ -161,9 +161,26 @@ class RoomView:
             "direct": await self.is_direct(room_id),
             "event": event,
             "reply_sender": await self.reply_sender(room_id, event),
-            "sender_name": self.names.get(f"{room_id} {event.get('sender')}"),
+            "sender_name": self.names.get(f"{room_id} {event.get('sender')}") or None,
         }
         return json.dumps(frame, ensure_ascii=False).encode()
+
+    async def learn_name(self, room_id: str, user: str) -> None:
+        """Look up a sender's display name no member event gave (`appservice`: the homeserver
+        pushes member events only as they happen, not with each sender as a lazy-loading sync
+        does): `GET /rooms/{id}/state/m.room.member/{user}`, remembered, "" for none."""
+        key = f"{room_id} {user}"
+        if key in self.names:
+            return
+        path = f"/rooms/{quote(room_id, safe='')}/state/m.room.member/{quote(user, safe='')}"
+        try:
+            content = await self.api.call("GET", path, _HTTP_TIMEOUT_SECONDS)
+        except Refused as refused:
+            if refused.reason != "bad_request":  # no such member (left, never joined): no name
+                raise
+            content = {}
+        name = content.get("displayname")
+        remember(self.names, key, name[:100] if isinstance(name, str) else "")
 
     def member(self, room_id: str, event: dict[str, Any], *, changed: bool) -> None:
         """A member event: the display name remembered; one in the timeline (someone joined or

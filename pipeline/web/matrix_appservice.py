@@ -5,7 +5,8 @@ appends the Application Service API's paths to it, so every worker serves, for e
 
 - `PUT /_matrix/app/v1/transactions/{txnId}`: a batch of events (`{"events": [...]}`). Each
   `m.room.message` becomes the same frame the `/sync` holder makes (`RoomView`: direct rooms,
-  who wrote the replied event, display names from member events) and `MatrixPlatform.parse` maps
+  who wrote the replied event, display names from member events, else looked up, as a lazy-loading
+  sync brings them) and `MatrixPlatform.parse` maps
   it exactly as on `sync`; `m.room.encrypted` gets the same notice. Answered `200 {}` once the
   broker has every message. A transaction id this worker finished before is answered `200 {}` at
   once; one retried at another worker is parsed again and ingest drops the copies by event id. A
@@ -154,7 +155,7 @@ async def serve(request: web.Request) -> web.StreamResponse:
         return _error(404, "M_UNRECOGNIZED", "no application service here", "unknown_bot")
     problem = header_problem(request)
     if problem is not None:
-        return _error(400, "M_UNRECOGNIZED", problem, problem)
+        return _error(400, "M_INVALID_PARAM", problem, problem)
     refusal = auth_refusal(bot, request.headers, request.query)
     if refusal is not None:
         status, errcode, error, outcome = refusal
@@ -246,6 +247,9 @@ async def _messages(deps: WebDeps, state: AppserviceBot, events: list[Any]) -> l
             await view.encrypted(room_id)
         elif kind == "m.room.message" and event.get("sender") != bot.self_id:
             await state.refresh_direct()
+            sender = event.get("sender")
+            if isinstance(sender, str):
+                await view.learn_name(room_id, sender)
             frame = await view.frame(room_id, event)
             try:
                 result = platform.parse(bot, WebhookRequest(headers={}, body=frame))

@@ -5,6 +5,7 @@ a homeserver checks it, with events built by mautrix's typed classes (`MessageEv
 
 Served: `GET /sync` (long polling: `since`, `timeout`, an inline `filter` read by mautrix's `Filter`),
 `GET /account/whoami`, `GET /user/{userId}/account_data/m.direct`, `GET /rooms/{id}/joined_members`,
+`GET /rooms/{id}/state/m.room.member/{userId}`,
 `GET /rooms/{id}/event/{eventId}`, `PUT /rooms/{id}/send/m.room.message/{txnId}` (the content read
 back by mautrix; a transaction id seen before for the same access token answers the event it
 stored, so a retried send is stored once), `PUT /rooms/{id}/typing/{userId}` and
@@ -247,6 +248,10 @@ class Homeserver:
             if room is None or requester not in room.members:
                 self.errors.append(f"{method} {what} in room {room_id} by {requester}, not in it")
                 return _error(403, "M_FORBIDDEN", "User not in room")
+            if what == "state" and method == "GET" and len(parts) == 5 and parts[3] == "m.room.member":
+                if parts[4] not in room.members:
+                    return _error(404, "M_NOT_FOUND", "Event not found.")
+                return web.json_response(self.member_event(room_id, parts[4])["content"])
             if what == "joined_members" and method == "GET" and len(parts) == 3:
                 return web.json_response({"joined": {m: {"display_name": m[1:].split(":")[0]} for m in room.members}})
             if what == "event" and method == "GET" and len(parts) == 4:

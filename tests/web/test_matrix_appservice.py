@@ -102,6 +102,7 @@ async def test_a_transaction_is_mapped_as_sync_maps_it_and_a_retried_one_produce
     assert replied.reply_to is not None and replied.reply_to.is_bot  # looked up with the as_token
     assert messages[direct["event_id"]].chat_type == "private"  # in the bot's m.direct
     assert messages[pair["event_id"]].chat_type == "private"  # two joined members
+    assert messages[pair["event_id"]].sender.name == "User dave"  # no member event came: looked up
     # The same events in a new transaction (one another worker might have taken): the same
     # messages again, with the same event ids ingest de-duplicates by.
     await homeserver.push([mention, direct])
@@ -113,6 +114,8 @@ async def test_a_transaction_is_mapped_as_sync_maps_it_and_a_retried_one_produce
     # Lookups were made as the bot's user through the application service's token.
     assert homeserver.requests[f"GET /_matrix/client/v3/user/{BOT_USER}/account_data/m.direct"] == 1
     assert homeserver.requests[f"GET /_matrix/client/v3/rooms/{PAIR}/joined_members"] == 1
+    assert homeserver.requests[f"GET /_matrix/client/v3/rooms/{PAIR}/state/m.room.member/{DAVE}"] == 1
+    assert homeserver.requests[f"GET /_matrix/client/v3/rooms/{GROUP}/state/m.room.member/{ALICE}"] == 0
     assert homeserver.errors == []
 
 
@@ -167,7 +170,7 @@ async def test_a_missing_or_wrong_hs_token_is_refused_and_produces_nothing(
     _, ok, _ = await homeserver.push([event], txn_id="forged1")
     assert ok == 200
     assert [m.text for m in inbound(worker)] == ["forged"]
-    assert homeserver.requests.total() == 2  # the m.direct and joined_members lookups of the genuine one
+    assert homeserver.requests.total() == 3  # the genuine one's lookups: m.direct, members, the name
 
 
 async def test_the_token_is_checked_before_the_body_is_read(worker: Worker) -> None:
