@@ -217,7 +217,9 @@ async def _transaction(request: web.Request, deps: WebDeps, state: AppserviceBot
         try:
             messages = await _messages(deps, state, events)
         except (Refused, PollFailed) as exc:
-            log.warning("%s/%s: transaction %s not taken, a lookup failed: %s", _PLATFORM, bot.bot_id, txn, exc)
+            # PollFailed: the homeserver refused the as_token, which no retry cures: said at ERROR.
+            level = logging.ERROR if isinstance(exc, PollFailed) else logging.WARNING
+            log.log(level, "%s/%s: transaction %s not taken, a lookup failed: %s", _PLATFORM, bot.bot_id, txn, exc)
             return _error(503, "M_UNKNOWN", "a lookup failed; send the transaction again", "lookup_failed")
         if messages:
             # Shielded: a homeserver that hangs up does not cut the produce short (it retries, and

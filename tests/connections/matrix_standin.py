@@ -126,6 +126,7 @@ class Homeserver:
         self.scripts: dict[str, list[tuple[int, dict[str, Any]]]] = {}  # room → answers to its next sends
         self.registered = {BOT_USER, AS_SENDER}  # users that exist on the homeserver
         self.appservice_url = ""  # the registration's `url`: a worker's /webhooks/matrix/<bot_id>
+        self.unavailable = False  # every client-server call answered 502, as behind a failing proxy
         self.pushed: list[tuple[str, int, Any]] = []  # (transaction id, status, answer) of each push
         self._txn_ids = itertools.count(1)
         self._ids = itertools.count(1)
@@ -218,6 +219,8 @@ class Homeserver:
         self.requests[f"{request.method} {path}"] += 1
         if "access_token" in request.query:
             self.errors.append(f"{path}: the access token in the query string")
+        if self.unavailable:
+            return _error(502, "M_UNKNOWN", "Bad gateway")
         requester = self._requester(request)
         if isinstance(requester, web.Response):
             return requester

@@ -222,3 +222,16 @@ async def test_a_malformed_transaction_is_a_400_and_a_dead_letter(worker: Worker
     [letter] = [json.loads(v) for v in worker.produced.on(DEADLETTER)]
     assert letter["reason"] == "malformed_payload" and letter["stage"] == "ingress"
     assert inbound(worker) == []
+
+
+async def test_a_transaction_whose_lookups_failed_is_refused_and_taken_when_sent_again(
+    worker: Worker, homeserver: Homeserver
+) -> None:
+    event = homeserver.text_event(PAIR, DAVE, "while the homeserver struggles")
+    homeserver.unavailable = True
+    txn, status, answer = await homeserver.push([event])
+    assert status == 503 and answer["errcode"] == "M_UNKNOWN"  # the homeserver sends it again later
+    assert inbound(worker) == []
+    homeserver.unavailable = False
+    assert (await homeserver.push([event], txn_id=txn))[1] == 200  # not taken for a finished one
+    assert [m.message_id for m in inbound(worker)] == [event["event_id"]]
