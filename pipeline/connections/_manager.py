@@ -140,7 +140,7 @@ class Connections:
         self.bots = [
             LongConnectionBot(bot, transports[(bot.platform, bot.transport)])
             for bot in settings.bots
-            if bot.transport != "webhook"
+            if bot.transport != "webhook" and bot.transport not in platform_for(bot.platform).pushed_transports
         ]
         self._by_key = {(entry.bot.platform, entry.bot.bot_id): entry for entry in self.bots}
         self.router = ActionRouter(store, settings.connection_action_timeout_seconds)

@@ -122,6 +122,9 @@ class Platform(abc.ABC):
     #: Long-connection transports whose bots still take webhooks (Discord: messages over the
     #: Gateway, slash commands at the interactions endpoint). Default: none, one way in per bot.
     webhooks_beside: ClassVar[frozenset[str]] = frozenset()
+    #: Transports on which the platform pushes to routes of its own on every worker, as a webhook
+    #: does, with no connection to hold (Matrix `appservice`): no lease, any worker answers.
+    pushed_transports: ClassVar[frozenset[str]] = frozenset()
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:

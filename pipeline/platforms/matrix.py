@@ -1,7 +1,9 @@
 """Matrix (the client-server API of a homeserver: Synapse, Dendrite, Conduit…).
 
-In: room events read by `/sync` (transport `sync`, `pipeline.connections.matrix`), one frame per
-`m.room.message` event: `{"room_id", "direct", "event", "reply_sender", "sender_name"}` — the event
+In: room events read by `/sync` (transport `sync`, `pipeline.connections.matrix`) or pushed by the
+homeserver to an application service (transport `appservice`, `pipeline.web.matrix_appservice`),
+one frame per `m.room.message` event, made alike on both (`RoomView`):
+`{"room_id", "direct", "event", "reply_sender", "sender_name"}` — the event
 as the homeserver sent it, whether the room is a direct chat (listed in the bot's `m.direct` account
 data, or with two joined members), who wrote the event it replies to, which the holder looked up,
 and the sender's display name in the room, when a member event gave it. A
@@ -11,7 +13,8 @@ direct room is a private chat, any other a group. The bot is addressed by a ment
 reply to one of its messages. `m.notice` (what bots send), edits (`m.replace`) and the bot's own
 events start no turn. Media arrive as their `mxc://` URI (a `kind: file` media the agent can send
 back as it is).
-Out: `PUT /_matrix/client/v3/rooms/{roomId}/send/m.room.message/{txnId}`, the transaction id made
+Out (as the bot: its access token, or the `as_token` with `user_id`, `client_auth`):
+`PUT /_matrix/client/v3/rooms/{roomId}/send/m.room.message/{txnId}`, the transaction id made
 from the outbound id and the call's index, so a send retried after an unknown outcome is stored
 once by the homeserver. Text as `body` plus `formatted_body` (`org.matrix.custom.html`): markdown,
 links and mention pills; `m.mentions` always present, listing the users mentioned and never `room`,
@@ -130,12 +133,23 @@ def send_path(room_id: str, txn: str) -> str:
     return f"{CLIENT}/rooms/{quote(room_id, safe='')}/send/m.room.message/{txn}"
 
 
+def client_auth(bot: BotConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """The headers and query parameters that authenticate a client-server API call as the bot: its
+    `access_token` (transport `sync`), or the application service's `as_token` acting as the bot's
+    user (`appservice`: `user_id` names it; the spec lets an application service act as its sender
+    or any user of its namespace this way). Tokens go in the header only, never a query string."""
+    if bot.transport == "appservice":
+        return {"Authorization": f"Bearer {bot.secret('as_token') or ''}"}, {"user_id": bot.self_id or ""}
+    return {"Authorization": f"Bearer {bot.secret('access_token') or ''}"}, {}
+
+
 class MatrixPlatform(Platform):
     name: ClassVar[str] = "matrix"
-    required_credentials = ("access_token",)
-    # `sync`: `/sync` long polling held by one worker (`pipeline.connections.matrix`). No webhook:
-    # the application-service transport (transactions pushed with the `hs_token`) is not built.
-    transports = {"sync": ()}
+    # `sync`: `/sync` long polling held by one worker (`pipeline.connections.matrix`), with the bot
+    # account's `access_token`. `appservice`: the homeserver pushes transactions to any worker
+    # (`pipeline.web.matrix_appservice`), authenticated by the `hs_token`; sends use the `as_token`.
+    transports = {"sync": ("access_token",), "appservice": ("hs_token", "as_token")}
+    pushed_transports = frozenset({"appservice"})
     profile: ClassVar[PlatformProfile] = PlatformProfile(
         native_segments=frozenset({"text", "markdown", "mention", "reply", "image", "audio", "video", "file"}),
         max_text_chars=MAX_TEXT,
@@ -163,8 +177,10 @@ class MatrixPlatform(Platform):
     # --- in --------------------------------------------------------------------------------------
 
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
-        # Only the sync holder produces frames; no webhook is served (`transports` has none).
-        raise WebhookRejected(401, "bad_signature", "Matrix bots take no webhooks (transport sync)")
+        # Frames come from the sync holder and the application-service route, which hand them to
+        # `parse` themselves; `/webhooks/matrix/{bot}` itself takes nothing (`transports` has no
+        # `webhook`; the application service's paths are below it, `pipeline.web.matrix_appservice`).
+        raise WebhookRejected(401, "bad_signature", "Matrix bots take no plain webhooks")
 
     @payload_guard
     def parse(self, bot: BotConfig, request: WebhookRequest) -> WebhookResult:
@@ -337,7 +353,7 @@ class MatrixPlatform(Platform):
         self, bot: BotConfig, call: PlatformCall, http: httpx.AsyncClient, load_media: MediaLoader
     ) -> SendOutcome:
         root = (bot.api_base or "").rstrip("/")
-        headers = {"Authorization": f"Bearer {bot.secret('access_token') or ''}"}
+        headers, params = client_auth(bot)
         content = dict(call.json or {})
         media = call.media
         try:
@@ -347,7 +363,7 @@ class MatrixPlatform(Platform):
                     content["body"] = file_name(media, None, default=str(content.get("body") or "file"))
                 else:
                     segment_type = str(call.meta.get("segment", "file"))
-                    uploaded = await _upload(bot, root, headers, media, http, load_media, segment_type)
+                    uploaded = await _upload(bot, root, (headers, params), media, http, load_media, segment_type)
                     if isinstance(uploaded, SendOutcome):
                         if uploaded.status != "permanent" or uploaded.reason != "media_unavailable":
                             return uploaded
@@ -359,7 +375,7 @@ class MatrixPlatform(Platform):
                     else:
                         url, name, mime, size = uploaded
                         content.update(url=url, body=name, filename=name, info={"mimetype": mime, "size": size})
-            response = await http.request(call.method, root + call.path, json=content, headers=headers)
+            response = await http.request(call.method, root + call.path, json=content, headers=headers, params=params)
         except httpx.HTTPError as exc:
             return network_outcome(exc)
         return _classify(response)
@@ -371,12 +387,9 @@ class MatrixPlatform(Platform):
             f"{(bot.api_base or '').rstrip('/')}{CLIENT}/rooms/{quote(chat_id, safe='')}"
             f"/typing/{quote(bot.self_id, safe='')}"
         )
+        headers, params = client_auth(bot)
         try:
-            await http.put(
-                url,
-                json={"typing": True, "timeout": 30_000},
-                headers={"Authorization": f"Bearer {bot.secret('access_token') or ''}"},
-            )
+            await http.put(url, json={"typing": True, "timeout": 30_000}, headers=headers, params=params)
         except httpx.HTTPError:
             pass  # a typing indicator is a courtesy
 
@@ -520,7 +533,7 @@ def _relation(reply_id: str | None, thread_root: str | None) -> dict[str, Any]:
 async def _upload(
     bot: BotConfig,
     root: str,
-    headers: dict[str, str],
+    auth: tuple[dict[str, str], dict[str, str]],
     media: Media,
     http: httpx.AsyncClient,
     load_media: MediaLoader,
@@ -535,9 +548,10 @@ async def _upload(
         return SendOutcome("permanent", reason="media_unavailable", detail=text)
     name = file_name(media, mime)
     mime = mime or "application/octet-stream"
+    headers, params = auth
     response = await http.post(
         root + UPLOAD_PATH,
-        params={"filename": name},
+        params={**params, "filename": name},
         content=data,
         headers={**headers, "Content-Type": mime},
     )
@@ -572,4 +586,4 @@ def _classify(response: httpx.Response) -> SendOutcome:
     return SendOutcome("permanent", reason=reason, detail=detail)
 
 
-__all__ = ["FILE_ID_SHAPES", "MatrixPlatform", "send_path", "to_html", "txn_id"]
+__all__ = ["FILE_ID_SHAPES", "MatrixPlatform", "client_auth", "send_path", "to_html", "txn_id"]

@@ -43,6 +43,7 @@ from ._exposure import metrics_open
 from ._front import ONEBOT_WS_PREFIX, WEBHOOK_METHODS, WEBHOOK_PREFIX, Reply, header_problem, webhook_target
 from ._guard import Front, GuardedAppRunner, GuardedSite
 from ._hub import ConsoleHub
+from .matrix_appservice import add_appservice_routes
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ def build_web_app(deps: WebDeps) -> web.Application:
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    add_appservice_routes(app)  # Matrix application services: /webhooks/matrix/{bot_id}/_matrix/…
     if deps.settings.console_enabled:
         add_console_routes(app, STATIC)
     return app

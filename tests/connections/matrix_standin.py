@@ -5,6 +5,7 @@ a homeserver checks it, with events built by mautrix's typed classes (`MessageEv
 
 Served: `GET /sync` (long polling: `since`, `timeout`, an inline `filter` read by mautrix's `Filter`),
 `GET /account/whoami`, `GET /user/{userId}/account_data/m.direct`, `GET /rooms/{id}/joined_members`,
+`GET /rooms/{id}/state/m.room.member/{userId}`,
 `GET /rooms/{id}/event/{eventId}`, `PUT /rooms/{id}/send/m.room.message/{txnId}` (the content read
 back by mautrix; a transaction id seen before for the same access token answers the event it
 stored, so a retried send is stored once), `PUT /rooms/{id}/typing/{userId}` and
@@ -13,6 +14,14 @@ stored, so a retried send is stored once), `PUT /rooms/{id}/typing/{userId}` and
 
 The event stream is a list; a sync token is `s<position>`. Two syncs waiting at once, the first one's
 client still connected, count in `overlaps` (two holders syncing the same bot).
+
+As the homeserver of an application service (`REGISTRATION`, what its registration YAML says): the
+`as_token` is accepted as Synapse accepts it, acting as the `user_id` query parameter's user when
+that user is the service's sender or in its exclusive `users` namespace and registered (403
+`M_FORBIDDEN` otherwise), as the sender without it; a transaction id is remembered per user and
+token. `push` sends a transaction to the service (`PUT {url}/_matrix/app/v1/transactions/{txnId}`,
+`Authorization: Bearer <hs_token>`, never the legacy query parameter) and checks the answer as
+Synapse does: a 2xx with a JSON object, else the transaction is to be sent again.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+import aiohttp
 from aiohttp import web
 from mautrix.types import (
     EncryptedEvent,
@@ -57,7 +67,21 @@ SERVER = "example.org"
 BOT_USER = f"@switch:{SERVER}"
 ACCESS_TOKEN = "syt_c3dpdGNo_FAKEtokenFORtests_0aBcDe"
 DEVICE = "SWITCHBOARD"
+# The application service's registration (the homeserver's side of `transport = "appservice"`).
+AS_TOKEN = "as_token_c3dpdGNoYm9hcmQ_FAKEforTESTS"
+HS_TOKEN = "hs_token_aG9tZXNlcnZlcg_FAKEforTESTS"
+AS_SENDER = f"@sb_appservice:{SERVER}"
+REGISTRATION: dict[str, Any] = {
+    "id": "switchboard",
+    "url": "http://switchboard.example/webhooks/matrix/<bot_id>",  # `Homeserver.appservice_url`
+    "as_token": AS_TOKEN,
+    "hs_token": HS_TOKEN,
+    "sender_localpart": "sb_appservice",
+    "rate_limited": False,
+    "namespaces": {"users": [{"exclusive": True, "regex": re.escape(f"@switch:{SERVER}")}], "aliases": [], "rooms": []},
+}
 CLIENT = "/_matrix/client/v3"
+_REQUESTER = web.RequestKey("requester", str)
 _TXN = re.compile(r"[A-Za-z0-9._~-]{1,255}")
 _MXC = re.compile(r"mxc://[A-Za-z0-9.:-]+/[A-Za-z0-9_-]+")
 
@@ -100,6 +124,11 @@ class Homeserver:
         self.errors: list[str] = []
         self.overlaps = 0
         self.scripts: dict[str, list[tuple[int, dict[str, Any]]]] = {}  # room → answers to its next sends
+        self.registered = {BOT_USER, AS_SENDER}  # users that exist on the homeserver
+        self.appservice_url = ""  # the registration's `url`: a worker's /webhooks/matrix/<bot_id>
+        self.unavailable = False  # every client-server call answered 502, as behind a failing proxy
+        self.pushed: list[tuple[str, int, Any]] = []  # (transaction id, status, answer) of each push
+        self._txn_ids = itertools.count(1)
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._waiting: list[web.Request] = []
@@ -188,11 +217,14 @@ class Homeserver:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         self.requests[f"{request.method} {path}"] += 1
-        if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
-            self.errors.append(f"{request.method} {path}: no or a wrong access token")
-            return _error(401, "M_UNKNOWN_TOKEN", "Invalid access token passed.")
         if "access_token" in request.query:
             self.errors.append(f"{path}: the access token in the query string")
+        if self.unavailable:
+            return _error(502, "M_UNKNOWN", "Bad gateway")
+        requester = self._requester(request)
+        if isinstance(requester, web.Response):
+            return requester
+        request[_REQUESTER] = requester
         if path == "/_matrix/media/v3/upload" and request.method == "POST":
             return await self._upload(request)
         if not path.startswith(CLIENT + "/"):
@@ -203,10 +235,10 @@ class Homeserver:
         if parts == ["sync"] and method == "GET":
             return await self._sync(request)
         if parts == ["account", "whoami"] and method == "GET":
-            return web.json_response({"user_id": BOT_USER, "device_id": DEVICE})
+            return web.json_response({"user_id": requester, "device_id": DEVICE})
         if len(parts) == 4 and parts[0] == "user" and parts[2:] == ["account_data", "m.direct"] and method == "GET":
-            if parts[1] != BOT_USER:
-                self.errors.append(f"account data of {parts[1]}")
+            if parts[1] != requester:
+                self.errors.append(f"account data of {parts[1]} asked by {requester}")
                 return _error(403, "M_FORBIDDEN", "Cannot get account data for other users.")
             direct: dict[str, list[str]] = {}
             for room_id, each in self.rooms.items():
@@ -216,9 +248,13 @@ class Homeserver:
         if len(parts) >= 3 and parts[0] == "rooms":
             room_id, what = parts[1], parts[2]
             room = self.rooms.get(room_id)
-            if room is None:
-                self.errors.append(f"{method} {what} in unknown room {room_id}")
+            if room is None or requester not in room.members:
+                self.errors.append(f"{method} {what} in room {room_id} by {requester}, not in it")
                 return _error(403, "M_FORBIDDEN", "User not in room")
+            if what == "state" and method == "GET" and len(parts) == 5 and parts[3] == "m.room.member":
+                if parts[4] not in room.members:
+                    return _error(404, "M_NOT_FOUND", "Event not found.")
+                return web.json_response(self.member_event(room_id, parts[4])["content"])
             if what == "joined_members" and method == "GET" and len(parts) == 3:
                 return web.json_response({"joined": {m: {"display_name": m[1:].split(":")[0]} for m in room.members}})
             if what == "event" and method == "GET" and len(parts) == 4:
@@ -230,13 +266,67 @@ class Homeserver:
                 return await self._send(request, room_id, parts[4])
             if what == "typing" and method == "PUT" and len(parts) == 4:
                 body = await request.json()
-                if parts[3] != BOT_USER or not isinstance(body.get("typing"), bool):
+                if parts[3] != requester or not isinstance(body.get("typing"), bool):
                     self.errors.append(f"typing: {parts[3]} {body}")
                     return _error(400, "M_INVALID_PARAM", "bad typing")
                 self.typing.append((room_id, body))
                 return web.json_response({})
         self.errors.append(f"{method} {path}: not served by the stand-in")
         return _error(404, "M_UNRECOGNIZED", "Unrecognized request")
+
+    def _requester(self, request: web.Request) -> str | web.Response:
+        """The user a request acts as, checked the way Synapse checks its token: the bot's access
+        token; or the application service's `as_token`, as the `user_id` parameter's user."""
+        auth = request.headers.get("Authorization")
+        where = f"{request.method} {request.path}"
+        if auth == f"Bearer {ACCESS_TOKEN}":
+            if "user_id" in request.query:
+                self.errors.append(f"{where}: user_id with a user's access token")
+            return BOT_USER
+        if auth != f"Bearer {AS_TOKEN}":
+            self.errors.append(f"{where}: no or a wrong access token")
+            if auth is None:
+                return _error(401, "M_MISSING_TOKEN", "Missing access token.")
+            return _error(401, "M_UNKNOWN_TOKEN", "Invalid access token passed.")
+        user = request.query.get("user_id")
+        if user is None or user == AS_SENDER:
+            return AS_SENDER
+        namespaces = REGISTRATION["namespaces"]["users"]
+        if not any(re.fullmatch(n["regex"], user) for n in namespaces):
+            self.errors.append(f"{where}: masquerading as {user}, outside the namespace")
+            return _error(403, "M_FORBIDDEN", "Application service cannot masquerade as this user.")
+        if user not in self.registered:
+            self.errors.append(f"{where}: masquerading as {user}, not registered")
+            return _error(403, "M_FORBIDDEN", "Application service has not registered this user.")
+        return user
+
+    async def push(
+        self,
+        events: list[dict[str, Any]],
+        *,
+        txn_id: str | None = None,
+        token: str | None = HS_TOKEN,
+        url: str | None = None,
+    ) -> tuple[str, int, Any]:
+        """Send a transaction of `events` to the application service as Synapse does; its id (a new
+        one unless given: a retry sends the same id with the same events), status and answer.
+        `url`: another base than the registration's (another worker behind the same name)."""
+        txn = txn_id or str(next(self._txn_ids))
+        url = f"{url or self.appservice_url}/_matrix/app/v1/transactions/{txn}"
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        async with aiohttp.ClientSession() as http, http.put(url, json={"events": events}, headers=headers) as answer:
+            raw = await answer.read()
+            try:
+                body: Any = json.loads(raw)
+            except ValueError:
+                body = raw
+            status = answer.status
+            if 200 <= status < 300 and not (isinstance(body, dict) and answer.content_type == "application/json"):
+                self.errors.append(f"transaction {txn}: answered {status} {raw[:200]!r}, not a JSON object")
+        for event in events:
+            self.events[event["event_id"]] = event
+        self.pushed.append((txn, status, body))
+        return txn, status, body
 
     async def _upload(self, request: web.Request) -> web.Response:
         data = await request.read()
@@ -262,7 +352,8 @@ class Homeserver:
         if problem:
             self.errors.append(f"send {txn}: {problem}: {content}")
             return _error(400, "M_BAD_JSON", problem)
-        stored = self.txns.get(txn)
+        requester = request[_REQUESTER]
+        stored = self.txns.get(f"{requester} {request.headers.get('Authorization')} {txn}")
         if stored is not None:  # the same transaction again: the event stored the first time
             return web.json_response({"event_id": stored.event_id})
         script = self.scripts.get(room_id)
@@ -271,9 +362,14 @@ class Homeserver:
             return web.json_response(body, status=status)
         event_id = f"$bot{next(self._ids)}"
         stored = Stored(room_id, txn, event_id, content)
-        self.txns[txn] = stored
+        self.txns[f"{requester} {request.headers.get('Authorization')} {txn}"] = stored
         self.stored.append(stored)
-        self.events[event_id] = {"event_id": event_id, "sender": BOT_USER, "type": "m.room.message", "content": content}
+        self.events[event_id] = {
+            "event_id": event_id,
+            "sender": requester,
+            "type": "m.room.message",
+            "content": content,
+        }
         return web.json_response({"event_id": event_id})
 
     async def _sync(self, request: web.Request) -> web.Response:
@@ -362,4 +458,14 @@ def _content_problem(content: Any, homeserver: Homeserver) -> str:
     return ""
 
 
-__all__ = ["ACCESS_TOKEN", "BOT_USER", "SERVER", "Homeserver", "Stored"]
+__all__ = [
+    "ACCESS_TOKEN",
+    "AS_SENDER",
+    "AS_TOKEN",
+    "BOT_USER",
+    "HS_TOKEN",
+    "REGISTRATION",
+    "SERVER",
+    "Homeserver",
+    "Stored",
+]

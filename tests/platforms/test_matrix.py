@@ -19,7 +19,7 @@ from pipeline.platforms.matrix import MatrixPlatform, txn_id
 from pipeline.records import OutboundMessage
 from pipeline.segments import MediaChecker
 from pipeline.settings import BotConfig
-from tests.connections.matrix_standin import ACCESS_TOKEN, BOT_USER, SERVER, Homeserver
+from tests.connections.matrix_standin import ACCESS_TOKEN, AS_TOKEN, BOT_USER, HS_TOKEN, SERVER, Homeserver
 
 from .conftest import PNG_B64, MediaServer, broken_loader, load_media
 
@@ -344,3 +344,61 @@ async def test_a_wrong_token_is_unauthorized(homeserver: Homeserver, http: httpx
 async def test_typing(homeserver: Homeserver, http: httpx.AsyncClient) -> None:
     await get_platform("matrix").typing(bot_config(homeserver), ROOM, http)
     assert homeserver.typing == [(ROOM, {"typing": True, "timeout": 30000})]
+
+
+# --- the application-service transport ------------------------------------------------------------
+
+
+def appservice_config(homeserver: Homeserver, **extra: Any) -> BotConfig:
+    return bot_config(homeserver, **extra).model_copy(
+        update={
+            "transport": "appservice",
+            "credentials": {"hs_token": SecretStr(HS_TOKEN), "as_token": SecretStr(AS_TOKEN)},
+        }
+    )
+
+
+def test_an_appservice_entry_needs_both_tokens_and_names_the_one_missing() -> None:
+    tokens = {"hs_token": "h", "as_token": "a"}
+    entry: dict[str, Any] = {
+        "platform": "matrix",
+        "bot_id": "m",
+        "transport": "appservice",
+        "self_id": BOT_USER,
+        "api_base": "https://matrix.example.org",
+        "credentials": tokens,
+    }
+    assert bot_problems([entry]) == []  # no access_token: the as_token stands for it
+    for missing in ("hs_token", "as_token"):
+        credentials = {k: v for k, v in tokens.items() if k != missing}
+        [problem] = bot_problems([{**entry, "credentials": credentials}])
+        assert problem.loc[1:] == ("credentials", missing)
+        assert problem.message == "required for matrix appservice (bot 'm')"
+    [problem] = bot_problems([{**entry, "transport": "sync"}])
+    assert problem.loc[1:] == ("credentials", "access_token")
+
+
+async def test_an_appservice_bot_sends_with_the_as_token_as_its_own_user(
+    homeserver: Homeserver, http: httpx.AsyncClient
+) -> None:
+    bot = appservice_config(homeserver)
+    image = {"type": "image", "data": {"media": {"kind": "base64", "value": PNG_B64}}}
+    text, media = platform.render(bot, outbound([{"type": "text", "data": {"text": "hi"}}, image]))
+    for call in (text, text, media):  # the text retried: stored once
+        assert (await platform.send(bot, call, http, load_media)).status == "delivered"
+    await platform.typing(bot, ROOM, http)
+    assert len(homeserver.stored) == 2 and homeserver.send_attempts[text.path.rsplit("/", 1)[1]] == 2
+    # Sent as the bot's user (`user_id` = self_id), not as the application service's sender.
+    assert {homeserver.events[s.event_id]["sender"] for s in homeserver.stored} == {BOT_USER}
+    assert homeserver.typing and homeserver.errors == []
+
+
+async def test_an_appservice_bot_outside_the_namespace_is_forbidden(
+    homeserver: Homeserver, http: httpx.AsyncClient
+) -> None:
+    bot = appservice_config(homeserver).model_copy(update={"self_id": f"@someone_else:{SERVER}"})
+    [call] = platform.render(bot, outbound([{"type": "text", "data": {"text": "x"}}]))
+    outcome = await platform.send(bot, call, http, load_media)
+    assert (outcome.status, outcome.reason) == ("permanent", "forbidden")
+    assert homeserver.stored == []
+    homeserver.errors.clear()  # the stand-in noted the refused masquerade, as expected
