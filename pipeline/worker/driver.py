@@ -352,10 +352,10 @@ class SwitchboardConsumer(mode.Service, ConsumerT):
                 if self.commit_every is not None and self.acked_since_commit >= self.commit_every:
                     await self.commit()
                 await self.wait_first(self.deliver(app, batches), self.flow_stopped.wait())
-        except ConsumerStoppedError:
-            if not self.app.should_stop:
+        except (ConsumerStoppedError, ConsumerNotStarted):
+            if not (self.app.should_stop or self.should_stop):
                 raise
-            log.info("the broker stopped the consumer while the worker stops")
+            log.info("the consumer stopped while the worker stops")
 
     async def fetch(self, timeout: float | None = None) -> dict[str, list[Message]]:
         """One fetch from the active partitions, as each topic's records to deliver."""
@@ -369,6 +369,13 @@ class SwitchboardConsumer(mode.Service, ConsumerT):
         generation = self.generation
         records = await kafka.getmany(*active, timeout_ms=int(wait * 1000))
         if generation != self.generation or not self.flow_active:
+            # Fetched while a rebalance began (or ended: its seek may precede these records). Put
+            # each partition's position back where these records start, so none is skipped;
+            # aiokafka returns records only from a partition's current position.
+            assigned = kafka.assignment()
+            for ktp, tp_records in records.items():
+                if tp_records and ktp in assigned:
+                    kafka.seek(ktp, tp_records[0].offset)
             return {}
         batches: dict[str, list[Message]] = {}
         progress = self.progress
