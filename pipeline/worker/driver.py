@@ -265,7 +265,10 @@ class SwitchboardConsumer(mode.Service, ConsumerT):
         progress is forgotten (their next owner reads from the committed offsets)."""
         self.app.on_rebalance_start()
         await self.revoked_callback(revoked)
-        await self.commit()
+        try:
+            await self.commit()
+        except Exception:  # the records are read again from the last commit: no reason to stop
+            log.exception("commit on revocation failed")
         for tp in revoked:
             self.progress.pop(tp, None)
             self.held.discard(tp)
@@ -347,8 +350,8 @@ class SwitchboardConsumer(mode.Service, ConsumerT):
                 if self.held:
                     await self.read_held_again()
                 batches = await self.fetch()
-                if not batches or not self.flow_active:
-                    continue  # fetched while a rebalance began: read again after it
+                if not batches:
+                    continue
                 if self.commit_every is not None and self.acked_since_commit >= self.commit_every:
                     await self.commit()
                 await self.wait_first(self.deliver(app, batches), self.flow_stopped.wait())
