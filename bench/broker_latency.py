@@ -80,7 +80,7 @@ class Sink:
         self.done = asyncio.Event()
 
 
-async def _assigned_consumer(bootstrap: str, topic: str, partitions: int, fetch_wait: int) -> AIOKafkaConsumer:
+async def assigned_consumer(bootstrap: str, topic: str, partitions: int, fetch_wait: int) -> AIOKafkaConsumer:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -150,14 +150,14 @@ async def _bench(args: argparse.Namespace, bootstrap: str, broker_pid: int | Non
     stages, producers, tasks = [], [], []
     sink = Sink(hops=[[] for _ in range(hops)])
     for i in range(1, len(topics)):
-        c = await _assigned_consumer(bootstrap, topics[i - 1], args.partitions, fw)
+        c = await assigned_consumer(bootstrap, topics[i - 1], args.partitions, fw)
         p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=args.linger_ms)
         await p.start()
         stages.append(c)
         producers.append(p)
         # stage i reads t(i-1) and writes t(i); the last topic is read by the sink
         tasks.append(asyncio.create_task(stage(c, p, topics[i])))
-    sink_consumer = await _assigned_consumer(bootstrap, topics[-1], args.partitions, fw)
+    sink_consumer = await assigned_consumer(bootstrap, topics[-1], args.partitions, fw)
     tasks.append(asyncio.create_task(sink_loop(sink_consumer, sink, hops)))
     source = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=args.linger_ms)
     await source.start()

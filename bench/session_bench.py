@@ -353,7 +353,7 @@ async def bench_client_overhead(turns: int) -> dict[str, float]:
     subscription = Subscription[ServerEvent](client, "s", deltas=True)
     started = time.perf_counter()
     for payload in payloads:
-        subscription._accept_live(parse_server_event_json(payload))
+        subscription.accept_live(parse_server_event_json(payload))
     dispatch = (time.perf_counter() - started) / len(payloads) * 1e6
     return {
         "events": len(frames),

@@ -42,7 +42,7 @@ def test_a_bot_is_found_by_platform_and_bot_id() -> None:
     assert settings.bot("console", "b") is settings.bots[2]
     assert settings.bot("onebot", "b") is None and settings.bot("telegram", "a") is None
     # Built once for the list, not at each look-up.
-    assert settings._bots_by_key() is settings._bots_by_key()
+    assert settings._bots_by_key() is settings._bots_by_key()  # noqa: SLF001
 
 
 def test_bots_put_in_place_later_are_found_and_the_old_ones_are_not() -> None:

@@ -71,13 +71,13 @@ async def bare_chain(
     }
     try:
         for i in range(1, topics):
-            c = await bl._assigned_consumer(bootstrap, names[i - 1], partitions, fetch_wait_ms)
+            c = await bl.assigned_consumer(bootstrap, names[i - 1], partitions, fetch_wait_ms)
             p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, acks=acks)
             await p.start()
             consumers.append(c)
             producers.append(p)
             tasks.append(asyncio.create_task(bl.stage(c, p, names[i])))
-        sink_consumer = await bl._assigned_consumer(bootstrap, names[-1], partitions, fetch_wait_ms)
+        sink_consumer = await bl.assigned_consumer(bootstrap, names[-1], partitions, fetch_wait_ms)
         consumers.append(sink_consumer)
         tasks.append(asyncio.create_task(bl.sink_loop(sink_consumer, sink, hops)))
         source = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, acks=acks)

@@ -37,7 +37,7 @@ _LIVE: set[ManagedProcess] = set()
 def _kill_leftovers() -> None:
     for svc in list(_LIVE):
         with contextlib.suppress(Exception):
-            svc._kill_now()
+            svc.kill_now()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -249,7 +249,7 @@ class ManagedProcess:
                 await self._wait_ready()
             except ServiceStartError as exc:
                 last_error = exc
-                self._kill_now()
+                self.kill_now()
                 if self._port_taken():
                     if self._port_is_ours:
                         self._pick_new_port()  # lost a race for the port: try another one
@@ -258,7 +258,7 @@ class ManagedProcess:
                         raise self._port_in_use(f"log {self.log_path}") from exc
                 raise
             except BaseException:
-                self._kill_now()  # cancelled (e.g. a test timeout): leave no half-started process
+                self.kill_now()  # cancelled (e.g. a test timeout): leave no half-started process
                 raise
             self.started_at = time.time()
             self.last_start_seconds = time.monotonic() - t0
@@ -321,7 +321,7 @@ class ManagedProcess:
 
     async def kill(self) -> None:
         """SIGKILL at once (crash simulation); the run dir is kept so ``start`` can bring it back."""
-        self._kill_now()
+        self.kill_now()
 
     async def restart(self) -> Self:
         """Stop, then start on the same port(s) with the same run dir."""
@@ -346,7 +346,13 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
 
-    def _kill_now(self) -> None:
+    @property
+    def keep_run_dir(self) -> bool:
+        """Whether the run directory stays after `cleanup` (for a look at its logs)."""
+        return bool(self._keep_run_dir)
+
+    def kill_now(self) -> None:
+        """SIGKILL the process, if it runs (no wait for it to stop)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             self._signal(signal.SIGKILL)

@@ -160,7 +160,7 @@ class KafkaCluster:
     def cleanup(self) -> None:
         for node in self.nodes.values():
             node.cleanup()
-        if self._owns_run_dir and not any(n._keep_run_dir for n in self.nodes.values()):
+        if self._owns_run_dir and not any(n.keep_run_dir for n in self.nodes.values()):
             with contextlib.suppress(OSError):
                 self.run_dir.rmdir()
 

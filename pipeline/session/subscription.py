@@ -118,7 +118,7 @@ class Subscription(Generic[E]):
                             return
                     failures = 0  # connected and caught up
                     async for live in stream:
-                        for item in self._accept_live(live):
+                        for item in self.accept_live(live):
                             yield item
                         if self.finished:
                             return
@@ -139,7 +139,8 @@ class Subscription(Generic[E]):
         if len(self._overlap) > self._dedup_window:
             self._overlap.popitem(last=False)
 
-    def _accept_live(self, event: ServerEvent | UnparsedEvent) -> list[SubscriptionItem]:
+    def accept_live(self, event: ServerEvent | UnparsedEvent) -> list[SubscriptionItem]:
+        """What a live event delivers: nothing for a preview of history already delivered."""
         if event.type in PREVIEW_TYPES:
             target = event.event.id if isinstance(event, EventStart) else getattr(event, "event_id", None)
             if target is not None and target in self._overlap:

@@ -1,7 +1,8 @@
 """The worker: a Faust app on Switchboard's driver, with one stage per consumed topic.
 
-Faust hosts the worker (lifecycle, signals, consumer group, offset commits, producer); the driver
-delivers fetched records to each topic's `StageRunner` in batches. `WorkerService` opens the
+Faust hosts the worker (lifecycle, signals, the consumer group's rebalances); Switchboard's driver
+(`driver.py`) fetches, delivers fetched records to each topic's `StageRunner` in batches, commits
+what the stages acknowledged, and produces. `WorkerService` opens the
 runtime's resources after Faust starts and closes them after the stages stop.
 """
 
@@ -31,7 +32,7 @@ from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_
 
 from . import collector
 from .drain import Drain
-from .driver import SCHEME, BatchConsumer, BatchSink, ConsumerTuning, KeyPartitioner, Transport, broker_url
+from .driver import SCHEME, BatchSink, ConsumerTuning, KeyPartitioner, SwitchboardConsumer, Transport, broker_url
 from .loopwatch import LoopWatch
 from .stage import Stage, StageRunner
 
@@ -91,9 +92,9 @@ class SwitchboardApp(faust.App):
         return self._sinks.get(topic)
 
     @property
-    def batch_consumer(self) -> BatchConsumer:
+    def batch_consumer(self) -> SwitchboardConsumer:
         consumer = self.consumer
-        assert isinstance(consumer, BatchConsumer), "the app runs on Switchboard's driver"
+        assert isinstance(consumer, SwitchboardConsumer), "the app runs on Switchboard's driver"
         return consumer
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -94,23 +96,36 @@ class Drain:
 
 class DrainingWorker(faust.Worker):
     """A Faust worker whose first SIGTERM drains the turns in flight before stopping (a second
-    SIGTERM, or SIGINT, stops at once). `drain` is set by the app's service once it runs."""
+    SIGTERM, or SIGINT, stops at once). `drain` is set by the app's service once it runs.
+
+    mode's worker installs its signal handlers in `install_signal_handlers`; this one then puts
+    its own on SIGTERM (asyncio's `add_signal_handler` replaces a handler), and stops the worker the
+    way its SIGINT does: by raising SIGINT, whose handler stays mode's."""
 
     drain: Callable[[], Awaitable[Any]] | None = None
-    _draining = False
-    _drain_task: asyncio.Future[None] | None = None
+    draining = False
+    drain_task: asyncio.Future[None] | None = None
 
-    def _on_sigterm(self) -> None:
-        if self._draining or self.drain is None:
-            super()._on_sigterm()
+    def install_signal_handlers(self) -> None:
+        super().install_signal_handlers()
+        if sys.platform != "win32":
+            self.loop.add_signal_handler(signal.SIGTERM, self.on_sigterm)
+
+    def on_sigterm(self) -> None:
+        if self.draining or self.drain is None:
+            self.stop_by_signal()
             return
-        self._draining = True
+        self.draining = True
         drain = self.drain
 
         async def drain_then_stop() -> None:
             try:
                 await drain()
             finally:
-                super(DrainingWorker, self)._on_sigterm()
+                self.stop_by_signal()
 
-        self._drain_task = asyncio.ensure_future(drain_then_stop(), loop=self.loop)
+        self.drain_task = asyncio.ensure_future(drain_then_stop(), loop=self.loop)
+
+    def stop_by_signal(self) -> None:
+        log.info("SIGTERM: stopping")
+        signal.raise_signal(signal.SIGINT)

@@ -79,16 +79,16 @@ def command(i: int) -> dict[str, Any]:
 async def test_held_messages_become_one_turn_under_merge_and_one_each_under_queue() -> None:
     merge = BareWorker(config("merge"))
     merge.held["console:demo:c1"] = [command(1), command(2), command(3)]
-    turn = merge._take_held("console:demo:c1")
+    turn = merge._take_held("console:demo:c1")  # noqa: SLF001
     assert turn is not None
     assert turn["message_ids"] == ["m1", "m2"] and turn["texts"] == ["text 1", "text 2"]  # the merge window: 2
     assert turn["hops"]["ingress"] == 1.0 and turn["hops"]["held"] == 1.5 and "released" in turn["hops"]
-    assert merge._take_held("console:demo:c1") is not None  # m3 next
-    assert merge._take_held("console:demo:c1") is None
+    assert merge._take_held("console:demo:c1") is not None  # m3 next  # noqa: SLF001
+    assert merge._take_held("console:demo:c1") is None  # noqa: SLF001
 
     queue = BareWorker(config("queue"))
     queue.held["console:demo:c1"] = [command(1), command(2)]
-    first = queue._take_held("console:demo:c1")
+    first = queue._take_held("console:demo:c1")  # noqa: SLF001
     assert first is not None and first["message_ids"] == ["m1"]
 
 

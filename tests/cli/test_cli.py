@@ -27,15 +27,15 @@ def test_no_arguments_prints_help() -> None:
 
 def test_every_option_and_argument_has_help() -> None:
     parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
     undocumented = [
         f"{name} {action.dest}"
         for name, sub in subparsers.choices.items()
-        for action in sub._actions
-        if not isinstance(action, argparse._HelpAction) and not action.help
+        for action in sub._actions  # noqa: SLF001
+        if not isinstance(action, argparse._HelpAction) and not action.help  # noqa: SLF001
     ]
     assert not undocumented
-    assert all(choice.help for choice in subparsers._choices_actions), "every command has a one-line help"
+    assert all(choice.help for choice in subparsers._choices_actions), "every command has a one-line help"  # noqa: SLF001
 
 
 def test_version() -> None:
@@ -50,7 +50,7 @@ def test_every_sim_option_has_a_description() -> None:
     from pipeline.sim.cli import build_parser as sim_parser
 
     parser = sim_parser()
-    undocumented = [a.dest for a in parser._actions if not isinstance(a, argparse._HelpAction) and not a.help]
+    undocumented = [a.dest for a in parser._actions if not isinstance(a, argparse._HelpAction) and not a.help]  # noqa: SLF001
     assert not undocumented
     help_text = run("sim", "--help").stdout
     for option in ("--ping-interval", "--latency-ms", "--host", "--drop-stream-prob"):

@@ -132,10 +132,10 @@ async def test_the_stack_recognises_only_its_own_worker(unused_tcp_port: int) ->
     await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
     try:
         worker = WorkerProcess(unused_tcp_port, {})
-        worker._prepare()  # the id a start would give the process
-        assert await worker._probe() is False
+        worker._prepare()  # the id a start would give the process  # noqa: SLF001
+        assert await worker._probe() is False  # noqa: SLF001
         worker.instance_id = "someone-else"
-        assert await worker._probe() is True  # the same probe does accept the right id
+        assert await worker._probe() is True  # the same probe does accept the right id  # noqa: SLF001
     finally:
         await runner.cleanup()
 

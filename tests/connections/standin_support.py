@@ -14,6 +14,7 @@ from pipeline import metrics
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.records import InboundMessage
 from pipeline.settings import BotConfig
+from tests.metric_values import current
 from tests.platforms.conftest import Seen
 
 # Set when a message is made, not by what it says.
@@ -63,4 +64,4 @@ def same_message(a: InboundMessage, b: InboundMessage) -> bool:
 
 
 def frames(platform: str, outcome: str) -> float:
-    return metrics.CONNECTION_FRAMES.labels(platform, outcome)._value.get()
+    return current(metrics.CONNECTION_FRAMES.labels(platform, outcome))

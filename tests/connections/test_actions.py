@@ -22,6 +22,7 @@ from pipeline.connections.base import ActionAnswer, Connection, Link
 from pipeline.platforms.onebot import OneBotPlatform
 from pipeline.settings import BotConfig
 from pipeline.state import ConnectionStore
+from tests.metric_values import current
 from tests.platforms.conftest import load_media
 from tests.platforms.test_onebot import outbound
 
@@ -87,7 +88,7 @@ async def holding(
 
 
 def _count(outcome: str) -> float:
-    return metrics.CONNECTION_ACTIONS.labels("onebot", outcome)._value.get()
+    return current(metrics.CONNECTION_ACTIONS.labels("onebot", outcome))
 
 
 async def test_an_action_from_any_worker_runs_on_the_holder(store: ConnectionStore) -> None:

@@ -17,6 +17,7 @@ import pytest
 from pipeline import metrics
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.settings import BotConfig
+from tests.metric_values import current
 from tests.platforms.test_dingtalk import CLIENT_ID, CLIENT_SECRET, message
 
 from .conftest import Produced
@@ -35,7 +36,7 @@ def stream_bot(api_base: str, secret: str = CLIENT_SECRET) -> BotConfig:
 
 
 def frames(outcome: str) -> float:
-    return metrics.CONNECTION_FRAMES.labels("dingtalk", outcome)._value.get()
+    return current(metrics.CONNECTION_FRAMES.labels("dingtalk", outcome))
 
 
 @pytest.fixture
@@ -137,11 +138,11 @@ async def test_wrong_credentials_fail_the_dial(
     gateway: StreamGateway, redis_url: str, redis_prefix: str, produced: Produced, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    dial_failed = metrics.CONNECTION_HANDSHAKES.labels("dingtalk", "dial_failed")._value.get()
+    dial_failed = current(metrics.CONNECTION_HANDSHAKES.labels("dingtalk", "dial_failed"))
     config = stream_bot(gateway.url, secret="not-the-secret-of-this-app")
     async with running(redis_url, redis_prefix, produced, config):
         await until(
-            lambda: metrics.CONNECTION_HANDSHAKES.labels("dingtalk", "dial_failed")._value.get() >= dial_failed + 1,
+            lambda: current(metrics.CONNECTION_HANDSHAKES.labels("dingtalk", "dial_failed")) >= dial_failed + 1,
             "the dial failed",
         )
     assert gateway.sockets == [] and gateway.tickets == {} and inbound(produced) == []

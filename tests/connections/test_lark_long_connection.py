@@ -20,6 +20,7 @@ from pipeline.connections._frame import Frame, FrameError, decode, encode
 from pipeline.platforms import get_platform
 from pipeline.settings import BotConfig, Settings
 from pipeline.topics import DEADLETTER
+from tests.metric_values import current
 from tests.platforms.test_lark import APP_ID, APP_SECRET, BOT_OPEN_ID, mention, receive_event
 
 from .conftest import Produced
@@ -168,7 +169,7 @@ async def test_pong_config_and_reconnects_follow_the_client_config(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pipeline")
     reconnects = metrics.CONNECTION_RECONNECTS.labels("lark", "long_connection")
-    before = reconnects._value.get()
+    before = current(reconnects)
     lark.pong_config = {"ReconnectCount": -1, "ReconnectInterval": 1, "ReconnectNonce": 0, "PingInterval": 1}
     async with running(redis_url, redis_prefix, produced, bot(lark)):
         await until(lambda: len(lark.open_sockets()) == 1, "socket dialed")
@@ -176,7 +177,7 @@ async def test_pong_config_and_reconnects_follow_the_client_config(
         first = lark.sockets[0]
         await first.ws.close()  # Lark drops the socket
         await until(lambda: len(lark.open_sockets()) == 1 and len(lark.sockets) == 2, "connected again")
-        assert len(lark.endpoint_requests) == 2 and reconnects._value.get() == before + 1
+        assert len(lark.endpoint_requests) == 2 and current(reconnects) == before + 1
         await lark.send_event(text_event("again", event_id="ev-again"))
         await until(lambda: len(lark.sockets[1].answers) == 1, "answered on the new socket")
     assert "long connection made again" in caplog.text
@@ -202,9 +203,9 @@ async def test_a_wrong_secret_fails_the_dial_and_is_counted_and_logged_without_i
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pipeline")
     failed = metrics.CONNECTION_HANDSHAKES.labels("lark", "dial_failed")
-    before = failed._value.get()
+    before = current(failed)
     async with running(redis_url, redis_prefix, produced, bot(lark, secret="not-the-secret")):
-        await until(lambda: failed._value.get() > before, "dial failed")
+        await until(lambda: current(failed) > before, "dial failed")
     assert lark.sockets == [] and lark.endpoint_requests[0]["body"]["AppSecret"] == "not-the-secret"
     assert "the long-connection endpoint refused: HTTP 200, code 403: app id or secret is invalid" in caplog.text
     assert "not-the-secret" not in caplog.text

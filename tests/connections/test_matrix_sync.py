@@ -14,6 +14,7 @@ import pytest
 
 from pipeline import metrics
 from pipeline.settings import BotConfig
+from tests.metric_values import current
 
 from .conftest import Produced
 from .matrix_standin import ACCESS_TOKEN, BOT_USER, SERVER, Homeserver
@@ -100,10 +101,10 @@ async def test_an_access_token_of_another_user_fails_the_dial(
     homeserver: Homeserver, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
     failed = metrics.CONNECTION_HANDSHAKES.labels("matrix", "dial_failed")
-    before = failed._value.get()
+    before = current(failed)
     bot = sync_bot(homeserver.url).model_copy(update={"self_id": f"@other:{SERVER}"})
     async with running(redis_url, redis_prefix, produced, bot):
-        await until(lambda: failed._value.get() >= before + 2, "dials fail")
+        await until(lambda: current(failed) >= before + 2, "dials fail")
     assert homeserver.syncs == []
     assert homeserver.requests["GET /_matrix/client/v3/account/whoami"] >= 2
 
@@ -118,9 +119,9 @@ async def test_a_since_token_the_homeserver_refuses_is_an_error_naming_the_fix(
 ) -> None:
     await redis_client.set(f"{redis_prefix}resume:matrix:mx1", "s999")  # from a homeserver since restored
     refused = metrics.CONNECTION_POLL_ERRORS.labels("matrix", "mx1", "bad_request")
-    before = refused._value.get()
+    before = current(refused)
     async with running(redis_url, redis_prefix, produced, sync_bot(homeserver.url)):
-        await until(lambda: refused._value.get() > before, "the refused sync counted")
+        await until(lambda: current(refused) > before, "the refused sync counted")
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors and all("refused the sync" in e and "resume:matrix:mx1" in e for e in errors), errors
     assert ACCESS_TOKEN not in caplog.text

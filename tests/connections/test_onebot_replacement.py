@@ -12,6 +12,7 @@ import pytest
 
 from pipeline import metrics
 from pipeline.connections.onebot import Refused, reverse_handshake
+from tests.metric_values import current
 
 from .conftest import Produced
 from .test_onebot_ws import SELF_ID, TOKEN, bot, running, until, web_app
@@ -20,11 +21,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}", "X-Self-ID": str(SELF_ID)}
 
 
 def replacements(outcome: str) -> float:
-    return metrics.CONNECTION_REPLACEMENTS.labels("onebot", "qq1", outcome)._value.get()
+    return current(metrics.CONNECTION_REPLACEMENTS.labels("onebot", "qq1", outcome))
 
 
 def held() -> float:
-    return metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")._value.get()
+    return current(metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse"))
 
 
 async def test_an_event_only_socket_does_not_replace_a_universal_one(

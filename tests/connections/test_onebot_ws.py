@@ -31,6 +31,7 @@ from pipeline.stages.outputs import Outputs
 from pipeline.state import RedisClient, redis_py_client
 from pipeline.topics import DEADLETTER, IM_INBOUND
 from pipeline.web.connections import add_connection_routes
+from tests.metric_values import current
 from tests.platforms.conftest import Seen, load_media
 from tests.platforms.test_onebot import SPEC_PRIVATE, TOKEN, check_onebot, group_event, outbound
 
@@ -130,7 +131,7 @@ def inbound(produced: Produced) -> list[InboundMessage]:
 
 
 def frames(outcome: str) -> float:
-    return metrics.CONNECTION_FRAMES.labels("onebot", outcome)._value.get()
+    return current(metrics.CONNECTION_FRAMES.labels("onebot", outcome))
 
 
 async def reply_through_the_platform(connections: Connections, bot_config: BotConfig, text: str) -> list[Any]:
@@ -189,20 +190,20 @@ async def test_forward_without_the_token_is_refused_and_the_bot_shows_no_holder(
     napcat_server: OneBotPeer, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
     config = BotConfig(platform="onebot", bot_id="qq9", transport="ws-forward", api_base=napcat_server.url)
-    failed = metrics.CONNECTION_HANDSHAKES.labels("onebot", "dial_failed")._value.get()
+    failed = current(metrics.CONNECTION_HANDSHAKES.labels("onebot", "dial_failed"))
     async with running(redis_url, redis_prefix, produced, config):
         await until(lambda: len(napcat_server.refused) >= 2, "dials refused")
         await asyncio.sleep(1.2)  # the holders gauge is exported every second
-        assert metrics.CONNECTION_HOLDER_MISSING.labels("onebot", "qq9")._value.get() == 1
+        assert current(metrics.CONNECTION_HOLDER_MISSING.labels("onebot", "qq9")) == 1
     assert napcat_server.sockets == [] and set(napcat_server.refused) == {"bad_token"}
-    assert metrics.CONNECTION_HANDSHAKES.labels("onebot", "dial_failed")._value.get() >= failed + 2
+    assert current(metrics.CONNECTION_HANDSHAKES.labels("onebot", "dial_failed")) >= failed + 2
 
 
 async def test_forward_redials_when_the_implementation_drops_the_socket(
     napcat_server: OneBotPeer, redis_url: str, redis_prefix: str, produced: Produced
 ) -> None:
     config = bot("ws-forward", api_base=napcat_server.url)
-    reconnects = metrics.CONNECTION_RECONNECTS.labels("onebot", "ws-forward")._value.get()
+    reconnects = current(metrics.CONNECTION_RECONNECTS.labels("onebot", "ws-forward"))
     async with running(redis_url, redis_prefix, produced, config):
         await napcat_server.wait_until(lambda: len(napcat_server.open_sockets()) == 1, 5, "dialed")
         await napcat_server.drop()
@@ -211,7 +212,7 @@ async def test_forward_redials_when_the_implementation_drops_the_socket(
         )
         await napcat_server.send_event(dict(SPEC_PRIVATE, message_id=77))
         await until(lambda: [m.message_id for m in inbound(produced)] == ["77"], "produced after the redial")
-    assert metrics.CONNECTION_RECONNECTS.labels("onebot", "ws-forward")._value.get() == reconnects + 1
+    assert current(metrics.CONNECTION_RECONNECTS.labels("onebot", "ws-forward")) == reconnects + 1
 
 
 # -- reverse -------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ async def test_reverse_universal_connection_carries_events_and_actions(
         peer.dial([f"{base}/onebot/ws/qq1"])
         try:
             await peer.wait_until(lambda: len(peer.open_sockets()) == 1, 5, "accepted")
-            await until(lambda: metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")._value.get() == 1, "held")
+            await until(lambda: current(metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")) == 1, "held")
             await peer.send_event(dict(SPEC_PRIVATE, message_id=5))
             await until(lambda: len(inbound(produced)) == 1, "produced")
             outcomes = await reply_through_the_platform(connections, config, "pong")
@@ -271,7 +272,7 @@ async def test_reverse_split_roles_hold_both_channels(redis_url: str, redis_pref
         peer.dial([f"{base}/onebot/ws/qq1"], roles=("Event", "API"))
         try:
             await peer.wait_until(lambda: {s.role for s in peer.open_sockets()} == {"event", "api"}, 5, "both roles")
-            await until(lambda: metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")._value.get() == 2, "both held")
+            await until(lambda: current(metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")) == 2, "both held")
             values = await connections.store.holders([("onebot", "qq1", "api"), ("onebot", "qq1", "event")])
             assert all(v is not None and v.state == "up" for v in values) and values[0] != values[1]
             await peer.send_event(dict(SPEC_PRIVATE, message_id=6))
@@ -296,7 +297,7 @@ async def test_reverse_newest_connection_wins(redis_url: str, redis_prefix: str,
             first.dial([f"{base}/onebot/ws/qq1"])
             await first.wait_until(lambda: len(first.open_sockets()) == 1, 5, "first accepted")
             # "Newest" is the order the leases are taken in: wait until the first one holds.
-            await until(lambda: metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")._value.get() == 1, "held")
+            await until(lambda: current(metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")) == 1, "held")
             second.dial([f"{base}/onebot/ws/qq1"])
             # The earlier socket is closed by its holder at its next renewal (a third of the lease).
             await first.wait_until(lambda: not first.open_sockets(), 3, "the older socket closed")
@@ -333,13 +334,13 @@ async def test_reverse_handshakes_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     webhook_bot = BotConfig(platform="onebot", bot_id="hook", credentials={"access_token": TOKEN})
-    before = metrics.CONNECTION_HANDSHAKES.labels("onebot", reason)._value.get()
+    before = current(metrics.CONNECTION_HANDSHAKES.labels("onebot", reason))
     async with running(redis_url, redis_prefix, produced, bot("ws-reverse"), webhook_bot) as connections:
         async with web_app(connections) as base, aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await http.ws_connect(base + path, headers=headers)
     assert refused.value.status == status
-    assert metrics.CONNECTION_HANDSHAKES.labels("onebot", reason)._value.get() == before + 1
+    assert current(metrics.CONNECTION_HANDSHAKES.labels("onebot", reason)) == before + 1
     assert TOKEN not in caplog.text and "wrong" not in caplog.text
 
 
@@ -364,7 +365,7 @@ async def test_reverse_token_in_the_query_is_accepted(redis_url: str, redis_pref
             ws = await http.ws_connect(
                 f"{base}/onebot/ws/qq1?access_token={TOKEN}", headers={"X-Self-ID": str(SELF_ID)}
             )
-            await until(lambda: metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")._value.get() == 1, "held")
+            await until(lambda: current(metrics.CONNECTIONS_HELD.labels("onebot", "ws-reverse")) == 1, "held")
             await ws.close()
 
 

@@ -19,6 +19,7 @@ from pipeline.errors import ConfigurationError
 from pipeline.platforms.checks import bot_problems
 from pipeline.runtime import deployment_secrets
 from pipeline.settings import BotConfig, Settings, load_settings
+from tests.metric_values import current
 from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, callback
 
 from .conftest import Produced
@@ -172,10 +173,10 @@ async def test_a_wrong_app_token_fails_the_dial_and_is_counted_and_logged_withou
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="pipeline")
     failed = metrics.CONNECTION_HANDSHAKES.labels("slack", "dial_failed")
-    before = failed._value.get()
+    before = current(failed)
     wrong = bot(slack, app_token="xapp-1-A0123456789-0000000000000-wrongwrongwrong")
     async with running(redis_url, redis_prefix, produced, wrong):
-        await until(lambda: failed._value.get() > before, "dial failed")
+        await until(lambda: current(failed) > before, "dial failed")
     assert slack.sockets == [] and slack.opens[0].headers["authorization"].startswith("Bearer xapp-")
     assert "apps.connections.open refused: HTTP 200, invalid_auth" in caplog.text
     assert "wrongwrong" not in caplog.text and APP_TOKEN not in caplog.text

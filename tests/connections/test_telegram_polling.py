@@ -22,6 +22,7 @@ from telegram import Message, MessageEntity, Update
 from pipeline import metrics
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.settings import BotConfig
+from tests.metric_values import current
 from tests.platforms.test_telegram import ALICE, GROUP, TOKEN, WHEN
 
 from .conftest import Produced
@@ -44,7 +45,7 @@ def polling_bot(api_base: str, **extra: Any) -> BotConfig:
 
 
 def poll_errors(reason: str) -> float:
-    return metrics.CONNECTION_POLL_ERRORS.labels("telegram", "tg1", reason)._value.get()
+    return current(metrics.CONNECTION_POLL_ERRORS.labels("telegram", "tg1", reason))
 
 
 @pytest.fixture
@@ -183,7 +184,7 @@ async def test_network_errors_are_polled_through_with_backoff_and_the_token_neve
     port = _free_port()
     api = await BotApi().start(port=port)
     network, reconnects = poll_errors("network"), metrics.CONNECTION_RECONNECTS.labels("telegram", "polling")
-    reconnects_before = reconnects._value.get()
+    reconnects_before = current(reconnects)
     try:
         async with running(redis_url, redis_prefix, produced, polling_bot(api.url)):
             await until(lambda: len(api.polls) >= 1, "polling")
@@ -192,7 +193,7 @@ async def test_network_errors_are_polled_through_with_backoff_and_the_token_neve
             api = await BotApi().start(port=port)
             api.add(api.private_text(5, "after the outage"))
             await until(lambda: len(inbound(produced)) == 1, "polled again", timeout=20)
-        assert reconnects._value.get() >= reconnects_before + 2
+        assert current(reconnects) >= reconnects_before + 2
     finally:
         await api.stop()
     assert "getUpdates failed (network" in caplog.text and TOKEN not in caplog.text

@@ -68,8 +68,8 @@ def catalogue() -> dict[str, Metric]:
         if not isinstance(value, MetricWrapperBase):
             continue
         kind = next(k for cls, k in kinds.items() if isinstance(value, cls))
-        name = value._name + "_total" if kind == "counter" else value._name
-        out[name] = Metric(name, kind, tuple(value._labelnames), value._documentation)
+        name = value._name + "_total" if kind == "counter" else value._name  # noqa: SLF001
+        out[name] = Metric(name, kind, tuple(value._labelnames), value._documentation)  # noqa: SLF001
     return out
 
 

@@ -143,7 +143,7 @@ class StandIns:
         self._thread.start()
         for api in self.apis.values():
             self._run(api.start())
-        self._run(self.dingtalk_stream.start(other_paths=self.apis["dingtalk"]._handle))
+        self._run(self.dingtalk_stream.start(other_paths=self.apis["dingtalk"]._handle))  # noqa: SLF001
         self._routes()
         return self
 

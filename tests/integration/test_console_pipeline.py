@@ -353,7 +353,7 @@ async def test_an_open_console_stream_does_not_hold_a_worker_stop(stack: Stack, 
     """SIGTERM with a console tab open: the worker ends the stream and exits by itself instead of
     waiting on it until it is SIGKILLed. (Last in the module: a second worker joins and leaves.)"""
     worker = await stack.add_worker()
-    process = worker._proc
+    process = worker._proc  # noqa: SLF001
     assert process is not None
     worker.stop_grace = 30  # above the drain and the web shutdown; a SIGKILL after it is a failure
     try:

@@ -532,7 +532,7 @@ def test_fuzzed_webhooks_parse_or_are_refused(data: st.DataObject, new: Any) -> 
     }
     fixture = update(text_message(f"@{BUSINESS_NUMBER} hi", group=GROUP), image)
     fixture["entry"][0]["changes"][0]["value"]["statuses"] = [{"id": "wamid.S", "status": "read"}]
-    path = data.draw(st.sampled_from(fuzz._paths(fixture)))
+    path = data.draw(st.sampled_from(fuzz._paths(fixture)))  # noqa: SLF001
     body = json.dumps(fuzz._replace(fixture, path, new)).encode()
     try:
         result = whatsapp.parse(bot_config(), WebhookRequest(headers={}, body=body))

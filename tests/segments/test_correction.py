@@ -71,7 +71,7 @@ async def provider() -> AsyncIterator[FakeProvider]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)  # a free port chosen by the kernel
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     state.url = f"http://127.0.0.1:{port}/api/v3/chat/completions"
     try:
         yield state

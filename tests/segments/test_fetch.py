@@ -91,7 +91,7 @@ async def server() -> AsyncIterator[MediaServer]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    state.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    state.port = runner.addresses[0][1]
     state.base = f"http://127.0.0.1:{state.port}"
     try:
         yield state

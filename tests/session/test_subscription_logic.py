@@ -146,7 +146,7 @@ async def test_dedup_memory_is_released_after_the_overlap() -> None:
     server = ScriptedServer([([ev("e1"), ev("e2")], sse(ev("e1"), ev("e2"), ev("e3"), ev("end", "session.deleted")))])
     async with make_client(server) as client:
         _, subscription = await collect(client)
-    assert len(subscription._overlap) == 0
+    assert len(subscription._overlap) == 0  # noqa: SLF001
 
 
 def test_accumulator_indexes_and_bounds() -> None:

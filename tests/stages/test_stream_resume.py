@@ -14,6 +14,7 @@ from pipeline import metrics
 from pipeline.embedded import RedisServer
 from pipeline.stages.streams import StreamRegistry
 from pipeline.state import InflightStream, State
+from tests.metric_values import current
 
 
 class _Recorded(StreamRegistry):
@@ -50,13 +51,13 @@ async def test_streams_of_an_assignment_made_while_redis_is_down_resume_when_it_
     await state.streams.add_inflight(3, InflightStream("s3", "k3"))  # not assigned to us
     registry = _Recorded(state)
     retries = metrics.HANDLER_RETRIES.labels("streams", "ConnectionError")
-    before = retries._value.get()
+    before = current(retries)
 
     await server.kill()
     await registry.on_partitions_assigned({1, 2})  # returns at once: no Redis error raised here
     await asyncio.sleep(0.8)
     assert registry.started == []
-    assert retries._value.get() > before  # it kept trying
+    assert current(retries) > before  # it kept trying
 
     await server.start()
     await asyncio.wait_for(registry.resumed(), timeout=15)

@@ -115,8 +115,8 @@ async def test_the_client_routes_each_call_and_splits_what_spans_slots(
     try:
         keys = [f"{redis_prefix}k{i}" for i in range(12)]
         await client.execute("SET", keys[0], "v0")
-        assert client._cluster is not None and client._cluster._slots is not None
-        primaries = {client._cluster._slots[slot_of(k)] for k in keys}
+        assert client._cluster is not None and client._cluster._slots is not None  # noqa: SLF001
+        primaries = {client._cluster._slots[slot_of(k)] for k in keys}  # noqa: SLF001
         assert len(primaries) == 3  # the keys are spread over every primary
         replies = await client.pipeline([("SET", k, f"v{i}") for i, k in enumerate(keys)])
         assert replies == ["OK"] * len(keys)
@@ -181,14 +181,14 @@ async def test_primary_killed_the_stores_follow_the_promoted_replica(own_cluster
     assert isinstance(redis_py, RedisPyCluster)
     try:
         victim = (await own_cluster.primaries())[0]
-        assert state.redis._cluster is not None
+        assert state.redis._cluster is not None  # noqa: SLF001
         await state.redis.execute("PING")
-        await state.redis._cluster._ready()
+        await state.redis._cluster._ready()  # noqa: SLF001
         # A conversation whose slot the victim serves.
         conversation = next(
             f"console:b:c{i}"
             for i in range(10_000)
-            if state.redis._cluster._address(slot_of(state.keys.conversation(f"console:b:c{i}"))) == victim.address
+            if state.redis._cluster._address(slot_of(state.keys.conversation(f"console:b:c{i}"))) == victim.address  # noqa: SLF001
         )
         await state.conversations.map_session(conversation, "s1")
         first = await state.conversations.begin_turn(
@@ -220,7 +220,7 @@ async def test_primary_killed_the_stores_follow_the_promoted_replica(own_cluster
         )
         assert promoted in followers
         assert decision == "held"  # t1 still runs: the state written before the kill survived
-        assert state.redis._cluster._address(slot_of(state.keys.conversation(conversation))) == promoted.address
+        assert state.redis._cluster._address(slot_of(state.keys.conversation(conversation))) == promoted.address  # noqa: SLF001
         again = await state.conversations.begin_turn(
             conversation, 0, turn_id="t1", mode="merge", turn=TURN, command_json="{}", trace_id="t1"
         )

@@ -196,7 +196,7 @@ async def test_demoted_primary_answers_readonly_and_the_client_moves(
             assert await stale.execute("GET", "before") == "1"  # reads still work on a replica
             with pytest.raises(RedisConnectionError, match="read-only"):
                 await stale.execute("SET", "after", "2")
-        assert stale._connection is None  # dropped: the next call connects anew
+        assert stale._connection is None  # dropped: the next call connects anew  # noqa: SLF001
         await stale.aclose()
         assert "READONLY" in caplog.text
         assert PASSWORD not in caplog.text

@@ -471,7 +471,7 @@ async def console_session() -> AsyncIterator[Session]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     fake.base = f"http://127.0.0.1:{port}"
     for message in canned_messages(fake.base):
         fake.deliver(CHAT, message)

@@ -1,5 +1,5 @@
 """The driver's consumer runs on the app's event loop: no consumer thread, and records a stage
-receives were fetched by an aiokafka consumer bound to the running loop (against a real broker)."""
+receives were fetched on the loop's own thread (against a real broker)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from faust.types import TP, Message
 
 from pipeline.embedded import ApacheKafka, TansuBroker
 from pipeline.kafka import TopicSpec, apply_topics
-from pipeline.worker.driver import BatchConsumer, ConsumerThread
+from pipeline.worker.driver import SwitchboardConsumer
 
 from .apps import driver_app
 
@@ -24,15 +24,23 @@ pytestmark = pytest.mark.integration
 
 class Collect:
     def __init__(self) -> None:
-        self.values: list[bytes] = []
+        self.messages: list[Message] = []
         self.threads: set[int] = set()
-        self.got = asyncio.Event()
+        self.changed = asyncio.Event()
 
     async def deliver(self, messages: Sequence[Message]) -> None:
         self.threads.add(threading.get_ident())
-        self.values.extend(cast(bytes, m.value) for m in messages)  # every record here has a value
-        if len(self.values) >= 3:
-            self.got.set()
+        self.messages.extend(messages)
+        self.changed.set()
+
+    async def wait_for(self, count: int) -> list[Message]:
+        while len(self.messages) < count:
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), timeout=60)
+        return self.messages
+
+    def values(self) -> list[bytes]:
+        return [cast(bytes, m.value) for m in self.messages]  # every record here has a value
 
 
 async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
@@ -40,17 +48,15 @@ async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
 ) -> None:
     topic = unique_name("loop")
     await apply_topics(kafka_broker.bootstrap, [TopicSpec(topic, 2)])
-    app = driver_app(unique_name("loop"), kafka_broker, tmp_path)
+    # Commits only when asked: the test says when.
+    app = driver_app(unique_name("loop"), kafka_broker, tmp_path, broker_commit_interval=3600.0)
     sink = Collect()
     app.add_sink(topic, sink, partitions=2)
     threads_before = {t.ident for t in threading.enumerate()}
     await app.start()
     try:
         consumer = app.consumer
-        assert isinstance(consumer, BatchConsumer)
-        service = consumer._thread
-        assert isinstance(service, ConsumerThread)
-        assert service.thread_loop is asyncio.get_running_loop()
+        assert isinstance(consumer, SwitchboardConsumer)
         producer = AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
         await producer.start()
         try:
@@ -58,23 +64,31 @@ async def test_the_consumer_fetches_on_the_apps_loop_without_a_thread(
                 await producer.send_and_wait(topic, f"v{n}".encode(), key=b"k")
         finally:
             await producer.stop()
-        await asyncio.wait_for(sink.got.wait(), timeout=60)
-        assert sorted(sink.values) == [b"v0", b"v1", b"v2"]
+        first = (await sink.wait_for(3))[:3]
+        assert sorted(sink.values()) == [b"v0", b"v1", b"v2"]
         assert sink.threads == {threading.get_ident()}
-        kafka = service._consumer
-        assert kafka is not None and kafka._client._loop is asyncio.get_running_loop()
+        tp = first[0].tp
+        assert {m.tp for m in first} == {tp}  # one key, one partition
+        assert consumer.read_offset(tp) == 2
+        assert consumer.committed_offset(tp) is None
         # Nothing committed yet: after a rebalance's seek the partition is read from its start, not
         # from where the fetcher had got to (aiokafka seeks only committed offsets above 0).
-        (tp,) = [tp for tp in kafka.assignment() if await kafka.position(tp) > 0]
-        await service.seek_to_committed()
-        assert await kafka.position(tp) == 0
-        # A commit naming only partitions no longer assigned (computed before a rebalance took
-        # them) commits nothing instead of crashing the worker on aiokafka's ValueError({}).
-        assert await service.commit({TP(unique_name("gone"), 0): 5}) is False
-        assert await service.commit({tp: 0}) is True
-        assert not service.should_stop
+        assert await consumer.position(tp) == 3
+        await consumer.perform_seek()
+        assert await consumer.position(tp) == 0
+        again = (await sink.wait_for(6))[3:6]
+        assert [m.offset for m in again] == [0, 1, 2]
+        # Acknowledgements of the first delivery no longer count: the records were read again.
+        assert not any(consumer.ack(m) for m in first)
+        assert all(consumer.ack(m) for m in again)
+        # A commit naming only partitions no longer assigned commits nothing.
+        assert await consumer.commit({TP(unique_name("gone"), 0)}) is False
+        assert await consumer.commit() is True
+        assert consumer.committed_offset(tp) == 3
+        assert await consumer.commit() is False  # nothing new acknowledged
+        assert not consumer.should_stop
         # aiohttp/DNS executors aside, the app started no thread that runs a loop of its own.
         new = [t for t in threading.enumerate() if t.ident not in threads_before]
-        assert not [t for t in new if type(t).__name__ == "WorkerThread"], new
+        assert not [t for t in new if type(t).__name__ in {"WorkerThread", "ServiceThread"}], new
     finally:
         await app.stop()

@@ -20,8 +20,7 @@ def test_worker_producer_waits_for_all_replicas_and_is_idempotent_by_default(
     app = create_app(settings, stages=["ingest"], platforms=[])
     producer = app.producer
     assert isinstance(producer, Producer)
-    # What aiokafka's producer is built with: Faust's defaults, then these on top.
-    built = {**producer._settings_default(), **producer._settings_extra()}
+    built = producer.aiokafka_settings()  # what aiokafka's producer is built with
     assert built["acks"] == "all"
     assert built["enable_idempotence"] is expected
 
@@ -33,4 +32,4 @@ def test_worker_producer_sends_at_once_unless_a_linger_is_set(linger: int | None
     settings = Settings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **options)
     producer = create_app(settings, stages=["ingest"], platforms=[]).producer
     assert isinstance(producer, Producer)
-    assert {**producer._settings_default(), **producer._settings_extra()}["linger_ms"] == expected
+    assert producer.aiokafka_settings()["linger_ms"] == expected
