@@ -289,9 +289,10 @@ class SwitchboardConsumer(mode.Service, ConsumerT):
         """Seek every assigned partition to its committed offset, and one with nothing committed to
         its beginning: records read before the rebalance and not finished are read again."""
         kafka = self.running()
-        committed: dict[TP, int | None] = {}
-        for tp in self.assignment():
-            committed[tp] = await kafka.committed(kafka_tp(tp))
+        assigned = list(self.assignment())
+        # One request per partition (aiokafka asks for one at a time): asked all at once.
+        offsets = await asyncio.gather(*(kafka.committed(kafka_tp(tp)) for tp in assigned))
+        committed: dict[TP, int | None] = dict(zip(assigned, offsets, strict=True))
         fresh = [kafka_tp(tp) for tp, offset in committed.items() if offset is None or offset < 0]
         for tp, offset in committed.items():
             if offset is not None and offset >= 0:
