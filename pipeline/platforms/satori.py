@@ -16,9 +16,10 @@ messages are ignored.
 Message content is Satori's element syntax (XML-like, HTML's escapes): read with the standard
 library's HTML tokenizer (`html.parser`), so entities and attributes are decoded as the spec asks.
 Elements: text, `at` (a mention; `type="all"` as text), `quote` (a reply), `img`/`audio`/`video`/
-`file` (media by http(s) URL; other sources as the placeholder), `sharp`, `a`, `br`, `p`, formatting
-elements (their text); any other element is read as its children's text, as the spec says a client
-should.
+`file` (media by http(s) URL; the server's own, `internal:` or under its `/v1/proxy/`, read by
+Switchboard with the token for the session, `fetch_media`; `data:` sources as the placeholder),
+`sharp`, `a`, `br`, `p`, formatting elements (their text); any other element is read as its
+children's text, as the spec says a client should.
 Out: `POST {api_base}/v1/message.create` with `Authorization: Bearer <token>` and the login's headers
 (`Satori-Platform`, `Satori-User-ID`, and the v1.0 names `X-Platform`, `X-Self-ID` for older
 servers, as the official SDK sends them). Text is escaped (`&`, `<`, `>`, and `"` in attributes), so

@@ -6,7 +6,9 @@ In: the webhook's verification GET (`hub.mode=subscribe`, `hub.verify_token` = t
 checked before anything reads the body. `messages` changes for the bot's phone number become
 messages: one-to-one chats, and groups where the Groups API delivers their messages (`group_id`).
 `statuses` callbacks (sent, delivered, read, failed) never start a turn. Inbound media are the
-media's id (`kind: file`).
+media's id (`kind: file`), read when the turn goes to the session (`fetch_media`: the id's URL from
+`GET /{media-id}`, then its bytes, both with the token, the second through the SSRF guard). While a
+turn runs, the message it answers is marked read with the typing indicator (`typing_on`).
 Out: `POST /{phone_number_id}/messages` (Bearer token): `text` (WhatsApp's own *bold* _italic_
 ~strike~ formatting), `image`/`audio`/`video`/`document` by `link` (a URL WhatsApp's servers fetch)
 or by the `id` of media uploaded first (`POST /{phone_number_id}/media`, bytes read here through

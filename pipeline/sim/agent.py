@@ -137,7 +137,8 @@ def media_summary(message: dict[str, Any]) -> str:
     for block in message.get("content") or []:
         if not isinstance(block, dict) or block.get("type") == "text":
             continue
-        source = block.get("source") if isinstance(block.get("source"), dict) else {}
+        given = block.get("source")
+        source: dict[str, Any] = given if isinstance(given, dict) else {}
         kind = source.get("type")
         if kind == "base64":
             data = base64.b64decode(str(source.get("data", "")))

@@ -4,6 +4,7 @@ Satori server stand-in over real HTTP, and the outcomes when an item cannot be h
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import hashlib
@@ -25,7 +26,7 @@ from pipeline.stages.ingest import content_blocks
 from tests.connections.satori_standin import SatoriStandIn
 from tests.platforms import test_satori as st
 from tests.platforms import test_whatsapp as wa
-from tests.platforms.conftest import PNG, FakeApi
+from tests.platforms.conftest import PNG, FakeApi, Seen, load_media
 
 MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 64
 
@@ -195,3 +196,32 @@ async def test_satori_internal_and_proxied_media_are_read_from_the_server_with_t
             bot, Media(kind="file", value="https://elsewhere.example/x.png"), http, reader(guard, http).guarded, 1024
         )
     assert refused.value.reason == "url_not_allowed"
+
+
+# -- no idempotency key: what a send whose answer is lost becomes (docs/platforms.md) -------------
+
+
+@pytest.mark.parametrize("platform", ["whatsapp", "satori"])
+async def test_a_send_whose_answer_is_lost_is_retried_so_it_may_post_twice(api: FakeApi, platform: str) -> None:
+    """The platform got the request (the stand-in saw it) but its answer never came: egress is told
+    to retry (`network`), so the message may be posted twice; it is never dropped as unsure."""
+    answer = asyncio.Event()
+
+    async def stalled(seen: Seen) -> tuple[int, Any]:
+        await answer.wait()
+        return 500, {}
+
+    if platform == "whatsapp":
+        bot, path = wa.bot_config(api), wa.MESSAGES_PATH
+        message = wa.outbound(wa.ALICE, [wa.text("hi")], {})
+    else:
+        bot, path = st.bot_config(api), "/v1/message.create"
+        message = st.outbound([{"type": "text", "data": {"text": "hi"}}])
+    api.on(path, stalled)
+    sender = get_platform(platform)
+    [call] = sender.render(bot, message)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=0.3)) as impatient:
+        outcome = await sender.send(bot, call, impatient, load_media)
+    answer.set()
+    assert (outcome.status, outcome.reason) == ("retry", "network"), outcome
+    assert len(api.calls(path)) == 1  # it reached the platform: a retry sends it again
