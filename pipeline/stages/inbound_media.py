@@ -7,8 +7,9 @@ replaces each, just before the send, by the block the session protocol has for i
 `video` with a base64 source, a `document` with a plain-text source. An item that cannot be read
 (too large, refused, a failed download), or that the protocol has no block for (audio, a PDF),
 becomes a short text block saying so; the message's own text goes either way. Each item is counted
-in `switchboard_inbound_media_total{platform, outcome}`. Reading is bounded per item by size
-(images `MAX_IMAGE_BYTES`, others the deployment's `media_max_bytes`) and per turn by `TIMEOUT_S`.
+in `switchboard_inbound_media_total{platform, outcome}`. Reading is bounded by size (each item and
+all of a turn's together: `MAX_TURN_BYTES`, and the deployment's `media_max_bytes`) and by time
+(`TIMEOUT_S` for all of a turn's items).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 # The video types the protocol names for a base64 source.
 VIDEO_TYPES = frozenset({"video/mp4", "video/quicktime", "video/x-msvideo"})
 MAX_IMAGE_BYTES = 5 * 1024 * 1024  # the models' limit for one image
+# All of a turn's items together (and so any one item): base64 makes them a third larger, and the
+# whole user.message must stay within what a session API takes in one request (the simulator 8 MB).
+MAX_TURN_BYTES = 5 * 1024 * 1024
 TIMEOUT_S = 30.0  # all of a turn's items together: the turn waits for them
 
 
@@ -146,36 +150,45 @@ class InboundMedia:
         finally:
             for task in tasks:
                 task.cancel()  # past the time, or the turn itself cancelled: stop every read
+        budget = MAX_TURN_BYTES
         for (content, index), task in zip(spots, tasks, strict=True):
             segment_type = str(content[index].get("segment", "file"))
-            if task in done and not task.cancelled() and task.exception() is None:
-                content[index] = task.result()
-            else:
+            if task not in done or task.cancelled() or task.exception() is not None:
                 content[index] = self._unavailable(bot, segment_type, "timeout")
+                continue
+            block, size = task.result()
+            if size > budget:  # the turn's earlier items took the room a session request has
+                block = self._unavailable(bot, segment_type, "too_large")
+            elif size:
+                budget -= size
+                self._count(bot, "read")
+            content[index] = block
         return resolved
 
-    async def _block(self, bot: BotConfig, platform: Platform | None, marker: dict[str, Any]) -> dict[str, Any]:
+    async def _block(
+        self, bot: BotConfig, platform: Platform | None, marker: dict[str, Any]
+    ) -> tuple[dict[str, Any], int]:
+        """The session block of one item and the bytes it holds (0: a text saying why not)."""
         segment_type = str(marker.get("segment", "file"))
         raw = marker.get("media")
         if platform is None or not platform.fetches_media or not isinstance(raw, dict):
-            return self._unavailable(bot, segment_type, "unsupported_by_platform")
+            return self._unavailable(bot, segment_type, "unsupported_by_platform"), 0
         if segment_type == "audio":
             # No audio block in the session protocol: not downloaded at all.
-            return self._unavailable(bot, segment_type, "unsupported_by_session")
-        limit = min(self.max_bytes, MAX_IMAGE_BYTES) if segment_type == "image" else self.max_bytes
+            return self._unavailable(bot, segment_type, "unsupported_by_session"), 0
+        limit = min(self.max_bytes, MAX_TURN_BYTES, MAX_IMAGE_BYTES if segment_type == "image" else self.max_bytes)
         try:
             media = Media(kind=raw.get("kind", "file"), value=str(raw.get("value", "")))
             data = await platform.fetch_media(bot, media, self.http, self.guarded, limit)
         except MediaUnavailable as refused:
-            return self._unavailable(bot, segment_type, rejection_label(refused.reason))
+            return self._unavailable(bot, segment_type, rejection_label(refused.reason)), 0
         except Exception as exc:  # a platform's reader must not fail the turn: the text goes on
             log.info("%s/%s: inbound %s unreadable (%s)", bot.platform, bot.bot_id, segment_type, type(exc).__name__)
-            return self._unavailable(bot, segment_type, "unreadable")
+            return self._unavailable(bot, segment_type, "unreadable"), 0
         block = session_block(segment_type, data)
         if isinstance(block, str):
-            return self._unavailable(bot, segment_type, block)
-        self._count(bot, "read")
-        return block
+            return self._unavailable(bot, segment_type, block), 0
+        return block, max(len(data), 1)
 
     def _unavailable(self, bot: BotConfig, segment_type: str, reason: str) -> dict[str, Any]:
         self._count(bot, reason)

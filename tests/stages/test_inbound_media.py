@@ -21,6 +21,7 @@ from pipeline.platforms import get_platform
 from pipeline.segments import SafeFetcher
 from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.models import Media
+from pipeline.stages import inbound_media
 from pipeline.stages.inbound_media import MARKER, InboundMedia, media_marker, without_markers
 from pipeline.stages.ingest import content_blocks
 from tests.connections.satori_standin import SatoriStandIn
@@ -146,6 +147,19 @@ async def test_whatsapp_media_become_session_blocks_or_a_named_text(
     assert outcome_count("whatsapp", "unsupported_by_session") - before["unsupported_by_session"] == 2
     assert outcome_count("whatsapp", "too_large") - before["too_large"] == 1
     assert outcome_count("whatsapp", "http_error") - before["http_error"] == 1
+
+
+async def test_a_turns_media_together_stay_within_one_session_request(
+    api: FakeApi, http: httpx.AsyncClient, guard: SafeFetcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items past the turn's room (what one session request takes) are named, not sent."""
+    monkeypatch.setattr(inbound_media, "MAX_TURN_BYTES", len(PNG) * 3 // 2)
+    standin = wa.WhatsAppStandIn(api)
+    first, second = standin.sent_by_user(PNG, "image/png"), standin.sent_by_user(PNG, "image/png")
+    markers = [media_marker("image", Media(kind="file", value=m)) for m in (first, second)]
+    content = (await reader(guard, http).resolve(wa.bot_config(api), turn(*markers)))[0]["content"]
+    assert content[1]["type"] == "image"
+    assert content[2] == {"type": "text", "text": "[the image sent with this message could not be read: too_large]"}
 
 
 async def test_a_platform_that_reads_no_media_gets_the_named_text(http: httpx.AsyncClient, guard: SafeFetcher) -> None:
