@@ -109,6 +109,10 @@ LEAK_HITS = Counter(
 MEDIA_REJECTED = Counter(
     "switchboard_media_rejected_total", "Media replaced by a notice", ["platform", "reason"]
 )  # reason: pipeline.segments.media.REJECTION_REASONS
+# Dispatch: inbound media a platform holds (a WhatsApp media id), read for the session.
+INBOUND_MEDIA = Counter(
+    "switchboard_inbound_media_total", "Inbound media read for the session, by outcome", ["platform", "outcome"]
+)  # outcome: read, unsupported_by_session, or a pipeline.segments.media.REJECTION_REASONS label
 UNKNOWN_MENTIONS = Counter("switchboard_unknown_mentions_total", "Mentions of ids unknown to the turn", ["platform"])
 NOTICES = Counter("switchboard_notices_total", "Host-written notices sent", ["platform", "notice"])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -53,6 +53,7 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.stages.deadlines import ReplyDeadlines
 from pipeline.stages.dispatch import DispatchStage
 from pipeline.stages.egress import EgressStage
+from pipeline.stages.inbound_media import InboundMedia
 from pipeline.stages.ingest import IngestStage, member_names
 from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notify import Notifier
@@ -200,10 +201,8 @@ class Runtime:
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200)
         )
-        self.media = MediaChecker(
-            MediaSettings(media_root=s.media_root, max_bytes=s.media_max_bytes),
-            SafeFetcher(),
-        )
+        self.fetcher = SafeFetcher()
+        self.media = MediaChecker(MediaSettings(media_root=s.media_root, max_bytes=s.media_max_bytes), self.fetcher)
         self.corrector = (
             Corrector(
                 CorrectionSettings(
@@ -238,6 +237,7 @@ class Runtime:
             for name, p in self.platforms.items()
         }
         self.deadlines = ReplyDeadlines(s, self.state, self.outputs, self.notifier, self.platforms)
+        self.inbound_media = InboundMedia(self.platforms, self.http, self._guarded_fetch, s.media_max_bytes)
         self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt)
         self.dispatch = DispatchStage(
             s,
@@ -249,6 +249,7 @@ class Runtime:
             self.notifier,
             typing=self._typing,
             deadlines=self.deadlines,
+            media=self.inbound_media.resolve,
         )
         self.render = RenderStage(
             s,
@@ -363,19 +364,23 @@ class Runtime:
             self.session_client, agent=s.session_agent_id, environment_id=s.session_environment_id
         )
 
-    async def _typing(self, bot: BotConfig, chat_id: str) -> None:
+    async def _typing(self, bot: BotConfig, chat_id: str, route: Mapping[str, str]) -> None:
         """Best effort: a platform's "typing…" while the turn runs; never delays or fails a turn."""
         platform = self.platforms.get(bot.platform)
         if platform is None:
             return
         try:
             async with asyncio.timeout(2.0):
-                await platform.typing(bot, chat_id, self.http)
+                await platform.typing_on(bot, chat_id, route, self.http)
         except Exception:
             log.debug("typing indicator failed for %s", bot.platform, exc_info=True)
 
     def _prompt(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> str | None:
         return build_im_prompt(reply_context(bot, message, window), self.policies[(bot.platform, bot.bot_id)])
+
+    async def _guarded_fetch(self, url: str, max_bytes: int, headers: Mapping[str, str]) -> bytes:
+        """Inbound platform media: a GET through the SSRF guard with the platform's headers."""
+        return (await self.fetcher.fetch(url, max_bytes, headers)).data
 
     async def load_media(self, media: Media) -> tuple[bytes, str]:
         """Egress: a media reference's bytes and sniffed type, through the same guards as render."""

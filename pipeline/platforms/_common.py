@@ -483,6 +483,30 @@ def http_outcome(response: httpx.Response) -> SendOutcome | None:
     return None
 
 
+async def read_capped(http: httpx.AsyncClient, url: str, headers: Mapping[str, str], max_bytes: int) -> bytes:
+    """GET `url` of the platform's own API (an address the operator configured, not one a message
+    named) with `headers`: at most `max_bytes` bytes, no redirects, else `MediaUnavailable`."""
+    try:
+        async with http.stream("GET", url, headers=dict(headers), follow_redirects=False) as response:
+            if response.status_code != 200:
+                raise MediaUnavailable(f"http_{response.status_code}")
+            declared = response.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                raise MediaUnavailable("too_large")
+            chunks: list[bytes] = []
+            received = 0
+            async for chunk in response.aiter_bytes():
+                received += len(chunk)
+                if received > max_bytes:
+                    raise MediaUnavailable("too_large")
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except httpx.TimeoutException:
+        raise MediaUnavailable("timeout") from None
+    except httpx.HTTPError:
+        raise MediaUnavailable("transport_error") from None
+
+
 def response_json(response: httpx.Response) -> dict[str, Any] | None:
     try:
         data = response.json()

@@ -17,11 +17,13 @@ import httpx
 
 from pipeline.records import InboundMessage, OutboundMessage
 from pipeline.segments import Media
+from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.settings import BotConfig, RateLimit
 
 from .exceptions import WebhookRejected
 
 __all__ = [
+    "GuardedFetch",
     "MediaLoader",
     "Platform",
     "PlatformCall",
@@ -106,6 +108,10 @@ class SendOutcome:
 # Loads a media reference into bytes and a detected MIME type (SSRF-guarded, size-limited).
 MediaLoader = Callable[[Media], Awaitable[tuple[bytes, str]]]
 
+# GET a URL through the SSRF guard with these headers (sent to the URL's origin only): at most
+# `max_bytes` bytes, or `MediaUnavailable`. What a platform reads its inbound media with.
+GuardedFetch = Callable[[str, int, Mapping[str, str]], Awaitable[bytes]]
+
 
 class Platform(abc.ABC):
     name: ClassVar[str]
@@ -125,6 +131,9 @@ class Platform(abc.ABC):
     #: Transports on which the platform pushes to routes of its own on every worker, as a webhook
     #: does, with no connection to hold (Matrix `appservice`): no lease, any worker answers.
     pushed_transports: ClassVar[frozenset[str]] = frozenset()
+    #: Inbound media of `kind: file` (the platform's own reference) are read by `fetch_media` and
+    #: handed to the session as content (`pipeline.stages.inbound_media`). Default: not read.
+    fetches_media: ClassVar[bool] = False
 
     @abc.abstractmethod
     def verify(self, bot: BotConfig, request: WebhookRequest) -> None:
@@ -156,6 +165,18 @@ class Platform(abc.ABC):
 
     async def typing(self, bot: BotConfig, chat_id: str, http: httpx.AsyncClient) -> None:  # noqa: B027
         """Show that the bot is working, where the platform can. Default: nothing."""
+
+    async def typing_on(self, bot: BotConfig, chat_id: str, route: Mapping[str, str], http: httpx.AsyncClient) -> None:
+        """`typing` for a turn answering the user message `route` names (WhatsApp ties its typing
+        indicator to that message). Default: `typing`."""
+        await self.typing(bot, chat_id, http)
+
+    async def fetch_media(
+        self, bot: BotConfig, media: Media, http: httpx.AsyncClient, guarded: GuardedFetch, max_bytes: int
+    ) -> bytes:
+        """The bytes of one inbound media item of `kind: file`, at most `max_bytes`, on a platform
+        with `fetches_media`. Raises `MediaUnavailable` with a reason of `REJECTION_REASONS`."""
+        raise MediaUnavailable("unsupported_by_platform")
 
     def settings_problems(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
         """(field, problem) for a bots-file entry whose fields do not fit together (a transport and

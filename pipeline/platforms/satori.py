@@ -16,9 +16,10 @@ messages are ignored.
 Message content is Satori's element syntax (XML-like, HTML's escapes): read with the standard
 library's HTML tokenizer (`html.parser`), so entities and attributes are decoded as the spec asks.
 Elements: text, `at` (a mention; `type="all"` as text), `quote` (a reply), `img`/`audio`/`video`/
-`file` (media by http(s) URL; other sources as the placeholder), `sharp`, `a`, `br`, `p`, formatting
-elements (their text); any other element is read as its children's text, as the spec says a client
-should.
+`file` (media by http(s) URL; the server's own, `internal:` or under its `/v1/proxy/`, read by
+Switchboard with the token for the session, `fetch_media`; `data:` sources as the placeholder),
+`sharp`, `a`, `br`, `p`, formatting elements (their text); any other element is read as its
+children's text, as the spec says a client should.
 Out: `POST {api_base}/v1/message.create` with `Authorization: Bearer <token>` and the login's headers
 (`Satori-Platform`, `Satori-User-ID`, and the v1.0 names `X-Platform`, `X-Self-ID` for older
 servers, as the official SDK sends them). Text is escaped (`&`, `<`, `>`, and `"` in attributes), so
@@ -35,6 +36,7 @@ import base64
 from collections.abc import Mapping
 from html.parser import HTMLParser
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 import httpx
 
@@ -54,6 +56,7 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    read_capped,
     reply_segment,
     response_json,
     rps_text,
@@ -63,6 +66,7 @@ from pipeline.platforms._common import (
 )
 from pipeline.platforms._richtext import RichText, Span, parse_markdown, pieces_within, render_tree
 from pipeline.platforms.base import (
+    GuardedFetch,
     MediaLoader,
     Platform,
     PlatformCall,
@@ -74,6 +78,7 @@ from pipeline.platforms.base import (
 from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import OutboundMessage, ReplyRef
 from pipeline.records.models import ChatType
+from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -98,6 +103,7 @@ API_VERSION = "/v1"
 MAX_TEXT = 4000  # Satori sets none; the platforms behind it do (QQ about 4,500, Discord 2,000)
 MAX_ATTACHMENT = 8 * 1024 * 1024  # inline as a data: URL in the JSON body
 DIRECT = 1  # Channel.type of a private chat
+INTERNAL = "internal:"  # a resource only the server can read (`internal:{platform}/{self_id}/…`)
 
 _MEDIA_ELEMENT = {"image": "img", "audio": "audio", "video": "video", "file": "file"}
 _MEDIA_IN = {"img": "image", "image": "image", "audio": "audio", "video": "video", "file": "file"}
@@ -110,6 +116,7 @@ _STATUS_REASONS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 40
 
 class SatoriPlatform(Platform):
     name: ClassVar[str] = "satori"
+    fetches_media: ClassVar[bool] = True
     # `platform`: the login's platform, as the server's READY names it (`discord`, `qq`, `onebot`…).
     required_credentials = ("platform",)
     # A webhook must be authenticated; the WebSocket is dialed by Switchboard (a token the server
@@ -181,7 +188,7 @@ class SatoriPlatform(Platform):
         assert isinstance(message_id, str) and isinstance(channel_id, str) and isinstance(user_id, str)
         if user_id == bot.self_id:
             return WebhookResult(ignored="own_message")
-        reader = read_content(message.get("content"), bot.self_id or "")
+        reader = read_content(message.get("content"), bot.self_id or "", proxy_prefix(bot))
         parts = reader.parts
         reply_to = reader.reply_to
         quoted = obj(message.get("quote"))
@@ -219,6 +226,23 @@ class SatoriPlatform(Platform):
             sent_at_ms=_ms(message.get("created_at")) or _ms(event.get("timestamp")),
         )
         return WebhookResult(messages=[inbound])
+
+    async def fetch_media(
+        self, bot: BotConfig, media: Media, http: httpx.AsyncClient, guarded: GuardedFetch, max_bytes: int
+    ) -> bytes:
+        """An `internal:` resource or one under the server's `/v1/proxy/`: read from the server (the
+        address the operator set, so not through the SSRF guard, which refuses a server on loopback)
+        with the token and the login's headers. Any other URL is not the server's to give."""
+        prefix = proxy_prefix(bot)
+        if media.kind != "file":
+            raise MediaUnavailable("unsupported_by_platform")
+        if media.value.startswith(INTERNAL):
+            url = prefix + quote(media.value, safe=":/@")
+        elif media.value.startswith(prefix):
+            url = media.value
+        else:
+            raise MediaUnavailable("url_not_allowed")
+        return await read_capped(http, url, api_headers(bot), max_bytes)
 
     # --- out -------------------------------------------------------------------------------------
 
@@ -288,6 +312,11 @@ class SatoriPlatform(Platform):
         except httpx.HTTPError as exc:
             return network_outcome(exc)
         return _classify(response)
+
+
+def proxy_prefix(bot: BotConfig) -> str:
+    """Where the server proxies resources: `{api_base}/v1/proxy/`, followed by the resource's URL."""
+    return base_url(bot, DEFAULT_API_BASE) + API_VERSION + "/proxy/"
 
 
 def api_headers(bot: BotConfig) -> dict[str, str]:
@@ -362,9 +391,10 @@ class ContentReader(HTMLParser):
     """Satori message content into segments, mentions and the reply. Entities in text and
     attributes are decoded by the tokenizer (`convert_charrefs`)."""
 
-    def __init__(self, self_id: str) -> None:
+    def __init__(self, self_id: str, proxy: str = "") -> None:
         super().__init__(convert_charrefs=True)
         self.self_id = self_id
+        self.proxy = proxy  # the server's `/v1/proxy/` URL prefix: media there are the server's own
         self.parts = InboundParts()
         self.mentions_bot = False
         self.reply_to: ReplyRef | None = None
@@ -408,9 +438,12 @@ class ContentReader(HTMLParser):
             self.parts.text(f"#{attrs.get('name') or attrs.get('id', '')}")
         elif tag in _MEDIA_IN:
             kind, src = _MEDIA_IN[tag], attrs.get("src") or attrs.get("url") or ""
-            if src.startswith(("http://", "https://")):
+            if src.startswith(INTERNAL) or (self.proxy and src.startswith(self.proxy)):
+                # The server's own resources: read by Switchboard with the token (`fetch_media`).
+                self.parts.add_media(kind, "file", src)
+            elif src.startswith(("http://", "https://")):
                 self.parts.add_media(kind, "url", src)
-            else:  # internal: or data: sources, which no one else could fetch
+            else:  # data: sources and anything else
                 self.parts.text(media_placeholder(kind))
         elif tag == "quote":
             self._quote = {"id": attrs.get("id", ""), "author": "", "text": ""}
@@ -461,9 +494,9 @@ class ContentReader(HTMLParser):
             self.parts.text(f"@{attrs['name']}")
 
 
-def read_content(content: Any, self_id: str) -> ContentReader:
+def read_content(content: Any, self_id: str, proxy: str = "") -> ContentReader:
     """Satori content (a string of elements) read; anything else read as empty."""
-    reader = ContentReader(self_id)
+    reader = ContentReader(self_id, proxy)
     reader.feed(content if isinstance(content, str) else "")
     reader.close()
     return reader

@@ -6,7 +6,9 @@ In: the webhook's verification GET (`hub.mode=subscribe`, `hub.verify_token` = t
 checked before anything reads the body. `messages` changes for the bot's phone number become
 messages: one-to-one chats, and groups where the Groups API delivers their messages (`group_id`).
 `statuses` callbacks (sent, delivered, read, failed) never start a turn. Inbound media are the
-media's id (`kind: file`).
+media's id (`kind: file`), read when the turn goes to the session (`fetch_media`: the id's URL from
+`GET /{media-id}`, then its bytes, both with the token, the second through the SSRF guard). While a
+turn runs, the message it answers is marked read with the typing indicator (`typing_on`).
 Out: `POST /{phone_number_id}/messages` (Bearer token): `text` (WhatsApp's own *bold* _italic_
 ~strike~ formatting), `image`/`audio`/`video`/`document` by `link` (a URL WhatsApp's servers fetch)
 or by the `id` of media uploaded first (`POST /{phone_number_id}/media`, bytes read here through
@@ -44,6 +46,7 @@ from pipeline.platforms._common import (
     notice,
     obj,
     payload_guard,
+    read_capped,
     reply_segment,
     response_json,
     retry_after_header,
@@ -54,6 +57,7 @@ from pipeline.platforms._common import (
 )
 from pipeline.platforms._richtext import RichText, Span, parse_markdown, pieces_within, render_tree
 from pipeline.platforms.base import (
+    GuardedFetch,
     MediaLoader,
     Platform,
     PlatformCall,
@@ -64,6 +68,7 @@ from pipeline.platforms.base import (
 )
 from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import InboundMessage, OutboundMessage, ReplyRef, now_ms
+from pipeline.segments.exceptions import MediaUnavailable
 from pipeline.segments.models import (
     AudioSegment,
     DiceSegment,
@@ -134,6 +139,7 @@ def service_window_deadline_ms(route: Mapping[str, str]) -> float | None:
 
 class WhatsAppPlatform(Platform):
     name: ClassVar[str] = "whatsapp"
+    fetches_media: ClassVar[bool] = True
     required_credentials = ("access_token", "app_secret", "verify_token", "phone_number_id")
     webhook_methods: ClassVar[frozenset[str]] = frozenset({"GET", "POST"})
     profile: ClassVar[PlatformProfile] = PlatformProfile(
@@ -292,6 +298,61 @@ class WhatsAppPlatform(Platform):
             route=route,
             sent_at_ms=sent_at,
         )
+
+    async def fetch_media(
+        self, bot: BotConfig, media: Media, http: httpx.AsyncClient, guarded: GuardedFetch, max_bytes: int
+    ) -> bytes:
+        """An inbound media id's bytes: `GET /{media-id}` (with the token, for this phone number)
+        gives a short-lived URL, its size and its SHA-256; that URL is read with the token too,
+        through the SSRF guard (unless it is on the API's own origin, an address the operator set)."""
+        if media.kind != "file" or not _MEDIA_ID.fullmatch(media.value):
+            raise MediaUnavailable("file_id_shape")
+        root = base_url(bot, DEFAULT_API_BASE)
+        headers = {"Authorization": f"Bearer {bot.secret('access_token') or ''}"}
+        try:
+            response = await http.get(
+                f"{root}/{media.value}",
+                params={"phone_number_id": bot.secret("phone_number_id") or ""},
+                headers=headers,
+            )
+        except httpx.TimeoutException:
+            raise MediaUnavailable("timeout") from None
+        except httpx.HTTPError:
+            raise MediaUnavailable("transport_error") from None
+        if response.status_code != 200:
+            raise MediaUnavailable(f"http_{response.status_code}")
+        info = response_json(response) or {}
+        url, size, digest = info.get("url"), str(info.get("file_size") or ""), info.get("sha256")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise MediaUnavailable("bad_url")
+        if size.isdigit() and int(size) > max_bytes:
+            raise MediaUnavailable("too_large")  # not downloaded at all
+        if httpx.URL(url).netloc == httpx.URL(root).netloc and httpx.URL(url).scheme == httpx.URL(root).scheme:
+            data = await read_capped(http, url, headers, max_bytes)
+        else:
+            data = await guarded(url, max_bytes, headers)
+        if isinstance(digest, str) and digest and hashlib.sha256(data).hexdigest() != digest.lower():
+            raise MediaUnavailable("checksum_mismatch")
+        return data
+
+    async def typing_on(self, bot: BotConfig, chat_id: str, route: Mapping[str, str], http: httpx.AsyncClient) -> None:
+        """WhatsApp's typing indicator: the answered message marked read with `typing_indicator`
+        (shown until the answer, or 25 s). A turn answering no particular message shows none."""
+        message_id = route.get("message_id")
+        if not message_id:
+            return
+        url = base_url(bot, DEFAULT_API_BASE) + "/" + (bot.secret("phone_number_id") or "") + "/messages"
+        body = {
+            "messaging_product": "whatsapp",
+            "status": "read",
+            "message_id": message_id,
+            "typing_indicator": {"type": "text"},
+        }
+        headers = {"Authorization": f"Bearer {bot.secret('access_token') or ''}"}
+        try:
+            await http.post(url, json=body, headers=headers)
+        except httpx.HTTPError:
+            pass  # best effort: a missing indicator is not worth an error
 
     # --- out -------------------------------------------------------------------------------------
 

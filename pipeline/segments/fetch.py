@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -155,24 +155,33 @@ class SafeFetcher:
             raise MediaUnavailable("credentials_in_url")
         return url
 
-    async def fetch(self, raw_url: str, max_bytes: int) -> FetchedBytes:
-        """GET `raw_url` and return at most `max_bytes` bytes, or raise `MediaUnavailable`."""
+    async def fetch(self, raw_url: str, max_bytes: int, headers: Mapping[str, str] | None = None) -> FetchedBytes:
+        """GET `raw_url` and return at most `max_bytes` bytes, or raise `MediaUnavailable`.
+
+        `headers` (a platform's `Authorization` for its own media) go to `raw_url`'s origin only: a
+        redirect to another scheme, host or port is followed without them."""
         try:
             async with asyncio.timeout(self._timeout_s):
-                return await self._fetch(raw_url, max_bytes)
+                return await self._fetch(raw_url, max_bytes, headers or {})
         except TimeoutError:
             raise MediaUnavailable("timeout") from None
         except httpx.HTTPError:
             raise MediaUnavailable("transport_error") from None
 
-    async def _fetch(self, raw_url: str, max_bytes: int) -> FetchedBytes:
+    async def _fetch(self, raw_url: str, max_bytes: int, headers: Mapping[str, str]) -> FetchedBytes:
         url = self._checked_url(raw_url)
+        origin = (url.scheme, url.host, url.port)
         for hop in range(self._max_redirects + 1):
             address = await self._pinned_address(url)
             host_header = url.netloc.decode("ascii")
             extensions = {"sni_hostname": url.host} if url.scheme == "https" else {}
+            sent = (
+                {**headers, "Host": host_header}
+                if (url.scheme, url.host, url.port) == origin
+                else {"Host": host_header}
+            )
             async with self._client.stream(
-                "GET", url.copy_with(host=address), headers={"Host": host_header}, extensions=extensions
+                "GET", url.copy_with(host=address), headers=sent, extensions=extensions
             ) as response:
                 if response.status_code in _REDIRECT_STATUSES:
                     location = response.headers.get("location")

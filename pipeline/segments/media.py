@@ -68,6 +68,7 @@ REJECTION_REASONS: frozenset[str] = frozenset(
         "redirect_without_location",
         "too_many_redirects",
         "http_error",
+        "checksum_mismatch",
         # checks
         "type_mismatch",
         "unsupported_by_platform",

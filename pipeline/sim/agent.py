@@ -9,6 +9,8 @@ as the segment text ("tool allowed", "tool denied" or "tool denied: <reason>", "
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 from typing import Any
 
@@ -128,6 +130,29 @@ def _finish_subagent(session: SimSession, thread_id: str, task_text: str) -> Non
     )
 
 
+def media_summary(message: dict[str, Any]) -> str:
+    """`[sim:media]`: what the user.message's media blocks carried (type, media type, and the
+    first 16 hex digits of the bytes' SHA-256), so a test can see the session got them whole."""
+    seen = []
+    for block in message.get("content") or []:
+        if not isinstance(block, dict) or block.get("type") == "text":
+            continue
+        given = block.get("source")
+        source: dict[str, Any] = given if isinstance(given, dict) else {}
+        kind = source.get("type")
+        if kind == "base64":
+            data = base64.b64decode(str(source.get("data", "")))
+            seen.append(
+                f"{block.get('type')} {source.get('media_type')} sha256:{hashlib.sha256(data).hexdigest()[:16]}"
+            )
+        elif kind == "text":
+            text = str(source.get("data", "")).encode()
+            seen.append(f"{block.get('type')} text sha256:{hashlib.sha256(text).hexdigest()[:16]}")
+        else:
+            seen.append(f"{block.get('type')} {kind}")
+    return "; ".join(seen) or "no media"
+
+
 async def run_turn(session: SimSession, message: dict[str, Any]) -> None:
     texts = [b.get("text", "") for b in message.get("content") or [] if b.get("type") == "text"]
     directives = parse_directives(texts)
@@ -205,7 +230,8 @@ async def run_turn(session: SimSession, message: dict[str, Any]) -> None:
     if subthread is not None:
         _finish_subagent(session, subthread, task_text)
 
-    body = reply_body(directives, "\n".join(outcomes) if outcomes else f"echo: {task_text}")
+    echo = f"echo: {task_text}" + (f" | {media_summary(message)}" if directives.has("media") else "")
+    body = reply_body(directives, "\n".join(outcomes) if outcomes else echo)
     message_id = new_id()
     if directives.has("deltas"):
         await _stream_previews(session, message_id, body)

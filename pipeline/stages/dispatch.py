@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pipeline import metrics
@@ -24,6 +24,7 @@ from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStar
 
 from ._ids import inbound_dedup_id, stable_id, user_message_id
 from .deadlines import ReplyDeadlines
+from .inbound_media import without_markers
 from .notify import Notifier
 from .outputs import Outputs
 from .streams import StreamRegistry
@@ -79,10 +80,13 @@ class DispatchStage:
         streams: StreamRegistry,
         outputs: Outputs,
         notifier: Notifier,
-        typing: Callable[[BotConfig, str], Awaitable[None]] | None = None,
+        typing: Callable[[BotConfig, str, Mapping[str, str]], Awaitable[None]] | None = None,
         deadlines: ReplyDeadlines | None = None,
+        media: Callable[[BotConfig, list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> None:
         self.typing = typing
+        # Reads a turn's platform media into its content (`inbound_media`); without it they are left out.
+        self.media = media
         self.deadlines = deadlines
         self.settings = settings
         self.state = state
@@ -293,6 +297,7 @@ class DispatchStage:
             InflightStream(session_id, conversation, cursor=start.cursor, trace_id=command.trace_id),
             registered=True,
         )
+        events = await self.media(bot, events) if self.media is not None else without_markers(events)
         try:
             if start.interrupt:  # busy policy interrupt: stop the running turn; this one runs after it
                 await self._send(session_id, [{"type": "user.interrupt"}], call="interrupt")
@@ -319,7 +324,7 @@ class DispatchStage:
             raise
         metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
         if self.typing is not None:
-            await self.typing(bot, command.chat_id)
+            await self.typing(bot, command.chat_id, command.route)
         return True
 
     async def _begin(

@@ -22,18 +22,29 @@ from pipeline.controls.limits import LimitDecision, LimitsConfig, TurnRequest
 from pipeline.controls.moderation import ask_hook
 from pipeline.controls.usage import Refusal, UsageBudgets
 from pipeline.records import CommandKind, InboundMessage, OutboundMessage, Position, SessionCommand, now_ms
-from pipeline.segments.models import ImageSegment, MentionSegment, TextSegment
+from pipeline.segments.models import (
+    AudioSegment,
+    FileSegment,
+    ImageSegment,
+    MentionSegment,
+    TextSegment,
+    VideoSegment,
+)
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State, TurnRecord, context_entry_json
 from pipeline.state.limits import TurnLimiter, context_quota
 
 from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
+from .inbound_media import fetches_media, media_marker
 from .notify import Notifier
 from .outputs import Outputs
 from .work import Remaining, SharedWork, run_remaining
 
 log = logging.getLogger(__name__)
+
+
+MEDIA_SEGMENTS = (ImageSegment, AudioSegment, VideoSegment, FileSegment)
 
 
 def member_names(message: InboundMessage, window: list[ContextEntry]) -> dict[str, str]:
@@ -76,6 +87,13 @@ def content_blocks(
                 after_mention = True
         elif isinstance(segment, ImageSegment) and segment.data.media.kind == "url":
             blocks.append({"type": "image", "source": {"type": "url", "url": segment.data.media.value}})
+        elif (
+            isinstance(segment, MEDIA_SEGMENTS)
+            and segment.data.media.kind == "file"
+            and fetches_media(message.platform)
+        ):
+            # The platform's own media (a WhatsApp media id): read by dispatch when the turn is sent.
+            blocks.append(media_marker(segment.type, segment.data.media))
     text = "".join(texts).strip() if texts else message.text
     text = strip_trigger(text, bot)
     blocks.insert(0, {"type": "text", "text": head + text})

@@ -11,6 +11,9 @@ built with the official SDK's models (`satori-python-core`).
 - `POST /v1/message.create`: checked by `check_satori` (the bearer token, the login headers, the
   body, the content through the SDK's parser) and answered with the created `MessageObject`s. A
   test can script answers per channel.
+- `GET /v1/proxy/{url}`: a resource of the server (`internal:…`, or a URL under one of the
+  `proxy_urls` it announces), as Koishi's server serves them: with the bearer token only (401
+  without), a URL of neither kind 403, an unknown one 404. Tests add resources with `resource()`.
 Anything else is kept in `errors` (the tests assert there are none).
 """
 
@@ -63,9 +66,19 @@ class SatoriStandIn:
         self.scripts: dict[str, deque[Answer]] = {}  # channel → answers given before the checker's
         self._sn = itertools.count(1)
         self._runner: web.AppRunner | None = None
+        self.proxy_urls: list[str] = ["https://cdn.discordapp.com/"]
+        self.resources: dict[str, tuple[bytes, str]] = {}  # internal: or proxied URL → bytes, MIME type
+        self.proxied: list[str] = []  # resources served (with the token)
+        self.proxy_refused: list[str] = []  # proxy requests refused for want of the token
+
+    def resource(self, url: str, data: bytes, mime: str) -> str:
+        """`url` (an `internal:` URL or one under `proxy_urls`) served by the proxy; the URL."""
+        self.resources[url] = (data, mime)
+        return url
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/proxy/{url:.+}", self._proxy)
         app.router.add_get("/v1/events", self._socket)
         app.router.add_post("/v1/{method}", self._api)
         self._runner, self.url = await start_app(app)
@@ -123,6 +136,19 @@ class SatoriStandIn:
             return web.Response(status=status, text=body)
         return web.json_response(body, status=status)
 
+    async def _proxy(self, request: web.Request) -> web.Response:
+        url = request.match_info["url"]
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            self.proxy_refused.append(url)
+            return web.Response(status=401, text="invalid token")
+        if not url.startswith("internal:") and not any(url.startswith(p) for p in self.proxy_urls):
+            return web.Response(status=403, text="forbidden")
+        found = self.resources.get(url)
+        if found is None:
+            return web.Response(status=404, text="not found")
+        self.proxied.append(url)
+        return web.Response(body=found[0], content_type=found[1])
+
     async def _socket(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
@@ -162,7 +188,9 @@ class SatoriStandIn:
         if sn is not None and not (isinstance(sn, int) and 0 < sn <= len(self.events)):
             self.errors.append(f"IDENTIFY with sn {sn!r}; this server gave up to {len(self.events)}")
         socket.identify = body
-        await socket.ws.send_json({"op": Opcode.READY.value, "body": Ready(self.ready_logins()).dump()})
+        await socket.ws.send_json(
+            {"op": Opcode.READY.value, "body": Ready(self.ready_logins(), list(self.proxy_urls)).dump()}
+        )
         if isinstance(sn, int):
             for event in self.events:  # the events after the client's last, again
                 if event["sn"] > sn:

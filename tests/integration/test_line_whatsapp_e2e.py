@@ -12,6 +12,7 @@ as the platforms sign them. The simulator's agent echoes: a message `T` is answe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -448,3 +449,52 @@ async def test_whatsapp_an_answer_past_the_service_window_is_a_named_dead_letter
         reason="outside_service_window",
     )
     assert after == before + 1
+
+
+def _wa_image(user: str, media_id: str, caption: str) -> dict[str, Any]:
+    """An image message as the webhook carries it: the media id, its type, digest and caption."""
+    message = wa_fx.text_message("", user=user)
+    del message["text"]
+    digest = hashlib.sha256(wa_fx.PNG).hexdigest()
+    image = {"id": media_id, "mime_type": "image/png", "sha256": digest, "caption": caption}
+    return {**message, "type": "image", "image": image}
+
+
+def _user_media(standins: StandIns, data: bytes, mime: str, **extra: Any) -> str:
+    """A media id the stand-in serves, its lookup checked like every other request."""
+    media_id = standins.whatsapp.sent_by_user(data, mime, **extra)
+    api = standins.apis["whatsapp"]
+    api.defaults[f"/{media_id}"] = standins._checked(api.defaults[f"/{media_id}"])
+    return media_id
+
+
+async def test_whatsapp_an_inbound_image_reaches_the_session_and_the_user_sees_typing(
+    stack: Stack, standins: StandIns
+) -> None:
+    """An image by media id: the worker looks it up and downloads it with the token, the session
+    gets its bytes (the simulator's `[sim:media]` echo names their type and digest), and the
+    message is marked read with the typing indicator while the turn runs. An image WhatsApp says
+    is too large is not downloaded: the session reads why, and the caption still gets its answer."""
+    user, other = _wa_user(), _wa_user()
+    media_id = _user_media(standins, wa_fx.PNG, "image/png")
+    image = _wa_image(user, media_id, "what is this [sim:media]")
+    huge_id = _user_media(standins, wa_fx.PNG, "image/png", size=6 * 1024 * 1024)
+    huge = _wa_image(other, huge_id, "and this one [sim:media]")
+    for sender, message in ((user, image), (other, huge)):
+        standins.whatsapp.received(sender, message["id"])
+        payload = wa_fx.update(message, user=sender)
+        assert wa_fx.read_back(payload).image is not None
+        assert (await post(stack, "whatsapp", WHATSAPP_BOT, wa_fx.signed(payload))).status_code == 200
+
+    [reply] = await standins.wait_for(lambda: wa_sent_to(standins, user))
+    digest = hashlib.sha256(wa_fx.PNG).hexdigest()[:16]
+    assert wa_text(reply) == f"echo: what is this | image image/png sha256:{digest}"
+    [refused] = await standins.wait_for(lambda: wa_sent_to(standins, other))
+    assert wa_text(refused).split() == (
+        "echo: and this one [the image sent with this message could not be read: too_large] | no media".split()
+    )
+    await stack_idle(stack)
+    assert standins.whatsapp.downloads.count(media_id) == 1 and huge_id not in standins.whatsapp.downloads
+    assert {image["id"], huge["id"]} <= set(standins.whatsapp.typing)
+    typing = [s for s in standins.calls("whatsapp", wa_fx.MESSAGES_PATH) if (s.json or {}).get("status") == "read"]
+    assert {s.json["message_id"] for s in typing} >= {image["id"], huge["id"]}

@@ -13,6 +13,7 @@ is answered once.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import time
 from collections import Counter
@@ -20,13 +21,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from satori import At, Element, MessageObject, Quote
+from satori import At, Element, Image, MessageObject, Quote
 from satori import Text as SatoriText
 
 from pipeline.embedded import RedisServer
 from pipeline.stack import Stack
 from tests.conftest import enabled_brokers
 from tests.connections.satori_standin import SatoriStandIn
+from tests.platforms.conftest import PNG
 from tests.platforms.test_satori import BOT, LOGIN_PLATFORM, OTHER_BOT, TOKEN, login, message_event
 
 from .loop_thread import LoopThread
@@ -64,6 +66,13 @@ class SatoriThread(LoopThread[SatoriStandIn]):
             user_id=f"{22 * 10**17 + n}",
             channel=channel(n, group),
             self_id=self_id,
+        )
+        return int(await self._on_loop(self.it.send_event(event)))
+
+    async def send_private(self, n: int, content: list[Element]) -> int:
+        """A private message `n` with `content` as it is; the event's sn."""
+        event = message_event(
+            content, group=False, message_id=message_id(n), user_id=f"{22 * 10**17 + n}", channel=channel(n, False)
         )
         return int(await self._on_loop(self.it.send_event(event)))
 
@@ -208,3 +217,21 @@ async def test_the_holder_sigkilled_mid_traffic_a_survivor_resumes_by_sn_and_eve
     )
     await stack_idle(stack, quiet=TAKEOVER_QUIET_SECONDS)
     await add_workers(stack)
+
+
+async def test_an_internal_image_is_read_from_the_server_with_the_token_and_reaches_the_session(
+    stack: Stack, satori: SatoriThread
+) -> None:
+    """An `<img>` whose `src` is the server's `internal:` resource: the worker reads it through the
+    server's `/v1/proxy/` with the token, and the session gets its bytes (the simulator's
+    `[sim:media]` echo names their type and digest)."""
+    await ready(satori)
+    n = next(_numbers)
+    internal = satori.it.resource(f"internal:{LOGIN_PLATFORM}/{BOT}/attachments/{n}.png", PNG, "image/png")
+    await satori.send_private(n, [SatoriText(f"m{n} [sim:media]"), Image(internal)])
+    await wait_for(lambda: answers(satori, n, False), "the image message answered", 60)
+    await stack_idle(stack)
+    [elements] = answers(satori, n, False)
+    text = "".join(str(e) for e in elements if isinstance(e, SatoriText))
+    assert text == f"echo: m{n} | image image/png sha256:{hashlib.sha256(PNG).hexdigest()[:16]}", elements
+    assert satori.it.proxied.count(internal) == 1 and satori.it.proxy_refused == []

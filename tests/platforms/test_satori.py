@@ -155,14 +155,31 @@ def test_entities_and_markup_in_text_are_read_as_text() -> None:
     assert m.text == f'1 < 2 & "x" <at id="{BOT}"/>' and not m.mentions_bot
 
 
-def test_media_by_url_are_segments_and_other_sources_placeholders() -> None:
-    content = [Image("https://cdn.example/a.png"), Audio("internal:discord/1/a.mp3"), SatoriFile("https://x/r.pdf")]
-    [m] = parse(message_event(content, group=False)).messages
-    shown = [(s.type, s.data.media.value if hasattr(s.data, "media") else s.data.text) for s in m.segments]
+def test_media_by_url_are_segments_the_servers_own_are_its_references_and_data_placeholders() -> None:
+    """External URLs are `url` media; `internal:` resources and URLs under the server's own
+    `/v1/proxy/` are `file` media (read by Switchboard with the token); a `data:` source is the
+    placeholder."""
+    api = FakeApi()
+    api.url = "http://127.0.0.1:5140/satori"
+    proxied = f"{api.url}/v1/proxy/https://cdn.discordapp.com/attachments/1/b.png"
+    content = [
+        Image("https://cdn.example/a.png"),
+        Audio("internal:discord/1/a.mp3"),
+        SatoriFile("https://x/r.pdf"),
+        Image(proxied),
+        Image("data:image/png;base64," + PNG_B64),
+    ]
+    [m] = parse(message_event(content, group=False), bot_config(api)).messages
+    shown = [
+        (s.type, s.data.media.kind, s.data.media.value) if hasattr(s.data, "media") else (s.type, s.data.text)
+        for s in m.segments
+    ]
     assert shown == [
-        ("image", "https://cdn.example/a.png"),
-        ("text", "[audio]"),
-        ("file", "https://x/r.pdf"),
+        ("image", "url", "https://cdn.example/a.png"),
+        ("audio", "file", "internal:discord/1/a.mp3"),
+        ("file", "url", "https://x/r.pdf"),
+        ("image", "file", proxied),
+        ("text", "[image]"),
     ]
 
 

@@ -12,6 +12,7 @@ import hmac
 import itertools
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -19,12 +20,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
+from pydantic import SecretStr
 from pywa import WhatsApp, utils
+from pywa.errors import WhatsAppError
 from pywa.types import Message, MessageStatus
 
 from pipeline.platforms import PlatformCall, WebhookRejected, WebhookRequest, get_platform
 from pipeline.platforms.whatsapp import WhatsAppPlatform
 from pipeline.records import OutboundMessage, conversation_key
+from pipeline.segments import SafeFetcher
+from pipeline.segments.exceptions import MediaUnavailable
+from pipeline.segments.models import Media
 from pipeline.settings import BotConfig
 from tests.platforms import test_fuzz as fuzz
 from tests.platforms.conftest import PNG, PNG_B64, FakeApi, Seen, broken_loader, load_media
@@ -262,6 +268,7 @@ def test_malformed_webhooks_are_400(body: bytes) -> None:
 
 MESSAGES_PATH = f"/{PHONE_ID}/messages"
 MEDIA_PATH = f"/{PHONE_ID}/media"
+LOOKASIDE_PATH = "/whatsapp_business/attachments/"  # where Meta's media URLs point (lookaside.fbsbx.com)
 _KINDS = {"text", "image", "audio", "video", "document", "reaction"}
 
 
@@ -271,17 +278,77 @@ def graph_error(code: int, message: str, status: int = 400) -> tuple[int, Any]:
 
 class WhatsAppStandIn:
     """`/{phone_number_id}/messages` and `/media` as the Cloud API takes them. `received(user,
-    message_id, at)` records a user's message: its id may be quoted or reacted to, and it opens the
-    user's 24-hour window."""
+    message_id, at)` records a user's message: its id may be quoted or reacted to, marked read with
+    a typing indicator, and it opens the user's 24-hour window. `sent_by_user(data, mime)` holds
+    media a user sent: `GET /{media-id}` answers its lookaside URL, size and SHA-256, and the
+    lookaside URL serves the bytes, both only with the bearer token (as Meta's do)."""
 
     def __init__(self, api: FakeApi) -> None:
         self.api = api
         self.last_message_at: dict[str, float] = {}  # user (wa_id) → time of their last message
         self.known_messages: set[str] = set()
         self.media: dict[str, bytes] = {}
+        self.user_media: dict[str, tuple[bytes, str]] = {}  # media id → bytes and MIME type
+        self._claimed_size: dict[str, int] = {}  # media id → the `file_size` its lookup answers
+        # Where media URLs point: the API's own origin unless set (another origin, as Meta's are).
+        self.lookaside_base: str | None = None
+        self.media_lookups: list[str] = []  # media ids looked up with the token
+        self.downloads: list[str] = []  # media ids downloaded with the token
+        self.typing: list[str] = []  # message ids marked read with a typing indicator
+        self.refused: list[str] = []  # requests refused for want of the token
         self._ids = itertools.count(1)
         api.on(MESSAGES_PATH, self.message)
         api.on(MEDIA_PATH, self.upload)
+        api.on(LOOKASIDE_PATH, self.lookaside)
+
+    def sent_by_user(self, data: bytes, mime: str, *, size: int | None = None) -> str:
+        """A media id for `data`, as a user's message carries it (`size`: a `file_size` to claim)."""
+        media_id = f"{1_400_000_000_000_000 + next(self._ids)}"
+        self.user_media[media_id] = (data, mime)
+        self._claimed_size[media_id] = len(data) if size is None else size
+        self.api.on(f"/{media_id}", self.media_url)
+        return media_id
+
+    def _bearer(self, seen: Seen) -> tuple[int, Any] | None:
+        if seen.headers.get("authorization") != f"Bearer {ACCESS_TOKEN}":
+            self.refused.append(seen.path)
+            return graph_error(190, "Invalid OAuth access token - Cannot parse access token", 401)
+        return None
+
+    def media_url(self, seen: Seen) -> tuple[int, Any]:
+        """`GET /{media-id}`: the media's short-lived URL, with the token only; with
+        `phone_number_id`, only for media sent to that number."""
+        assert seen.method == "GET", seen.method
+        refused = self._bearer(seen)
+        if refused:
+            return refused
+        media_id = seen.path.lstrip("/")
+        assert set(seen.query) <= {"phone_number_id"}, seen.query
+        if media_id not in self.user_media or seen.query.get("phone_number_id", PHONE_ID) != PHONE_ID:
+            return graph_error(100, "Unsupported get request. Object with ID does not exist")
+        data, mime = self.user_media[media_id]
+        self.media_lookups.append(media_id)
+        return 200, {
+            "messaging_product": "whatsapp",
+            "url": f"{self.lookaside_base or self.api.url}{LOOKASIDE_PATH}?mid={media_id}&ext=1764000000&hash=ATuB3x",
+            "mime_type": mime,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "file_size": self._claimed_size[media_id],
+            "id": media_id,
+        }
+
+    def lookaside(self, seen: Seen) -> tuple[int, Any, dict[str, str]]:
+        """The media's bytes at its lookaside URL: with the token only (Meta answers 401 without)."""
+        assert seen.method == "GET", seen.method
+        if seen.headers.get("authorization") != f"Bearer {ACCESS_TOKEN}":
+            self.refused.append(seen.path)
+            return 401, b"", {}
+        media_id = seen.query.get("mid", "")
+        if media_id not in self.user_media or not seen.query.get("hash"):
+            return 404, b"", {}
+        data, mime = self.user_media[media_id]
+        self.downloads.append(media_id)
+        return 200, data, {"Content-Type": mime}
 
     def received(self, user: str, message_id: str, at: float | None = None) -> None:
         self.known_messages.add(message_id)
@@ -290,9 +357,7 @@ class WhatsAppStandIn:
 
     def _auth(self, seen: Seen) -> tuple[int, Any] | None:
         assert seen.method == "POST"
-        if seen.headers.get("authorization") != f"Bearer {ACCESS_TOKEN}":
-            return graph_error(190, "Invalid OAuth access token - Cannot parse access token", 401)
-        return None
+        return self._bearer(seen)
 
     def message(self, seen: Seen) -> tuple[int, Any]:
         refused = self._auth(seen)
@@ -301,6 +366,8 @@ class WhatsAppStandIn:
         body = seen.json
         assert isinstance(body, dict) and seen.headers["content-type"].startswith("application/json")
         assert body["messaging_product"] == "whatsapp"
+        if "status" in body:
+            return self.read(body)
         kind = body["type"]
         assert kind in _KINDS, kind
         assert set(body) <= {"messaging_product", "recipient_type", "to", "recipient", "type", "context", kind}, body
@@ -335,6 +402,16 @@ class WhatsAppStandIn:
             "messages": [{"id": f"wamid.SENT{next(self._ids):010d}"}],
         }
 
+    def read(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """A message marked read, with the typing indicator: only a message the user sent."""
+        assert set(body) <= {"messaging_product", "status", "message_id", "typing_indicator"}, body
+        assert body["status"] == "read" and body.get("typing_indicator", {"type": "text"}) == {"type": "text"}
+        if body["message_id"] not in self.known_messages:
+            return graph_error(100, "Invalid parameter")
+        if "typing_indicator" in body:
+            self.typing.append(body["message_id"])
+        return 200, {"success": True}
+
     def upload(self, seen: Seen) -> tuple[int, Any]:
         refused = self._auth(seen)
         if refused:
@@ -354,7 +431,9 @@ class _ToStandIn(httpx.BaseTransport):
         self.standin = standin
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        path = "/" + request.url.path.split("/", 2)[2]  # without the API version
+        path = request.url.path
+        if request.url.host == "graph.facebook.com":
+            path = "/" + path.split("/", 2)[2]  # without the API version
         content = request.read()
         seen = Seen(
             request.method, path, dict(request.url.params), {k.lower(): v for k, v in request.headers.items()}, content
@@ -363,7 +442,9 @@ class _ToStandIn(httpx.BaseTransport):
             json.loads(content) if request.headers.get("content-type", "").startswith("application/json") else None
         )
         handler = self.standin.api.defaults[path]
-        status, answer, *_ = handler(seen)  # type: ignore[misc]
+        status, answer, *rest = handler(seen)  # type: ignore[misc]
+        if isinstance(answer, bytes):
+            return httpx.Response(status, content=answer, headers=rest[0] if rest else {})
         return httpx.Response(status, json=answer)
 
 
@@ -507,6 +588,100 @@ async def test_errors_are_classified(api: FakeApi, http: httpx.AsyncClient) -> N
         assert (outcome.status, outcome.reason) == expected, (answer, outcome)
         if expected[1] == "rate_limited" and answer["error"]["code"] == 131056:
             assert outcome.retry_after == 6.0
+
+
+# -- inbound media and the typing indicator ----------------------------------------------------------
+
+
+def test_the_standin_serves_media_and_typing_as_pywa_asks() -> None:
+    """pywa's own calls for a media URL, its bytes and the typing indicator are what the stand-in
+    takes; without the token it refuses both media requests, as Meta does."""
+    api = FakeApi()
+    api.url = "https://lookaside.fbsbx.com"  # the host of Meta's media URLs
+    standin = WhatsAppStandIn(api)
+    media_id = standin.sent_by_user(PNG, "image/png")
+    asked = wamid()
+    standin.received(ALICE, asked)
+    wa = pywa_client(httpx.Client(transport=_ToStandIn(standin)))
+    found = wa.get_media_url(media_id)
+    assert found.mime_type == "image/png" and found.sha256 == hashlib.sha256(PNG).hexdigest()
+    assert wa.get_media_bytes(found.url) == PNG
+    assert wa.indicate_typing(asked).success and standin.typing == [asked]
+    stranger = WhatsApp(
+        phone_id=PHONE_ID, token="EAAG-other", server=None, session=httpx.Client(transport=_ToStandIn(standin))
+    )
+    with pytest.raises(WhatsAppError):
+        stranger.get_media_url(media_id)
+    with pytest.raises(httpx.HTTPStatusError):
+        stranger.get_media_bytes(found.url)
+    assert standin.refused == [f"/{media_id}", LOOKASIDE_PATH]
+
+
+async def test_typing_marks_the_answered_message_read_as_pywa_does(api: FakeApi, http: httpx.AsyncClient) -> None:
+    standin = WhatsAppStandIn(api)
+    asked = wamid()
+    standin.received(ALICE, asked)
+    sent: list[dict[str, Any]] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"success": True})
+
+    pywa_client(httpx.Client(transport=httpx.MockTransport(record))).indicate_typing(asked)
+    await whatsapp.typing_on(bot_config(api), ALICE, {"message_id": asked, "at_ms": "1"}, http)
+    assert standin.typing == [asked]
+    [call] = api.calls(MESSAGES_PATH)
+    assert call.json == sent[0] and call.headers["authorization"] == f"Bearer {ACCESS_TOKEN}"
+    # A turn answering no particular message (a notice, a held batch's flush without one): nothing.
+    await whatsapp.typing_on(bot_config(api), ALICE, {}, http)
+    assert len(api.calls(MESSAGES_PATH)) == 1
+
+
+async def test_inbound_media_is_read_by_id_with_the_token_through_the_guard(
+    api: FakeApi, http: httpx.AsyncClient
+) -> None:
+    """The media id's URL (on another origin, as Meta's lookaside host is) is read with the token
+    through the SSRF guard; the production guard refuses it on loopback."""
+    standin = WhatsAppStandIn(api)
+    standin.lookaside_base = api.url.replace("127.0.0.1", "localhost")
+    media_id = standin.sent_by_user(PNG, "image/png")
+    media = Media(kind="file", value=media_id)
+    async with SafeFetcher(allow_loopback_for_tests=True) as test_guard, SafeFetcher() as production_guard:
+
+        async def guarded(url: str, max_bytes: int, headers: Mapping[str, str]) -> bytes:
+            return (await test_guard.fetch(url, max_bytes, headers)).data
+
+        async def strict(url: str, max_bytes: int, headers: Mapping[str, str]) -> bytes:
+            return (await production_guard.fetch(url, max_bytes, headers)).data
+
+        assert await whatsapp.fetch_media(bot_config(api), media, http, guarded, 1024) == PNG
+        assert standin.media_lookups == [media_id] and standin.downloads == [media_id]
+        lookup = api.calls(f"/{media_id}")[0]
+        assert lookup.query == {"phone_number_id": PHONE_ID}
+        with pytest.raises(MediaUnavailable) as refused:
+            await whatsapp.fetch_media(bot_config(api), media, http, strict, 1024)
+        assert refused.value.reason == "address_loopback"
+        # Larger than allowed: refused on the size the lookup gives, never downloaded.
+        with pytest.raises(MediaUnavailable) as refused:
+            await whatsapp.fetch_media(bot_config(api), media, http, guarded, len(PNG) - 1)
+        assert refused.value.reason == "too_large" and standin.downloads == [media_id]
+        # A size claimed small does not let a larger body through: the read stops at the limit.
+        understated = standin.sent_by_user(PNG * 100, "image/png", size=10)
+        with pytest.raises(MediaUnavailable) as refused:
+            await whatsapp.fetch_media(bot_config(api), Media(kind="file", value=understated), http, guarded, 1024)
+        assert refused.value.reason == "too_large"
+        # A wrong token: WhatsApp's 401, named; an id not of WhatsApp's shape is never looked up.
+        wrong = bot_config(api).model_copy(update={"credentials": {**bot_config().credentials}})
+        wrong.credentials["access_token"] = SecretStr("EAAG-revoked")
+        with pytest.raises(MediaUnavailable) as refused:
+            await whatsapp.fetch_media(wrong, media, http, guarded, 1024)
+        assert refused.value.reason == "http_401"
+        with pytest.raises(MediaUnavailable) as refused:
+            await whatsapp.fetch_media(bot_config(api), Media(kind="file", value="../me"), http, guarded, 1024)
+        assert refused.value.reason == "file_id_shape"
+    # On the API's own origin (a stand-in, or a proxy the operator set as api_base): read directly.
+    standin.lookaside_base = None
+    assert await whatsapp.fetch_media(bot_config(api), media, http, guarded, 1024) == PNG
 
 
 def test_settings_require_the_four_credentials() -> None:

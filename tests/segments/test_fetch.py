@@ -290,3 +290,34 @@ async def test_turn_cancellation_cancels_media_reads(server: MediaServer) -> Non
             await task
     finally:
         await checker.aclose()
+
+
+async def test_headers_go_to_the_first_urls_origin_only() -> None:
+    """A platform's token for its own media: sent to the URL's origin, never to another host a
+    redirect names (`localhost` and `127.0.0.1` are two origins though one address)."""
+    seen: list[tuple[str, str | None]] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        seen.append((f"{request.host}{request.path}", request.headers.get("Authorization")))
+        if request.path == "/away":
+            raise web.HTTPFound(f"http://localhost:{request.url.port}/final")
+        if request.path == "/home":
+            raise web.HTTPFound("/final")
+        return web.Response(body=PNG, content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/{name}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with SafeFetcher(allow_loopback_for_tests=True) as fetcher:
+            token = {"Authorization": "Bearer media-token"}
+            assert (await fetcher.fetch(f"{base}/home", 1 << 20, token)).data == PNG
+            assert (await fetcher.fetch(f"{base}/away", 1 << 20, token)).data == PNG
+    finally:
+        await runner.cleanup()
+    assert [auth for _, auth in seen] == ["Bearer media-token", "Bearer media-token", "Bearer media-token", None]
+    assert seen[-1][0] == f"localhost:{port}/final"
