@@ -66,7 +66,7 @@ class StandIns:
         self.whatsapp = wa_fx.WhatsAppStandIn(self.apis["whatsapp"])
         for api in self.apis.values():
             for path, handler in list(api.defaults.items()):
-                api.defaults[path] = self._checked(handler)
+                api.defaults[path] = self.checked(handler)
         return self
 
     def stop(self) -> None:
@@ -81,7 +81,7 @@ class StandIns:
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=15)
 
-    def _checked(self, handler: Callable[[Seen], Any]) -> Callable[[Seen], Any]:
+    def checked(self, handler: Callable[[Seen], Any]) -> Callable[[Seen], Any]:
         def handle(seen: Seen) -> Any:
             try:
                 return handler(seen)
@@ -464,7 +464,7 @@ def _user_media(standins: StandIns, data: bytes, mime: str, **extra: Any) -> str
     """A media id the stand-in serves, its lookup checked like every other request."""
     media_id = standins.whatsapp.sent_by_user(data, mime, **extra)
     api = standins.apis["whatsapp"]
-    api.defaults[f"/{media_id}"] = standins._checked(api.defaults[f"/{media_id}"])
+    api.defaults[f"/{media_id}"] = standins.checked(api.defaults[f"/{media_id}"])
     return media_id
 
 
