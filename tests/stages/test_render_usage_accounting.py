@@ -26,7 +26,7 @@ def bot(budgets: Budgets) -> BotConfig:
     return BotConfig(platform="console", bot_id="demo", self_id="bot", budgets=budgets)
 
 
-async def account(redis_url: str, prefix: str, config: BotConfig) -> tuple[int, int]:
+async def account(redis_url: str, prefix: str, config: BotConfig) -> tuple[float, int]:
     """A usage report of the chat's session through render: (its round trips, the chat's tokens)."""
     settings = Settings(redis_prefix=prefix, bots=[config])
     state = State.connect(redis_url, settings.redis_prefix)
