@@ -43,6 +43,8 @@ class Ticket:
     revoked: bool = False
     # What its work left to wait for outside the key's order (`defer`); done once they are.
     tails: list[Work] | None = None
+    # Its work is running: only then may it defer (a task the work started outlives it).
+    deferrable: bool = False
 
 
 # The ticket whose work the current task runs (each key's runner is a task of its own).
@@ -62,7 +64,7 @@ def defer(tail: Work) -> bool:
     key's next work starts at once. The record is finished (and acknowledged, in offset order) only
     once `tail` is done. Returns False outside a key's work: the caller then awaits `tail` itself."""
     ticket = _running.get()
-    if ticket is None:
+    if ticket is None or not ticket.deferrable:
         return False
     if ticket.tails is None:
         ticket.tails = []
@@ -214,6 +216,7 @@ class KeyedExecutor:
                 async with self._slots:
                     self._in_flight += 1
                     _running.set(ticket)
+                    ticket.deferrable = True
                     try:
                         await ticket.work()
                     except asyncio.CancelledError:
@@ -221,6 +224,7 @@ class KeyedExecutor:
                     except BaseException as exc:  # a stage must handle its own errors; never stall
                         self._failed(ticket, exc)
                     finally:
+                        ticket.deferrable = False
                         self._in_flight -= 1
                 queue.popleft()
                 tails, ticket.tails = ticket.tails, None

@@ -246,3 +246,30 @@ async def test_outputs_outside_an_executor_wait_inline() -> None:
     assert not waiting.done()
     broker.acks[0].set_result(None)
     await waiting
+
+
+async def test_a_task_the_work_started_cannot_defer_once_the_work_has_returned() -> None:
+    """A background task copies the work's context; deferring from it after the work returned
+    would leave a wait nobody runs, so it is refused (the task waits itself)."""
+    executor = KeyedExecutor(max_in_flight=2)
+    later = asyncio.Event()
+    refused: list[bool] = []
+    acked: list[int] = []
+
+    async def background() -> None:
+        await later.wait()
+
+        async def tail() -> None:
+            return None
+
+        refused.append(not defer(tail))
+
+    async def work() -> None:
+        asyncio.get_running_loop().create_task(background())
+
+    await executor.submit("chat", work, offset=0, ack=acker(acked, 0))
+    await executor.join()
+    assert acked == [0]
+    later.set()
+    await settle()
+    assert refused == [True]
