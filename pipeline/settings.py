@@ -168,7 +168,7 @@ class Settings(BaseSettings):
     # flight per broker, a partition's produce rate is at most this per round trip: at aiokafka's
     # 16 KiB, a chat flooding triggers (user turns of a few KiB each, with their context) outran
     # its partition once the broker's round trip grew (bench/README.md, "Fairness under a flood").
-    kafka_max_batch_bytes: int = Field(default=16384, ge=1024, le=1048576)
+    kafka_max_batch_bytes: int = Field(default=262144, ge=1024, le=1048576)
     partitions: int = Field(default=8, ge=1, le=1024)
     # Replicas of each topic `topics apply` creates (capped to the brokers there are, so one dev
     # broker still works); with topics.toml's min.insync.replicas=2, a broker can fail losing nothing.

@@ -36,7 +36,7 @@ def test_worker_producer_sends_at_once_unless_a_linger_is_set(linger: int | None
     assert {**producer._settings_default(), **producer._settings_extra()}["linger_ms"] == expected
 
 
-@pytest.mark.parametrize(("batch", "expected"), [(None, 16384), (262144, 262144)])
+@pytest.mark.parametrize(("batch", "expected"), [(None, 262144), (16384, 16384)])
 def test_worker_producer_batches_up_to_the_configured_bytes_per_partition(batch: int | None, expected: int) -> None:
     # One request in flight per broker: a partition's produce rate is at most a batch per round trip.
     options: dict[str, Any] = {} if batch is None else {"kafka_max_batch_bytes": batch}
