@@ -164,6 +164,11 @@ class Settings(BaseSettings):
     # request in flight per broker and batches whatever arrives meanwhile, so a busy worker batches
     # without it; a linger only adds itself to every hop (bench/README.md, "The producer's linger").
     kafka_linger_ms: int = Field(default=0, ge=0, le=1000)
+    # The most bytes of one partition's records one produce request carries. With one request in
+    # flight per broker, a partition's produce rate is at most this per round trip: at aiokafka's
+    # 16 KiB, a chat flooding triggers (user turns of a few KiB each, with their context) outran
+    # its partition once the broker's round trip grew (bench/README.md, "Fairness under a flood").
+    kafka_max_batch_bytes: int = Field(default=262144, ge=1024, le=1048576)
     partitions: int = Field(default=8, ge=1, le=1024)
     # Replicas of each topic `topics apply` creates (capped to the brokers there are, so one dev
     # broker still works); with topics.toml's min.insync.replicas=2, a broker can fail losing nothing.

@@ -179,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="fairness: the normal load alone, then beside one chat flooding triggering messages (only that)",
     )
     p.add_argument("--flood-rate", type=float, default=300.0, help="with --flood: the flooding chat's messages/s")
+    p.add_argument(
+        "--flood-limit",
+        default=None,
+        metavar="COUNT/SECONDS",
+        help="with --flood: both phases on a bot `limited` (busy policy merge) whose chats may start COUNT turns "
+        "per SECONDS (`[bots.limits] chat_turns`, notice on): the flooding chat's excess is refused at ingest",
+    )
     p.add_argument("--quick", action="store_true", help="tiny load for a smoke test (a few seconds)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--name", default=None, help="result file name (default bench-<timestamp>)")

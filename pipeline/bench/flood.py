@@ -24,6 +24,29 @@ from pipeline.bench.measure import TLS, scrape_metrics, wait_idle
 from pipeline.bench.runner import BenchStack, PhaseResult, log, run_phase
 
 TARGET_RATIO = 1.5
+# `--flood-limit`: the bot both phases use, its chats under a turn limit.
+LIMITED_BOT = "limited"
+
+
+def limited_bot_toml(limit: str) -> str:
+    """The bots-file entry of `LIMITED_BOT` for `--flood-limit COUNT/SECONDS`."""
+    count, _, seconds = limit.partition("/")
+    try:
+        n, per = int(count), int(seconds)
+    except ValueError:
+        raise SystemExit(f"--flood-limit {limit!r}: expected COUNT/SECONDS, e.g. 20/10") from None
+    return f"""
+[[bots]]
+platform = "console"
+bot_id = "{LIMITED_BOT}"
+self_id = "bot"
+language = "en"
+busy_policy = "merge"
+[bots.limits]
+chat_turns = {{ count = {n}, per_seconds = {per} }}
+over_limit = "drop"
+notice = true
+"""
 
 
 def flood_plan(bot: str, rate: float, duration: float, *, users: int = 3) -> Plan:
@@ -127,6 +150,7 @@ async def flood_run(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -
     result: dict[str, Any] = {
         "normal_rate_msgs_per_s": args.rate,
         "flood_rate_msgs_per_s": args.flood_rate,
+        "flood_limit": args.flood_limit,
         "duration_s": args.duration,
         "others_overhead_ms": {"alone": base, "flooded": with_flood},
         "others_turns": {"alone": alone.data["turns"], "flooded": flooded.data["turns"]},

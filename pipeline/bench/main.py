@@ -345,6 +345,16 @@ async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any
         result["filtered_backlog"] = await filtered_drain_phase(bs, args, one_hop)
 
 
+def _flood_limited_bot(args: argparse.Namespace) -> str:
+    """`--flood --flood-limit`: the bot both phases use (bots file text), else nothing."""
+    if not (args.flood and args.flood_limit):
+        return ""
+    from pipeline.bench.flood import LIMITED_BOT, limited_bot_toml
+
+    args.bot = LIMITED_BOT
+    return limited_bot_toml(args.flood_limit)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = args.out or RESULTS
     name = default_name(args)
@@ -390,6 +400,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             aof=args.chaos,
             # The hops' parts (pipeline/hopstamps.py), as the bare turn stamps them; --env may turn them off.
             extra_env={"SWITCHBOARD_HOP_STAMPS": "true", **dict(kv.split("=", 1) for kv in args.env)},
+            extra_bots=_flood_limited_bot(args),
         )
         log(f"stack up: run dir {bs.run_dir}")
         target = result if index == 0 else {}

@@ -6,6 +6,12 @@ one key (conversation) runs strictly in order, work for different keys runs conc
 `max_in_flight`, and each record's ack callback runs only once it and every earlier record of its
 partition are finished. A crash therefore replays from the first unfinished record; idempotency
 makes the replay harmless.
+
+A work may `defer` its last wait (the broker's acknowledgement of what it produced): the key's next
+work starts at once, and the record counts as finished only once the deferred wait is done. A key
+is then as fast as its own steps, not one broker round trip per record; a chat flooding a key no
+longer falls behind itself and holds back its partition's acks (and, through `max_pending`, every
+partition's fetch).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class Ticket:
     error: BaseException | None = None
     # Its partition was revoked: the partition's new owner replays the message.
     revoked: bool = False
+    # What its work left to wait for outside the key's order (`defer`); done once they are.
+    tails: list[Work] | None = None
+    # Its work is running: only then may it defer (a task the work started outlives it).
+    deferrable: bool = False
 
 
 # The ticket whose work the current task runs (each key's runner is a task of its own).
@@ -47,6 +57,26 @@ def work_revoked() -> bool:
     would see on top of that replay (a failure notice, say)."""
     ticket = _running.get()
     return ticket is not None and ticket.revoked
+
+
+def defer(tail: Work) -> bool:
+    """From a key's work: run `tail` after the work returns, outside the key's order, so that the
+    key's next work starts at once. The record is finished (and acknowledged, in offset order) only
+    once `tail` is done. Returns False outside a key's work: the caller then awaits `tail` itself."""
+    ticket = _running.get()
+    if ticket is None or not ticket.deferrable:
+        return False
+    if ticket.tails is None:
+        ticket.tails = []
+    ticket.tails.append(tail)
+    return True
+
+
+def wrap_deferred(wrap: Callable[[Work], Work]) -> None:
+    """Wrap what the running work deferred (a stage's failure handling for the tail)."""
+    ticket = _running.get()
+    if ticket is not None and ticket.tails:
+        ticket.tails = [wrap(tail) for tail in ticket.tails]
 
 
 async def _nothing() -> None:
@@ -85,6 +115,8 @@ class KeyedExecutor:
         # Works that settle a group of held tickets (`settle_group`), and how many may run at once.
         self._groups: set[asyncio.Task[None]] = set()
         self.max_groups = max_groups
+        # Deferred tails running (`defer`), each finishing its ticket.
+        self._tails: set[asyncio.Task[None]] = set()
 
     # -- introspection (metrics) ------------------------------------------------------------
     @property
@@ -98,6 +130,11 @@ class KeyedExecutor:
     @property
     def active_keys(self) -> int:
         return len(self._runners)
+
+    @property
+    def deferred(self) -> int:
+        """Tickets whose work returned and whose deferred tail is still running."""
+        return len(self._tails)
 
     # -- submission -------------------------------------------------------------------------
     async def submit(
@@ -179,24 +216,48 @@ class KeyedExecutor:
                 async with self._slots:
                     self._in_flight += 1
                     _running.set(ticket)
+                    ticket.deferrable = True
                     try:
                         await ticket.work()
                     except asyncio.CancelledError:
                         raise
                     except BaseException as exc:  # a stage must handle its own errors; never stall
-                        ticket.error = exc
-                        log.exception("%s: unhandled error for key %s", self.name, key)
-                        if self._on_error is not None:
-                            self._on_error(ticket, exc)
+                        self._failed(ticket, exc)
                     finally:
+                        ticket.deferrable = False
                         self._in_flight -= 1
                 queue.popleft()
+                tails, ticket.tails = ticket.tails, None
+                if tails:  # finished by its tails; the key goes on meanwhile
+                    task = asyncio.create_task(self._finish(ticket, tails), name=f"{self.name}:{key}:tail")
+                    self._tails.add(task)
+                    task.add_done_callback(self._tails.discard)
+                    continue
                 ticket.done = True
                 await self._release(ticket.partition)
         finally:
             if not queue:
                 self._queues.pop(key, None)
             self._runners.pop(key, None)
+
+    def _failed(self, ticket: Ticket, exc: BaseException) -> None:
+        ticket.error = exc
+        log.exception("%s: unhandled error for key %s", self.name, ticket.key)
+        if self._on_error is not None:
+            self._on_error(ticket, exc)
+
+    async def _finish(self, ticket: Ticket, tails: list[Work]) -> None:
+        """Run a ticket's deferred tails in order, then release it (a failed tail is logged and
+        released, as a failed work is)."""
+        for tail in tails:
+            try:
+                await tail()
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                self._failed(ticket, exc)
+        ticket.done = True
+        await self._release(ticket.partition)
 
     async def _release(self, partition: Hashable) -> None:
         """Ack the finished prefix of this partition's tickets, in offset order."""
@@ -218,8 +279,10 @@ class KeyedExecutor:
     # -- lifecycle --------------------------------------------------------------------------
     async def join(self) -> None:
         """Wait until everything submitted so far has finished and been released."""
-        while self._runners or self._groups:
-            await asyncio.gather(*list(self._runners.values()), *list(self._groups), return_exceptions=True)
+        while self._runners or self._groups or self._tails:
+            await asyncio.gather(
+                *list(self._runners.values()), *list(self._groups), *list(self._tails), return_exceptions=True
+            )
 
     def drop_partitions(self, partitions: set[Hashable]) -> int:
         """Forget unreleased tickets of revoked partitions: their acks must not run any more.
@@ -248,7 +311,7 @@ class KeyedExecutor:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [*self._runners.values(), *self._groups]
+        tasks = [*self._runners.values(), *self._groups, *self._tails]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

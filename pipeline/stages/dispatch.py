@@ -152,7 +152,10 @@ class DispatchStage:
             else:
                 await self.handle(command, partition)
         if flush is not None:  # idle with messages held: they go now, oldest first (see `_start_turn`)
-            await self._flush(bot, flush, partition)
+            try:
+                await self._flush(bot, flush, partition)
+            except SessionAPIError as exc:  # as `handle` meets it: the chat is told, the record kept
+                await self._failed(bot, flush, exc)
 
     async def handle(self, command: SessionCommand, partition: int) -> None:
         bot = self.settings.bot(command.platform, command.bot_id)
@@ -174,25 +177,29 @@ class DispatchStage:
             else:  # tool_confirmation, tool_result
                 await self._answer(bot, command, partition)
         except SessionAPIError as exc:
-            # The client already retried what can be retried: tell the chat, keep the record.
-            metrics.SESSION_CALLS.labels(command.kind, type(exc).__name__).inc()
-            log.warning("dispatch failed for %s: %s", command.conversation_key, type(exc).__name__)
-            if work_revoked():
-                # The partition moved meanwhile: its new owner sends this command again (and tells
-                # the chat if that fails too). A notice from here would come on top of its reply.
-                log.info("dispatch of %s: partition revoked during the call; left to its new owner", command.kind)
-                return
-            if not await self.state.conversations.turns_in_session(command.conversation_key):
-                await self.state.conversations.update_conversation(command.conversation_key, status="idle")
-            await self.outputs.dead_letter(
-                "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=command.conversation_key
-            )
-            if isinstance(exc, RateLimitedError) and command.kind in ("user_turn", "flush"):
-                # The agent API still answered 429 after the client's retries: busy, not broken.
-                metrics.OVERLOADED.labels(command.platform, command.bot_id).inc()
-                await self._notice(bot, command, "overloaded")
-                return
-            await self._notice(bot, command, "provider_error")
+            await self._failed(bot, command, exc)
+
+    async def _failed(self, bot: BotConfig, command: SessionCommand, exc: SessionAPIError) -> None:
+        """A session API call failed for `command`. The client already retried what can be retried:
+        tell the chat, keep the record (dead-lettered)."""
+        metrics.SESSION_CALLS.labels(command.kind, type(exc).__name__).inc()
+        log.warning("dispatch failed for %s: %s", command.conversation_key, type(exc).__name__)
+        if work_revoked():
+            # The partition moved meanwhile: its new owner sends this command again (and tells
+            # the chat if that fails too). A notice from here would come on top of its reply.
+            log.info("dispatch of %s: partition revoked during the call; left to its new owner", command.kind)
+            return
+        if not await self.state.conversations.turns_in_session(command.conversation_key):
+            await self.state.conversations.update_conversation(command.conversation_key, status="idle")
+        await self.outputs.dead_letter(
+            "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=command.conversation_key
+        )
+        if isinstance(exc, RateLimitedError) and command.kind in ("user_turn", "flush"):
+            # The agent API still answered 429 after the client's retries: busy, not broken.
+            metrics.OVERLOADED.labels(command.platform, command.bot_id).inc()
+            await self._notice(bot, command, "overloaded")
+            return
+        await self._notice(bot, command, "provider_error")
 
     # -- user turns ----------------------------------------------------------------------------
     async def _user_turn(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:

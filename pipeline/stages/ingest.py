@@ -494,7 +494,9 @@ class IngestStage:
             return
         metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
         await self.outputs.session_command(self.user_turn(plan.bot, message, window))
-        await self.outputs.delivered()
+        # Not waited for in the chat's order: a chat sending hundreds of triggers a second would
+        # wait for the broker once per message and fall behind itself (bench/README.md, flood).
+        await self.outputs.delivered_outside_key()
 
     async def _produce_turns(self, turns: list[tuple[_Plan, list[ContextEntry]]]) -> None:
         """Several user turns of one chat, in order, acknowledged by the broker together."""
@@ -503,7 +505,7 @@ class IngestStage:
             assert plan.bot is not None and plan.reason is not None
             metrics.TURNS_TRIGGERED.labels(plan.message.platform, plan.reason).inc()
             await self.outputs.session_command(self.user_turn(plan.bot, plan.message, window))
-        await self.outputs.delivered()
+        await self.outputs.delivered_outside_key()
 
     async def _over_budget(self, plan: _Plan, refusal: Refusal) -> None:
         """A usage budget is spent: no turn; the sender hears so once per window (not per message)."""

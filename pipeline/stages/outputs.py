@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from pipeline import hopstamps, metrics
+from pipeline.executor import defer
 from pipeline.records import DeadLetter, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.topics import DEADLETTER, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
@@ -49,6 +50,25 @@ class Outputs:
             pending.clear()
             if waiting:
                 await asyncio.gather(*waiting)
+
+    @staticmethod
+    async def delivered_outside_key() -> None:
+        """As `delivered()`, but from a keyed work the wait runs after the work, outside its key's
+        order (`pipeline.executor.defer`): the key's next work starts at once, and the record is
+        acknowledged only once the broker has acknowledged what it produced. Only for a work that
+        has nothing left to do after the wait."""
+        pending = _pending.get()
+        waiting = [p for p in pending or () if p is not None]
+        if pending:
+            pending.clear()
+        if not waiting:
+            return
+
+        async def wait() -> None:
+            await asyncio.gather(*waiting)
+
+        if not defer(wait):
+            await wait()
 
     async def _produce(self, topic: str, key: str | None, value: bytes) -> None:
         delivery = await self._send(topic, key, value)

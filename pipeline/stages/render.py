@@ -596,18 +596,19 @@ class RenderStage:
 
     async def _account(self, record: SessionEventRecord, turn: TurnRecord | None) -> None:
         """A turn's `session.usage` into the usage budgets of its bot, chat and starter. Without the
-        turn (its idle comes in a later batch) the conversation's current turn is taken."""
+        turn (its idle comes in a later batch) the conversation's current turn is taken. A bot
+        without `[bots.budgets]` is not accounted (no Redis call per turn; docs/controls.md)."""
         if not isinstance(record.event, SessionUsage):
             return
-        if turn is None:
-            turn = (await self.state.conversations.conversation(record.conversation_key)).turn
         try:
             ref = parse_conversation_key(record.conversation_key)
         except ValueError:
             return
         bot = self.settings.bot(ref.platform, ref.bot_id)
-        if bot is None:
+        if bot is None or not bot.budgets.enabled:
             return
+        if turn is None:
+            turn = (await self.state.conversations.conversation(record.conversation_key)).turn
         chat_id = turn.chat_id if turn is not None else ref.chat_id
         starter = turn.starter_id if turn is not None else ref.user_id
         await self.budgets.account(bot, record.session_id, record.event.usage, chat_id, starter)

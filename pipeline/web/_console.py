@@ -181,7 +181,12 @@ async def console_usage(request: web.Request) -> web.Response:
             "limit_seconds": limit.active_seconds if limit else None,
         }
 
-    body: dict[str, object] = {"window": window.label, "timezone": bot.budgets.timezone}
+    # Only a bot with budgets is accounted (docs/controls.md): for another, the totals are not kept.
+    body: dict[str, object] = {
+        "window": window.label,
+        "timezone": bot.budgets.timezone,
+        "accounted": bot.budgets.enabled,
+    }
     body.update({scope: shown(scope, total) for scope, total in zip(scopes, totals, strict=True)})
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 

@@ -137,6 +137,7 @@ def create_app(
         broker_commit_every=1000,
         stream_wait_empty=False,  # no Faust streams: stages track their own work
         producer_linger_ms=settings.kafka_linger_ms,
+        producer_max_batch_size=settings.kafka_max_batch_bytes,
         producer_partitioner=KeyPartitioner(),
         producer_acks=-1,
         broker_session_timeout=settings.kafka_session_timeout_seconds,

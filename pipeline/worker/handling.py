@@ -10,10 +10,12 @@ moves on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from pipeline.executor import wrap_deferred
 from pipeline.state.retry import backoff, while_unavailable
 
 __all__ = ["DeadLetter", "Handling", "backoff"]
@@ -45,4 +47,17 @@ class Handling:
             raise
         except Exception as exc:
             log.exception("%s: handling failed; dead-lettering the record", self.stage)
+            await dead_letter("handler_error", repr(exc)[:2000])
+            return
+        # What the work left for after its key's order (the broker's acknowledgement of what it
+        # produced: `pipeline.executor.defer`) fails the same way: the record is dead-lettered.
+        wrap_deferred(lambda tail: functools.partial(self._tail, tail, dead_letter))
+
+    async def _tail(self, tail: Callable[[], Awaitable[None]], dead_letter: DeadLetter) -> None:
+        try:
+            await tail()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: a deferred wait failed; dead-lettering the record", self.stage)
             await dead_letter("handler_error", repr(exc)[:2000])

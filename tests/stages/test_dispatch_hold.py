@@ -9,8 +9,9 @@ from contextlib import asynccontextmanager
 
 from prometheus_client import REGISTRY
 
-from pipeline.records import Position, SessionCommand, now_ms
+from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
+from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
 from pipeline.stages.dispatch import DispatchStage, turn_message_id
@@ -177,3 +178,43 @@ async def test_a_chats_messages_in_a_row_are_held_in_two_round_trips(redis_url: 
         await first()  # the batch replayed
         assert len(await state.conversations.peek_held(CONVERSATION)) == 5
         assert (await state.conversations.conversation(CONVERSATION)).held == 5
+
+
+async def test_a_failed_flush_after_a_chats_messages_in_a_row_tells_the_chat(redis_url: str, redis_prefix: str) -> None:
+    """The batched path's flush (idle with messages held, found on a later message of the run) fails
+    at the session API as `handle`'s calls do: the record is dead-lettered and the chat told, the
+    error not left to the stage's generic handling (which would tell nobody)."""
+    settings = Settings(redis_prefix=redis_prefix, console_enabled=True)
+    state = State.connect(redis_url, settings.redis_prefix)
+    recorder = Recorder()
+    outputs = Outputs(recorder)
+    # Unreachable, and not retried: the flush fails at once.
+    client = SessionClient(api_key="unused", base_url="http://127.0.0.1:9", retry=RetryPolicy(max_attempts=1))
+    stage = DispatchStage(
+        settings,
+        state,
+        client,
+        StaticPoolProvisioner(["s1"]),
+        StreamRegistry(state.streams, client, outputs),
+        outputs,
+        Notifier(settings),
+    )
+    try:
+        running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, running, "msg-A", session_id="s1")
+        await stage.handle(command("m-B"), 0)  # held behind A
+        conversations = state.conversations
+        await conversations.bind_turn_end(CONVERSATION, "idle-A", bind=True)
+        assert await conversations.finish_turn(CONVERSATION, 0, session_id="s1", event_id="idle-A", turn_id="msg-A")
+        # B again (a replay: done), then C: idle with B held, so C goes behind it and B is flushed.
+        batch = [command("m-B"), command("m-C")]
+        works = await stage.admit(batch, [Position("session.input", 0, i) for i in range(2)])
+        first = works[0]
+        assert first is not None and works[1] is None
+        await first()
+        letters = [DeadLetter.model_validate_json(v) for t, v in recorder.records if t == "im.deadletter"]
+        assert [letter.reason for letter in letters] == ["session_api_error"]
+        assert [reply.kind for reply in recorder.replies()] == ["notice"]  # provider_error
+    finally:
+        await client.aclose()
+        await state.redis.aclose()

@@ -438,6 +438,7 @@ async def test_usage_shows_the_chats_the_senders_and_the_bots_totals_with_the_to
             assert r.status == 200
             body = await r.json()
     assert body["timezone"] == "Asia/Tokyo"
+    assert body["accounted"] is True
     assert body["chat"] == {
         "tokens": 700,
         "active_seconds": 2.5,

@@ -33,3 +33,13 @@ def test_worker_producer_sends_at_once_unless_a_linger_is_set(linger: int | None
     producer = create_app(settings, stages=["ingest"], platforms=[]).producer
     assert isinstance(producer, Producer)
     assert producer.aiokafka_settings()["linger_ms"] == expected
+
+
+@pytest.mark.parametrize(("batch", "expected"), [(None, 262144), (16384, 16384)])
+def test_worker_producer_batches_up_to_the_configured_bytes_per_partition(batch: int | None, expected: int) -> None:
+    # One request in flight per broker: a partition's produce rate is at most a batch per round trip.
+    options: dict[str, Any] = {} if batch is None else {"kafka_max_batch_bytes": batch}
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", redis_url="redis://127.0.0.1:1/0", **options)
+    producer = create_app(settings, stages=["ingest"], platforms=[]).producer
+    assert isinstance(producer, Producer)
+    assert producer.aiokafka_settings()["max_batch_size"] == expected

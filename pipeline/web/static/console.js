@@ -1814,7 +1814,7 @@
   const usageByChat = new Map();
   function usageLine(key) {
     const u = usageByChat.get(key);
-    if (!u) return "";
+    if (!u || u.accounted === false) return "";  // a bot without budgets is not accounted
     const part = (label, s) => {
       if (!s) return null;
       const cap = s.limit_tokens != null ? `/${s.limit_tokens + (s.granted_tokens || 0)}` : "";
