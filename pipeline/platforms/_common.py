@@ -23,6 +23,7 @@ from pipeline.platforms.exceptions import WebhookRejected
 from pipeline.records import MAX_ID_CHARS, InboundMessage, ReplyRef, conversation_key, new_trace_id, now_ms
 from pipeline.records.models import ChatType
 from pipeline.segments.exceptions import MediaUnavailable
+from pipeline.segments.fetch import capped_body
 from pipeline.segments.media import rejection_label, with_placeholders
 from pipeline.segments.models import MEDIA_SEGMENT_TYPES, Media, MediaKind, Segment
 from pipeline.settings import BotConfig
@@ -488,19 +489,7 @@ async def read_capped(http: httpx.AsyncClient, url: str, headers: Mapping[str, s
     named) with `headers`: at most `max_bytes` bytes, no redirects, else `MediaUnavailable`."""
     try:
         async with http.stream("GET", url, headers=dict(headers), follow_redirects=False) as response:
-            if response.status_code != 200:
-                raise MediaUnavailable(f"http_{response.status_code}")
-            declared = response.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                raise MediaUnavailable("too_large")
-            chunks: list[bytes] = []
-            received = 0
-            async for chunk in response.aiter_bytes():
-                received += len(chunk)
-                if received > max_bytes:
-                    raise MediaUnavailable("too_large")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            return await capped_body(response, max_bytes)
     except httpx.TimeoutException:
         raise MediaUnavailable("timeout") from None
     except httpx.HTTPError:

@@ -69,6 +69,24 @@ def address_refusal(address: IPAddress, *, allow_loopback: bool = False) -> str 
     return None
 
 
+async def capped_body(response: httpx.Response, max_bytes: int, *, raw: bool = False) -> bytes:
+    """The body of a streamed 200 response, at most `max_bytes` bytes (declared or received),
+    else `MediaUnavailable`. `raw`: the bytes as sent, not content-decoded."""
+    if response.status_code != 200:
+        raise MediaUnavailable(f"http_{response.status_code}")
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise MediaUnavailable("too_large")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in response.aiter_raw() if raw else response.aiter_bytes():
+        received += len(chunk)
+        if received > max_bytes:
+            raise MediaUnavailable("too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def system_resolver(host: str, port: int) -> list[str]:
     """Resolve with the event loop's getaddrinfo (runs in the default executor)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -189,17 +207,5 @@ class SafeFetcher:
                         raise MediaUnavailable("redirect_without_location")
                     url = self._checked_url(url.join(location))
                     continue
-                if response.status_code != 200:
-                    raise MediaUnavailable(f"http_{response.status_code}")
-                declared = response.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                    raise MediaUnavailable("too_large")
-                chunks: list[bytes] = []
-                received = 0
-                async for chunk in response.aiter_raw():
-                    received += len(chunk)
-                    if received > max_bytes:
-                        raise MediaUnavailable("too_large")
-                    chunks.append(chunk)
-                return FetchedBytes(b"".join(chunks), hop)
+                return FetchedBytes(await capped_body(response, max_bytes, raw=True), hop)
         raise MediaUnavailable("too_many_redirects")
