@@ -61,7 +61,7 @@ async def test_find_asks_the_sentinel_that_answered_last_first() -> None:
         await watch.find(lambda problems: RedisConnectionError("; ".join(problems)))
 
 
-async def test_rechecks_take_turns_and_follow_only_a_newer_failover() -> None:
+async def test_a_recheck_asks_every_sentinel_and_follows_only_the_newest_failover() -> None:
     answers: dict[tuple[str, int], Answer] = {
         A: ("p2", 6379, 2),  # behind: names the server in between a failover away and one back
         B: ("p0", 6379, 1),  # behind: names the server before the failover
@@ -69,16 +69,17 @@ async def test_rechecks_take_turns_and_follow_only_a_newer_failover() -> None:
     }
     watch = _watch(answers)
     watch.named = ("p1", 6379, 1)
-    # Turns go B, C, A, B, …
-    assert await watch.newer() is None
-    assert watch.named == ("p1", 6379, 1)
-    # A failover away and back: the newer epoch is remembered ...
+    # A failover away and back: the newest epoch names the same server, so nothing moves; the epoch
+    # is remembered ...
     assert await watch.newer() is None
     assert watch.named == ("p1", 6379, 3)
-    # ... so that A, still naming the server in between (epoch 2), is behind, not news.
+    # ... so that A, still naming the server in between (epoch 2), is behind, not news, even alone.
+    answers.update({B: RedisConnectionError("refused"), C: 30.0})
     assert await watch.newer() is None
-    answers[B] = ("p3", 6380, 4)
-    assert await watch.newer() == ("p3", 6380, 4)  # a newer failover to another server
+    assert watch.named == ("p1", 6379, 3)
+    # One sentinel that knows of a newer failover to another server is enough, whatever the others say.
+    answers.update({A: ("p2", 6379, 2), B: ("p3", 6380, 4), C: ("p1", 6379, 3)})
+    assert await watch.newer() == ("p3", 6380, 4)
 
 
 async def test_a_sentinel_that_hangs_is_skipped_within_the_recheck_interval() -> None:
