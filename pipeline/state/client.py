@@ -47,7 +47,7 @@ from pipeline import metrics
 from pipeline.state._cluster import ClusterRouter, slot_of
 from pipeline.state.exceptions import StateError
 from pipeline.state.redis_url import ClusterTarget, Endpoint, RedisTarget, SentinelTarget, parse_redis_url
-from pipeline.state.sentinel import PRIMARY_RECHECK, Named, SentinelWatch, named_in
+from pipeline.state.sentinel import PRIMARY_RECHECK, Named, SentinelWatch, in_good_standing, named_in
 
 log = logging.getLogger(__name__)
 
@@ -380,9 +380,10 @@ class RedisClient:
 
         return await self._sentinel_watch.find(no_primary)
 
-    async def _ask_sentinel(self, sentinel: tuple[str, int]) -> Named:
+    async def _ask_sentinel(self, sentinel: tuple[str, int]) -> Named | None:
         """`SENTINEL MASTER` of this client's master, asked of one sentinel over a connection of
-        its own (closed after the answer)."""
+        its own (closed after the answer); None when that sentinel does not think the primary it
+        names in good standing (`in_good_standing`)."""
         target = self.target
         assert isinstance(target, SentinelTarget)
         host, port = sentinel
@@ -396,7 +397,8 @@ class RedisClient:
                 raise ResponseError(f"does not know {target.master!r}") from None
             raise
         connection.fail(RedisConnectionError("sentinel asked"))
-        return named_in(dict(zip(replies[-1][::2], replies[-1][1::2], strict=True)))
+        state = dict(zip(replies[-1][::2], replies[-1][1::2], strict=True))
+        return named_in(state) if in_good_standing(state) else None
 
     async def _check_primary(self, watch: SentinelWatch[tuple[str, int]]) -> None:
         """Drop the open connection when the watcher finds another primary under a newer epoch."""

@@ -13,8 +13,9 @@ and redis-py's pools (`redis_py.SentinelPrimaryPool`). Each asks the sentinels i
   once and the answer under the newest failover epoch counts; a newer epoch naming another server
   means the connections must move (`SentinelWatch.newer`). Sentinels that have not caught up with
   a failover (they learn of it from the others' hello messages, seconds later) name older epochs and
-  are outvoted, not followed. (Asked one a second in turn, they once left a connection on a
-  primary failed over from for more than 4 s after it came back, half the time before its demotion.)
+  are outvoted, not followed. An answer not in good standing (`in_good_standing`: the primary
+  down, or being failed over from) names nothing; a new connection passes over a sentinel behind
+  the newest epoch seen (`SentinelWatch.find`).
 
 Why open connections are re-checked at all: a primary the sentinels failed over from while it was
 unreachable (paused, partitioned, too slow to answer their pings) still says `master` when it comes
@@ -52,6 +53,20 @@ def newer_primary(named: Named, host: str, port: int, epoch: int) -> bool:
     return epoch > named[2] and (host, port) != named[:2]
 
 
+# Flags of a `SENTINEL MASTER` reply under which the address it gives is not a primary to use: down
+# as that sentinel sees it, or by the sentinels' agreement, or being failed over from. Mid-failover
+# the reply already carries the failover's new epoch with the old primary's address, which a
+# re-check would otherwise take for that primary confirmed under the new epoch (and then never
+# follow the promoted one, named under the same epoch).
+NOT_IN_GOOD_STANDING = frozenset({"s_down", "o_down", "failover_in_progress"})
+
+
+def in_good_standing(state: Mapping[str, Any]) -> bool:
+    """Whether a `SENTINEL MASTER` reply (as field → value) names a primary to connect to."""
+    flags = set(str(state.get("flags", "")).split(","))
+    return "master" in flags and not flags & NOT_IN_GOOD_STANDING
+
+
 def named_in(state: Mapping[str, Any]) -> Named:
     """The primary a `SENTINEL MASTER` reply (as field → value) names."""
     return str(state["ip"]), int(state["port"]), int(state.get("config-epoch", 0))
@@ -83,12 +98,16 @@ class SentinelWatch(Generic[S]):
         self._all = tuple(sentinels)
         # The primary the open connections go to, and the epoch under which a sentinel named it.
         self.named: Named | None = None
+        # The primary named under the newest failover epoch any sentinel has answered with.
+        self.newest: Named | None = None
         self._checked = time.monotonic()
         self._check: asyncio.Task[None] | None = None
 
     async def find(self, no_primary: Callable[[list[str]], Exception]) -> Named:
-        """The primary for a new connection, from the first sentinel that names one; raised:
-        `no_primary(problems)` (each `host:port: why`) when none did."""
+        """The primary for a new connection, from the first sentinel that names one under the
+        newest failover epoch this watch has seen; raised: `no_primary(problems)` (each
+        `host:port: why`) when none did. A sentinel behind a failover the re-check already heard of
+        would otherwise send the connection it dropped straight back to the old primary."""
         problems: list[str] = []
         for sentinel in list(self._by_last_answer):
             try:
@@ -98,10 +117,19 @@ class SentinelWatch(Generic[S]):
                 continue
             if named is None:
                 continue
-            self._by_last_answer.remove(sentinel)
-            self._by_last_answer.insert(0, sentinel)
+            if self.newest is not None and named[2] < self.newest[2]:
+                problems.append(f"{self._describe(sentinel)}: behind a failover (epoch {named[2]} < {self.newest[2]})")
+                continue
+            self._answered(sentinel, named)
             return named
         raise no_primary(problems)
+
+    def _answered(self, sentinel: S, named: Named) -> None:
+        """`sentinel` named a primary: asked first next time; its epoch the newest seen if it is."""
+        self._by_last_answer.remove(sentinel)
+        self._by_last_answer.insert(0, sentinel)
+        if self.newest is None or named[2] > self.newest[2]:
+            self.newest = named
 
     def due(self) -> bool:
         """Whether a re-check is due (connections are open to a named primary, and the last check
@@ -117,8 +145,11 @@ class SentinelWatch(Generic[S]):
         answer under the newest failover epoch counts; a sentinel that cannot say within
         `PRIMARY_RECHECK` is left out, so a stuck one never holds up the checks."""
         answers = await asyncio.gather(*(self._ask_within_recheck(sentinel) for sentinel in self._all))
-        known = [answer for answer in answers if answer is not None]
-        named = max(known, key=lambda answer: answer[2]) if known else None
+        known = [(answer, sentinel) for answer, sentinel in zip(answers, self._all, strict=True) if answer is not None]
+        named = None
+        if known:
+            named, newest_sentinel = max(known, key=lambda pair: pair[0][2])
+            self._answered(newest_sentinel, named)
         before = self.named
         if named is None or before is None:
             return None
@@ -164,4 +195,4 @@ class SentinelWatch(Generic[S]):
             self._check.cancel()
 
 
-__all__ = ["PRIMARY_RECHECK", "Named", "SentinelWatch", "named_in", "newer_primary"]
+__all__ = ["PRIMARY_RECHECK", "Named", "SentinelWatch", "in_good_standing", "named_in", "newer_primary"]

@@ -14,7 +14,7 @@ import time
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from pipeline.state.sentinel import PRIMARY_RECHECK, Named, SentinelWatch, newer_primary
+from pipeline.state.sentinel import PRIMARY_RECHECK, Named, SentinelWatch, in_good_standing, newer_primary
 
 A, B, C = ("10.0.0.1", 26379), ("10.0.0.2", 26379), ("10.0.0.3", 26379)
 # A sentinel's answer: the primary it names, None (none in good standing), an error, or a float: it
@@ -106,3 +106,24 @@ async def test_a_background_recheck_is_due_once_per_interval_and_follows_what_it
     await asyncio.sleep(0.05)
     assert followed == [("p2", 6379, 2)]
     watch.close()
+
+
+def test_a_primary_down_or_being_failed_over_from_is_not_in_good_standing() -> None:
+    assert in_good_standing({"flags": "master"})
+    # Mid-failover a sentinel already gives the new epoch with the old primary's address.
+    assert not in_good_standing({"flags": "s_down,o_down,master,failover_in_progress", "config-epoch": "1"})
+    assert not in_good_standing({"flags": "s_down,master"})
+    assert not in_good_standing({"flags": "slave"})
+
+
+async def test_find_passes_over_a_sentinel_behind_a_failover_a_recheck_heard_of() -> None:
+    answers: dict[tuple[str, int], Answer] = {A: ("p1", 6379, 1), B: ("p2", 6380, 2), C: ("p1", 6379, 1)}
+    watch = _watch(answers)
+    watch.named = ("p1", 6379, 1)
+    assert await watch.newer() == ("p2", 6380, 2)
+    answers[B] = RedisConnectionError("refused")
+    # A and C have not caught up: the connection dropped for the move must not go back to p1.
+    with pytest.raises(RedisConnectionError, match="behind a failover"):
+        await watch.find(lambda problems: RedisConnectionError("; ".join(problems)))
+    answers[C] = ("p2", 6380, 2)
+    assert await watch.find(lambda problems: RedisConnectionError("; ".join(problems))) == ("p2", 6380, 2)
