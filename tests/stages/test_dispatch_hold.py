@@ -4,6 +4,8 @@ produces goes to a recorder at the producer seam."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,7 +22,8 @@ from pipeline.stages.dispatch import DispatchStage, merge_turns, turn_message_id
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.streams import StreamRegistry
-from pipeline.state import State, TurnRecord
+from pipeline.state import LiveMessage, State, TurnRecord, redis_py_client
+from pipeline.state import pubsub as redis_pubsub
 
 from .turns import Recorder, round_trips, running_turn
 
@@ -329,3 +332,37 @@ async def test_a_flush_takes_held_turns_up_to_the_merge_windows_messages(redis_u
             previous = last_id
         assert await state.conversations.peek_held(CONVERSATION) == []
         assert len(await received(client, session_id)) == 4
+
+
+async def test_the_console_notes_messages_merged_by_ingest(redis_url: str, redis_prefix: str) -> None:
+    """A console chat's messages merged by ingest: `merged` when their turn starts at once, `held`
+    (all of them, in one note) when the session is busy, then `merged` again when released."""
+    async with sim_dispatch(redis_url, redis_prefix) as (stage, state, client, session_id):
+        subscriber = redis_py_client(redis_url, decode_responses=True)
+        pubsub = await redis_pubsub(subscriber)
+        await pubsub.subscribe(state.console.channel)
+
+        async def notes(count: int) -> list[tuple[str, list[str]]]:
+            got: list[tuple[str, list[str]]] = []
+            async with asyncio.timeout(5):
+                while len(got) < count:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                    if message is not None:
+                        body = json.loads(LiveMessage.parse(message["data"]).message)
+                        got.append((body["note"], body["message_ids"]))
+            assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3) is None
+            return got
+
+        try:
+            first = merge_turns([command("m-1"), command("m-2")])
+            await stage.handle(first, 0)
+            second = merge_turns([command("m-3"), command("m-4")])
+            await stage.handle(second, 0)  # busy with the first: held
+            assert await notes(2) == [("merged", ["m-1", "m-2"]), ("held", ["m-3", "m-4"])]
+            assert await end_turn(state, session_id, turn_message_id(first), "idle-1") == 1
+            await stage.handle(flush_command(), 0)
+            assert await notes(1) == [("merged", ["m-3", "m-4"])]
+            assert [texts for _, texts in await received(client, session_id)] == [["m-1", "m-2"], ["m-3", "m-4"]]
+        finally:
+            await pubsub.aclose()
+            await subscriber.aclose()
