@@ -65,6 +65,12 @@ TURNS_STARTED = Counter("switchboard_turns_started_total", "User turns sent to a
 MESSAGES_HELD = Counter(
     "switchboard_messages_held_total", "Messages held while the session was busy", ["platform", "policy"]
 )
+MESSAGES_MERGED = Counter(
+    "switchboard_messages_merged_total",
+    "Messages sent in one user turn with others (busy policy merge): merged by ingest (a chat's triggers of one"
+    " batch, one record) or by dispatch (held messages released together)",
+    ["platform", "where"],
+)
 SESSIONS_CREATED = Counter("switchboard_sessions_created_total", "Sessions created", ["platform"])
 SESSION_CALLS = Counter("switchboard_session_calls_total", "Session API calls by outcome", ["call", "outcome"])
 TURNS_FINISHED = Counter(

@@ -125,6 +125,10 @@ class SessionCommand(_Record):
     # For user turns: the IM reply contract and turn context, sent as the paired system.message.
     system_text: str | None = None
     inbound_ids: list[str] = Field(default_factory=list)
+    # A user turn merged from several messages: how many of its content blocks each inbound message
+    # contributed, aligned with `inbound_ids` (dispatch takes out messages a replay finds taken).
+    # Empty for one message's turn, and then left out of the record, as older workers read it.
+    parts: list[int] = Field(default_factory=list, exclude_if=lambda parts: not parts)
     sender: Sender | None = None
     # Ids the agent may mention this turn (S5): sender, replied-to author, group context.
     known_ids: list[str] = Field(default_factory=list)

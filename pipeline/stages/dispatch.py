@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pipeline import metrics
@@ -22,7 +22,8 @@ from pipeline.session.exceptions import NotFoundError, RateLimitedError, Session
 from pipeline.settings import BotConfig, Settings
 from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart, note_message
 
-from ._ids import inbound_dedup_id, stable_id, user_message_id
+from ._ids import inbound_dedup_id, stable_id
+from ._turns import merge_turns, message_parts, without_messages
 from .deadlines import ReplyDeadlines
 from .inbound_media import without_markers
 from .notify import Notifier
@@ -32,37 +33,6 @@ from .streams import StreamRegistry
 log = logging.getLogger(__name__)
 
 Work = Callable[[], Awaitable[None]]
-
-
-def merge_turns(commands: Sequence[SessionCommand]) -> SessionCommand:
-    """Coalesce held user turns into one: content blocks in order, one stable id over all inputs.
-
-    The newest command's system text wins (its context window is the most recent); mentionable
-    ids are the union.
-    """
-    if len(commands) == 1:
-        return commands[0]
-    inbound_ids = [i for c in commands for i in c.inbound_ids]
-    content: list[Any] = []
-    for command in commands:
-        for event in command.events:
-            if event.get("type") == "user.message":
-                content.extend(event.get("content", []))
-    last = commands[-1]
-    known: list[str] = []
-    for command in commands:
-        known.extend(i for i in command.known_ids if i not in known)
-    hops = dict(commands[0].hops)
-    return last.model_copy(
-        update={
-            "events": [
-                {"type": "user.message", "id": user_message_id(last.conversation_key, inbound_ids), "content": content}
-            ],
-            "inbound_ids": inbound_ids,
-            "known_ids": known,
-            "hops": hops,
-        }
-    )
 
 
 def turn_message_id(command: SessionCommand) -> str:
@@ -146,9 +116,11 @@ class DispatchStage:
             if start.decision == "done":
                 metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
             elif start.decision in ("held", "behind"):
-                metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+                metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc(len(command.inbound_ids) or 1)
                 if start.decision == "behind":
                     flush = command
+            elif start.decision == "partial":  # the messages no other turn took, as usual
+                await self.handle(self._untaken(command, start), partition)
             else:
                 await self.handle(command, partition)
         if flush is not None:  # idle with messages held: they go now, oldest first (see `_start_turn`)
@@ -213,16 +185,16 @@ class DispatchStage:
         newest) instead of an answer to a question asked long ago. Its id is stable over the
         messages, so a replay, or a flush that finds them held again, sends it once."""
         last = commands[-1]
-        metrics.OVERLOADED.labels(last.platform, last.bot_id).inc(len(commands))
+        inbound_ids = [i for c in commands for i in c.inbound_ids]
+        metrics.OVERLOADED.labels(last.platform, last.bot_id).inc(len(inbound_ids) or len(commands))
         waited = waited_seconds(commands[0].hops, now_ms()) or 0.0
         log.info(
             "dispatch: %d message(s) of %s waited %.0f s for a turn (bound %.0f s): overloaded notice",
-            len(commands),
+            len(inbound_ids) or len(commands),
             last.conversation_key,
             waited,
             bot.overload.max_wait_seconds,
         )
-        inbound_ids = [i for c in commands for i in c.inbound_ids]
         await self.outputs.outbound(
             self.notifier.answering(
                 bot,
@@ -236,7 +208,8 @@ class DispatchStage:
     async def _flush(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
         conversation = command.conversation_key
         conversations = self.state.conversations
-        # merge: up to the merge window in one turn (the rest goes in the next); queue: one.
+        # merge: up to the merge window's messages in one turn (the rest goes in the next; a held
+        # command may carry several, merged by ingest); queue: one.
         limit = self.settings.merge_window_max if bot.busy_policy == "merge" else 1
         # Held commands stay in Redis until the turn that carries them is sent: a crash in between
         # replays this flush, and the turn's stable id makes the second send a no-op.
@@ -246,29 +219,46 @@ class DispatchStage:
                 return
             # A replayed command may have been held although its turn was sent already: drop it.
             sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw], conversation)
-            held = [SessionCommand.model_validate_json(c) for (_, c), m in zip(raw, sent, strict=True) if m != "1"]
+            held: list[SessionCommand] = []
+            taken = messages = 0  # held entries this flush takes; messages among them
+            for (_, entry), marker in zip(raw, sent, strict=True):
+                kept = SessionCommand.model_validate_json(entry) if marker != "1" else None
+                count = len(kept.inbound_ids) if kept is not None else 0
+                if held and messages + count > limit:
+                    break
+                taken += 1
+                messages += count
+                if kept is not None:
+                    held.append(kept)
             stale = [c for c in held if too_late(bot.overload, c.hops, now_ms())]
             if stale:  # their turn did not start in time: the notice instead (they go with this flush)
                 await self._overloaded(bot, stale)
                 held = [c for c in held if c not in stale]
             if held:
                 break
-            await conversations.drop_held(conversation, len(raw))
+            await conversations.drop_held(conversation, taken)
         turn = merge_turns(held)
+        if len(held) > 1:
+            metrics.child(metrics.MESSAGES_MERGED, turn.platform, "dispatch").inc(len(turn.inbound_ids))
         if "held" in turn.hops:
             turn.hops["released"] = now_ms()
         if await self._start_turn(bot, turn, partition, mode="flush"):
-            await conversations.drop_held(conversation, len(raw))
+            await conversations.drop_held(conversation, taken)
 
     async def _start_turn(self, bot: BotConfig, command: SessionCommand, partition: int, *, mode: TurnMode) -> bool:
         """Record and send one user turn (one Redis round trip to decide and record it; see
         `ConversationStore.begin_turn`). True when it is sent, or found sent before."""
         conversation = command.conversation_key
         turn_id = turn_message_id(command)
+        start = await self._begin(command, partition, turn_id, mode)
+        while start.decision == "partial":
+            # A replayed merged turn, some of whose messages another turn took: the rest only.
+            command = self._untaken(command, start)
+            turn_id = turn_message_id(command)
+            start = await self._begin(command, partition, turn_id, mode)
         events = list(command.events)
         if command.system_text:
             events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
-        start = await self._begin(command, partition, turn_id, mode)
         if start.decision == "no_session":
             created = await self._create_session(command)
             start = await self._begin(command, partition, turn_id, mode, new_session=created)
@@ -283,7 +273,7 @@ class DispatchStage:
             metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
             return True
         if start.decision in ("held", "behind"):
-            metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc()
+            metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc(len(command.inbound_ids) or 1)
             if start.decision == "behind":
                 # Idle, but messages held during the last turn wait for its flush, which may still
                 # be on its way: flush now, oldest first (the flush that arrives later finds the
@@ -361,7 +351,15 @@ class DispatchStage:
             "note": self._console_note(command, mode),
             "new_session": new_session,
             "command_json": None,  # a turn that cannot be held never needs its command kept
+            # A merged turn replayed after a crash may carry messages another turn took: it comes
+            # back `partial` when it says which content blocks are whose.
+            "can_cut": len(command.inbound_ids) > 1
+            and mode not in ("flush", "resume")
+            and message_parts(command) is not None,
         }
+        if mode in ("merge", "queue") and len(command.inbound_ids) > 1 and command.platform == "console":
+            # Several messages merged by ingest, starting at once: the console shows them merged.
+            call["start_note"] = note_message(command.bot_id, command.chat_id, "merged", command.inbound_ids)
         if mode in ("merge", "queue"):
             # The command goes along in case the session is busy: dumping it costs far less than the
             # second round trip that asking for it after a `hold` would. The time from here to its
@@ -370,6 +368,20 @@ class DispatchStage:
             held = command.model_copy(update={"hops": {**command.hops, "held": now_ms()}})
             call["command_json"] = held.model_dump_json()
         return call
+
+    def _untaken(self, command: SessionCommand, start: TurnStart) -> SessionCommand:
+        """The turn without the messages `begin_turn` found taken (`partial`)."""
+        rest = without_messages(command, start.taken)
+        if rest is None:  # the script says `partial` only for a turn that can be cut
+            raise RuntimeError(f"begin_turn said partial for a turn that cannot be cut: {command.trace_id}")
+        log.info(
+            "dispatch: %d of the %d messages of a replayed turn of %s were taken by another turn; sending the rest",
+            sum(start.taken),
+            len(start.taken),
+            command.conversation_key,
+        )
+        metrics.SESSION_CALLS.labels("user_turn", "replay_cut").inc()
+        return rest
 
     def _console_note(self, command: SessionCommand, mode: TurnMode) -> tuple[str, str] | None:
         """The status note the console page shows on the messages of a turn that is held (merge,

@@ -36,6 +36,7 @@ from pipeline.state.limits import TurnLimiter, context_quota
 
 from ._admissions import CoalescedAdmissions
 from ._ids import inbound_dedup_id, stable_id, user_message_id
+from ._turns import merge_turns
 from .inbound_media import fetches_media, media_marker
 from .notify import Notifier
 from .outputs import Outputs
@@ -348,7 +349,12 @@ class IngestStage:
         in its own order: it outran its key, and its backlog filled the executor, which then stopped
         the fetch for every chat. The work sits on the first of them; the others' records are
         acknowledged after it (offset order), so a crash replays them all (dispatch drops repeats
-        by their stable ids)."""
+        by their stable ids, and takes out of a merged turn the messages another turn took).
+
+        A bot whose busy policy is `merge` gets them as one user turn per `merge_window_max`
+        messages, merged as dispatch merges held turns: a flood then costs the broker, dispatch and
+        Redis one record per batch, not one per message (bench/README.md, "Fairness under a flood").
+        Other policies keep one turn per message (`queue` answers each)."""
         if len(turns) < 2:
             return works
         turn_at = {index: (plan, window) for index, plan, window in turns}
@@ -367,7 +373,9 @@ class IngestStage:
         for group in groups:
             if len(group) < 2:
                 continue
-            together[group[0]] = functools.partial(self._produce_turns, [turn_at[i] for i in group])
+            bot = turn_at[group[0]][0].bot
+            merged = self.settings.merge_window_max if bot is not None and bot.busy_policy == "merge" else 1
+            together[group[0]] = functools.partial(self._produce_turns, [turn_at[i] for i in group], merged)
             for index in group[1:]:
                 together[index] = None
         return together
@@ -482,14 +490,8 @@ class IngestStage:
             return
         assert plan.reason is not None
         if not await self._hook_allows(plan):
-            if message.chat_type == "group":
-                # Admitted into the context window before the hook was asked: taken out again, so
-                # the agent never reads it as context (the entry is the same bytes, built again).
-                window_key = self.state.keys.window(message.conversation_key)
-                await self.state.redis.execute("LREM", window_key, 0, _context_entry(message))
-            if plan.notice is not None:
-                await self.outputs.outbound(self._notice(plan.bot, message, plan.notice))
-                await self.outputs.delivered()
+            await self._stopped_by_hook(plan)
+            await self.outputs.delivered()
             await self.state.markers.set_marker("in", plan.dedup_id, message.conversation_key)
             return
         metrics.TURNS_TRIGGERED.labels(message.platform, plan.reason).inc()
@@ -498,13 +500,49 @@ class IngestStage:
         # wait for the broker once per message and fall behind itself (bench/README.md, flood).
         await self.outputs.delivered_outside_key()
 
-    async def _produce_turns(self, turns: list[tuple[_Plan, list[ContextEntry]]]) -> None:
-        """Several user turns of one chat, in order, acknowledged by the broker together."""
+    async def _stopped_by_hook(self, plan: _Plan) -> None:
+        """A trigger the moderation hook stopped: out of the window again, and its notice, if any
+        (the caller marks it seen once the broker has that)."""
+        assert plan.bot is not None
+        message = plan.message
+        if message.chat_type == "group":
+            # Admitted into the context window before the hook was asked: taken out again, so
+            # the agent never reads it as context (the entry is the same bytes, built again).
+            window_key = self.state.keys.window(message.conversation_key)
+            await self.state.redis.execute("LREM", window_key, 0, _context_entry(message))
+        if plan.notice is not None:
+            await self.outputs.outbound(self._notice(plan.bot, message, plan.notice))
+
+    async def _produce_turns(self, turns: list[tuple[_Plan, list[ContextEntry]]], merged: int) -> None:
+        """Several user turns of one chat, in order, acknowledged by the broker together; up to
+        `merged` messages in one turn (`_turns_together`)."""
         self.outputs.begin()
-        for plan, window in turns:
-            assert plan.bot is not None and plan.reason is not None
-            metrics.TURNS_TRIGGERED.labels(plan.message.platform, plan.reason).inc()
-            await self.outputs.session_command(self.user_turn(plan.bot, plan.message, window))
+        bot = turns[0][0].bot
+        assert bot is not None
+        # The moderation hook, if the bot has one, asked about each message at once.
+        verdicts = (
+            await asyncio.gather(*(self._hook_allows(plan) for plan, _ in turns))
+            if bot.moderation.hook is not None
+            else [True] * len(turns)
+        )
+        allowed: list[tuple[_Plan, list[ContextEntry]]] = []
+        stopped: list[_Plan] = []
+        for (plan, window), allows in zip(turns, verdicts, strict=True):
+            assert plan.reason is not None
+            if allows:
+                metrics.TURNS_TRIGGERED.labels(plan.message.platform, plan.reason).inc()
+                allowed.append((plan, window))
+            else:
+                await self._stopped_by_hook(plan)
+                stopped.append(plan)
+        for start in range(0, len(allowed), merged):
+            chunk = allowed[start : start + merged]
+            await self.outputs.session_command(self.merged_turn(bot, [(p.message, w) for p, w in chunk]))
+        if stopped:  # their markers, once the broker has their notices (and the turns before them)
+            await self.outputs.delivered()
+            for plan in stopped:
+                await self.state.markers.set_marker("in", plan.dedup_id, plan.message.conversation_key)
+            return
         await self.outputs.delivered_outside_key()
 
     async def _over_budget(self, plan: _Plan, refusal: Refusal) -> None:
@@ -525,7 +563,20 @@ class IngestStage:
         await self.outputs.delivered()
         await self.state.markers.set_marker("in", plan.dedup_id, message.conversation_key)
 
-    def user_turn(self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> SessionCommand:
+    def merged_turn(self, bot: BotConfig, turns: Sequence[tuple[InboundMessage, list[ContextEntry]]]) -> SessionCommand:
+        """One user turn for a chat's messages in a row (each with its context window), merged as
+        dispatch merges held turns. Only the newest message's system text is kept, so only that
+        one is built."""
+        if len(turns) == 1:
+            return self.user_turn(bot, *turns[0])
+        metrics.child(metrics.MESSAGES_MERGED, turns[0][0].platform, "ingest").inc(len(turns))
+        *earlier, (newest, window) = turns
+        commands = [self.user_turn(bot, message, context, prompt=False) for message, context in earlier]
+        return merge_turns([*commands, self.user_turn(bot, newest, window)])
+
+    def user_turn(
+        self, bot: BotConfig, message: InboundMessage, window: list[ContextEntry], *, prompt: bool = True
+    ) -> SessionCommand:
         inbound_ids = [message.message_id]
         event = {
             "type": "user.message",
@@ -542,7 +593,7 @@ class IngestStage:
             chat_id=message.chat_id,
             chat_type=message.chat_type,
             events=[event],
-            system_text=self.prompt(bot, message, window),
+            system_text=self.prompt(bot, message, window) if prompt else None,
             inbound_ids=inbound_ids,
             sender=message.sender,
             reply_to_message_id=message.message_id,

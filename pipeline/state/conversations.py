@@ -117,6 +117,8 @@ class ConversationStore:
         inbound_markers: Sequence[str] = (),
         note: tuple[str, str] | None = None,
         new_session: str | None = None,
+        can_cut: bool = False,
+        start_note: str | None = None,
     ) -> TurnStart:
         """Decide what a user turn does, and record it when it starts, in one step (see
         `scripts/begin_turn.lua`): a replay is recognised, a busy session holds it (merge, queue),
@@ -127,7 +129,10 @@ class ConversationStore:
         `note` (a channel, a message) is published when the turn is newly held, or started by a
         flush, in the same step: the console's status notes cost no round trip of their own.
         `new_session`, after a `no_session` decision: the session just created, mapped to the
-        conversation in the same step unless one is mapped already (which then carries the turn)."""
+        conversation in the same step unless one is mapped already (which then carries the turn).
+        `can_cut`: the caller can take messages out of this turn (`without_messages`), so a turn some
+        of whose messages another turn already took comes back as `partial`, naming them (`taken`).
+        `start_note` is published on the note's channel when a merge or queue turn starts."""
         keys, args = self._begin_turn_call(
             conversation,
             partition,
@@ -139,6 +144,8 @@ class ConversationStore:
             inbound_markers=inbound_markers,
             note=note,
             new_session=new_session,
+            can_cut=can_cut,
+            start_note=start_note,
         )
         raw = await self._indexed(self.redis.run_script(_BEGIN_TURN, keys, args), partition, conversation)
         return _turn_start(raw)
@@ -175,6 +182,8 @@ class ConversationStore:
         inbound_markers: Sequence[str] = (),
         note: tuple[str, str] | None = None,
         new_session: str | None = None,
+        can_cut: bool = False,
+        start_note: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         """The keys and arguments of `scripts/begin_turn.lua` for one turn."""
         k = self.keys
@@ -199,6 +208,8 @@ class ConversationStore:
             self.dedup_ttl,
             *(note or ("", "")),
             new_session or "",
+            "1" if can_cut else "",
+            start_note or "",
         ]
         return keys, args
 
@@ -321,10 +332,11 @@ def inflight_entry(stream: InflightStream) -> str:
 
 
 def _turn_start(raw: Any) -> TurnStart:
-    decision, session_id, cursor, interrupt = (text(v) or "" for v in raw)
+    decision, session_id, cursor, interrupt, *rest = (text(v) or "" for v in raw)
     return TurnStart(
         decision=decision,  # type: ignore[arg-type]
         session_id=session_id or None,
         cursor=cursor.partition("|")[2] if cursor.partition("|")[0] == session_id and session_id else None,
         interrupt=interrupt == "1",
+        taken=tuple(flag == "1" for flag in rest[0]) if rest else (),
     )

@@ -121,7 +121,7 @@ class InflightStream:
     trace_id: str | None = None
 
 
-Decision = Literal["start", "held", "behind", "hold", "busy", "done", "resume", "no_session"]
+Decision = Literal["start", "held", "behind", "hold", "busy", "done", "partial", "resume", "no_session"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,9 @@ class TurnStart:
     cursor: str | None = None
     # The session was busy and the bot's policy is `interrupt`: send user.interrupt first.
     interrupt: bool = False
+    # `partial`: per inbound message of the turn, whether another turn already took it (its marker
+    # is set), in the order of `inbound_ids`.
+    taken: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -79,11 +79,11 @@ async def test_held_messages_are_noted_live_then_merged_or_dropped(console: Cons
         held = [(await console.send(chat, word))["message_id"] for word in ("alpha", "beta")]
         await live.next()  # echo: first
         await live.next()  # the merged turn's reply
-        assert live.notes == [
-            {"note": "held", "message_ids": [held[0]]},
-            {"note": "held", "message_ids": [held[1]]},
-            {"note": "merged", "message_ids": held},
-        ]
+        *held_notes, merged = live.notes
+        # Held one by one, or both at once when ingest took them in one batch and merged them.
+        assert {note["note"] for note in held_notes} == {"held"}
+        assert [i for note in held_notes for i in note["message_ids"]] == held
+        assert merged == {"note": "merged", "message_ids": held}
     other = console.chat()
     async with console.stream(other) as live:
         await console.send(other, "[sim:think=6] a long task")

@@ -53,11 +53,11 @@ async def test_a_turn_end_to_end_a_duplicate_once_and_live_notes(cluster_stack: 
         await live.next()  # echo: first
         _, merged = await live.next()  # the merged turn's reply
         assert "alpha" in texts([merged])[0] and "beta" in texts([merged])[0]
-        assert live.notes == [
-            {"note": "held", "message_ids": [held[0]]},
-            {"note": "held", "message_ids": [held[1]]},
-            {"note": "merged", "message_ids": held},
-        ]
+        *held_notes, merged_note = live.notes
+        # Held one by one, or both at once when ingest took them in one batch and merged them.
+        assert {note["note"] for note in held_notes} == {"held"}
+        assert [i for note in held_notes for i in note["message_ids"]] == held
+        assert merged_note == {"note": "merged", "message_ids": held}
 
 
 async def test_primary_killed_mid_traffic_every_message_answered_once(

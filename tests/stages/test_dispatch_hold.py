@@ -4,6 +4,8 @@ produces goes to a recorder at the producer seam."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,14 +13,17 @@ from prometheus_client import REGISTRY
 
 from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
+from pipeline.session.models import UserMessage
 from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
-from pipeline.stages.dispatch import DispatchStage, turn_message_id
+from pipeline.stages._ids import user_message_id
+from pipeline.stages.dispatch import DispatchStage, merge_turns, turn_message_id
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.streams import StreamRegistry
-from pipeline.state import State, TurnRecord
+from pipeline.state import LiveMessage, State, TurnRecord, redis_py_client
+from pipeline.state import pubsub as redis_pubsub
 
 from .turns import Recorder, round_trips, running_turn
 
@@ -218,3 +223,146 @@ async def test_a_failed_flush_after_a_chats_messages_in_a_row_tells_the_chat(red
     finally:
         await client.aclose()
         await state.redis.aclose()
+
+
+@asynccontextmanager
+async def sim_dispatch(
+    redis_url: str, redis_prefix: str
+) -> AsyncIterator[tuple[DispatchStage, State, SessionClient, str]]:
+    """Dispatch for bot `demo` (merges while busy) against the session simulator, one session."""
+    settings = Settings(redis_prefix=redis_prefix, console_enabled=True)
+    state = State.connect(redis_url, settings.redis_prefix)
+    async with SimServer(SimSettings(api_key="k", seed=7)) as sim:
+        session_id = await sim.create_session()
+        client = SessionClient(api_key="k", base_url=sim.base_url("ark"))
+        outputs = Outputs(Recorder())
+        stage = DispatchStage(
+            settings,
+            state,
+            client,
+            StaticPoolProvisioner([session_id]),
+            StreamRegistry(state.streams, client, outputs),
+            outputs,
+            Notifier(settings),
+        )
+        try:
+            yield stage, state, client, session_id
+        finally:
+            await stage.streams.close()
+            await client.aclose()
+            await state.redis.aclose()
+
+
+async def received(client: SessionClient, session_id: str) -> list[tuple[str | None, list[str]]]:
+    """What the session received: each user.message's id and texts, in order."""
+    return [
+        (e.id, [getattr(block, "text", "") for block in e.content])
+        async for e in client.list(session_id, order="asc")
+        if isinstance(e, UserMessage)
+    ]
+
+
+async def end_turn(state: State, session_id: str, turn_id: str, idle: str) -> int:
+    """The turn's end as render writes it; returns how many held messages it owes a flush."""
+    await state.conversations.bind_turn_end(CONVERSATION, idle, bind=True)
+    return await state.conversations.finish_turn(CONVERSATION, 0, session_id=session_id, event_id=idle, turn_id=turn_id)
+
+
+def flush_command() -> SessionCommand:
+    return command("flush").model_copy(update={"kind": "flush", "events": [], "inbound_ids": []})
+
+
+async def test_a_replayed_merged_turn_sends_only_the_messages_no_turn_took(redis_url: str, redis_prefix: str) -> None:
+    """Ingest merged a chat's messages into one turn; after a crash its batches split otherwise, so
+    the replayed merged turn carries messages another turn already took. Dispatch sends (or holds)
+    only the rest, under the id derived from them: the session receives each message once. Both
+    ways in: `handle`, and the batched path (`_user_turns`)."""
+    async with sim_dispatch(redis_url, redis_prefix) as (stage, state, client, session_id):
+        cut = REGISTRY.get_sample_value(
+            "switchboard_session_calls_total", {"call": "user_turn", "outcome": "replay_cut"}
+        )
+        await stage.handle(command("m-1"), 0)  # the replay's first batch: m-1 alone
+        assert await end_turn(state, session_id, "msg-m-1", "idle-1") == 0
+        await stage.handle(merge_turns([command("m-1"), command("m-2")]), 0)  # then m-1 and m-2 merged
+        only_m2 = user_message_id(CONVERSATION, ["m-2"])
+        assert await received(client, session_id) == [("msg-m-1", ["m-1"]), (only_m2, ["m-2"])]
+        assert await state.conversations.turns_in_session(CONVERSATION) == [only_m2]
+
+        # Batched: m-3 (held behind m-2), then m-2…m-4 merged: m-2 started, m-3 held, m-4 new.
+        batch = [command("m-3"), merge_turns([command("m-2"), command("m-3"), command("m-4")])]
+        works = await stage.admit(batch, [Position("session.input", 0, i) for i in range(2)])
+        first = works[0]
+        assert first is not None and works[1] is None
+        await first()
+        held = await state.conversations.peek_held(CONVERSATION)
+        assert [turn_id for turn_id, _ in held] == ["msg-m-3", user_message_id(CONVERSATION, ["m-4"])]
+        rest = SessionCommand.model_validate_json(held[1][1])
+        assert (rest.inbound_ids, rest.parts) == (["m-4"], [])
+        assert [b["text"] for b in rest.events[0]["content"]] == ["m-4"]
+
+        assert await end_turn(state, session_id, only_m2, "idle-2") == 2
+        await stage.handle(flush_command(), 0)
+        m3_m4 = user_message_id(CONVERSATION, ["m-3", "m-4"])
+        assert await received(client, session_id) == [
+            ("msg-m-1", ["m-1"]),
+            (only_m2, ["m-2"]),
+            (m3_m4, ["m-3", "m-4"]),
+        ]
+        after = REGISTRY.get_sample_value(
+            "switchboard_session_calls_total", {"call": "user_turn", "outcome": "replay_cut"}
+        )
+        assert (after or 0.0) - (cut or 0.0) == 2
+
+
+async def test_a_flush_takes_held_turns_up_to_the_merge_windows_messages(redis_url: str, redis_prefix: str) -> None:
+    """Held turns merged by ingest carry several messages each: a flush takes whole held turns up
+    to `merge_window_max` messages (20), at least one, and leaves the rest for the next turn."""
+    async with sim_dispatch(redis_url, redis_prefix) as (stage, state, client, session_id):
+        await stage.handle(command("m-0"), 0)  # running: what follows is held
+        sizes = (25, 8, 8, 8)
+        for i, size in enumerate(sizes):
+            await stage.handle(merge_turns([command(f"m-{i + 1}-{j}") for j in range(size)]), 0)
+        assert (await state.conversations.conversation(CONVERSATION)).held == 4
+        previous = "msg-m-0"
+        for n, expected in enumerate(([25], [8, 8], [8]), start=1):
+            assert await end_turn(state, session_id, previous, f"idle-{n}") > 0
+            await stage.handle(flush_command(), 0)
+            last_id, texts = (await received(client, session_id))[-1]
+            assert last_id is not None and len(texts) == sum(expected)
+            previous = last_id
+        assert await state.conversations.peek_held(CONVERSATION) == []
+        assert len(await received(client, session_id)) == 4
+
+
+async def test_the_console_notes_messages_merged_by_ingest(redis_url: str, redis_prefix: str) -> None:
+    """A console chat's messages merged by ingest: `merged` when their turn starts at once, `held`
+    (all of them, in one note) when the session is busy, then `merged` again when released."""
+    async with sim_dispatch(redis_url, redis_prefix) as (stage, state, client, session_id):
+        subscriber = redis_py_client(redis_url, decode_responses=True)
+        pubsub = await redis_pubsub(subscriber)
+        await pubsub.subscribe(state.console.channel)
+
+        async def notes(count: int) -> list[tuple[str, list[str]]]:
+            got: list[tuple[str, list[str]]] = []
+            async with asyncio.timeout(5):
+                while len(got) < count:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                    if message is not None:
+                        body = json.loads(LiveMessage.parse(message["data"]).message)
+                        got.append((body["note"], body["message_ids"]))
+            assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3) is None
+            return got
+
+        try:
+            first = merge_turns([command("m-1"), command("m-2")])
+            await stage.handle(first, 0)
+            second = merge_turns([command("m-3"), command("m-4")])
+            await stage.handle(second, 0)  # busy with the first: held
+            assert await notes(2) == [("merged", ["m-1", "m-2"]), ("held", ["m-3", "m-4"])]
+            assert await end_turn(state, session_id, turn_message_id(first), "idle-1") == 1
+            await stage.handle(flush_command(), 0)
+            assert await notes(1) == [("merged", ["m-3", "m-4"])]
+            assert [texts for _, texts in await received(client, session_id)] == [["m-1", "m-2"], ["m-3", "m-4"]]
+        finally:
+            await pubsub.aclose()
+            await subscriber.aclose()

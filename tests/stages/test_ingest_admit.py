@@ -10,18 +10,28 @@ import asyncio
 import json
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import REGISTRY
 
+from pipeline.controls.moderation import ModerationConfig, ModerationHook
 from pipeline.platforms import WebhookRequest
 from pipeline.platforms.console import ConsolePlatform
-from pipeline.records import ConversationRef, InboundMessage, Sender, SessionCommand, parse_conversation_key
+from pipeline.records import (
+    ConversationRef,
+    InboundMessage,
+    OutboundMessage,
+    Sender,
+    SessionCommand,
+    parse_conversation_key,
+)
+from pipeline.segments.models import ImageSegment, Media, MediaData
 from pipeline.settings import BotConfig, Settings
-from pipeline.stages._ids import inbound_dedup_id
+from pipeline.stages._ids import inbound_dedup_id, user_message_id
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.work import SharedWork
-from pipeline.state import AdmissionResult, InboundAdmission, State
+from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State
 from pipeline.state.markers import MarkerStore
 from pipeline.topics import SESSION_INPUT
 
@@ -289,8 +299,9 @@ async def test_chatter_whose_shared_call_failed_is_admitted_alone_on_retry(redis
 
 
 async def test_a_chats_turns_in_a_row_produce_in_one_work_in_order(redis_url: str, redis_prefix: str) -> None:
-    """A flooding chat's triggering messages of one batch wait for the broker once, together; a
-    command of the chat ends the run, so the order of its records is kept."""
+    """A flooding chat's triggering messages of one batch wait for the broker once, together, as
+    one merged turn (bot `demo` merges); a command of the chat ends the run, so the order of its
+    records is kept."""
     ingest, recorder = stage(redis_url, redis_prefix)
     batch = [
         msg(1, "@bot a", mentions_bot=True),
@@ -305,9 +316,147 @@ async def test_a_chats_turns_in_a_row_produce_in_one_work_in_order(redis_url: st
     assert await run(ingest, recorder, batch) == [True, False, True, True, True, False]
     produced = recorder.turns()
     assert [(t.kind, t.inbound_ids) for t in produced if t.chat_id == "g"] == [
-        ("user_turn", ["m1"]),
-        ("user_turn", ["m2"]),
+        ("user_turn", ["m1", "m2"]),
         ("interrupt", ["m4"]),
-        ("user_turn", ["m5"]),
-        ("user_turn", ["m6"]),
+        ("user_turn", ["m5", "m6"]),
     ]
+    assert [t.inbound_ids for t in produced if t.chat_id == "h"] == [["m3"]]
+
+
+def prompting(ingest: IngestStage) -> list[str]:
+    """Give the stage a system text that names the message it was built for; returns the list of
+    messages it was built for."""
+    built: list[str] = []
+
+    def prompt(bot: BotConfig, message: InboundMessage, window: list[ContextEntry]) -> str:
+        built.append(message.message_id)
+        return f"context of {message.message_id}"
+
+    ingest.prompt = prompt
+    return built
+
+
+async def test_a_merging_bots_triggers_in_a_row_are_one_record(redis_url: str, redis_prefix: str) -> None:
+    """Bot `demo` merges: a chat's triggers of one batch are one user turn, merged as dispatch
+    merges held turns, with each message's share of the content blocks. Chatter in between does
+    not end the run (it produces nothing), and is context for the triggers after it."""
+    ingest, recorder = stage(redis_url, redis_prefix, group_context_size=5)
+    built = prompting(ingest)
+    image = ImageSegment(type="image", data=MediaData(media=Media(kind="url", value="https://img.example/a.png")))
+    batch = [
+        msg(1, "@bot one", mentions_bot=True),
+        msg(2),
+        msg(3, "@bot two", mentions_bot=True, segments=[image]),
+        msg(4, "@bot three", mentions_bot=True),
+    ]
+    merged_before = metric_value("switchboard_messages_merged_total", platform="console", where="ingest")
+    triggered = metric_value("switchboard_turns_triggered_total", platform="console", reason="mention")
+    assert await run(ingest, recorder, batch) == [True, False, False, False]
+    (turn,) = recorder.turns()
+    assert turn.kind == "user_turn" and turn.inbound_ids == ["m1", "m3", "m4"]
+    assert turn.parts == [1, 2, 1]
+    (event,) = turn.events
+    assert event["id"] == user_message_id("console:demo:g", ["m1", "m3", "m4"])
+    content = event["content"]
+    assert [block["type"] for block in content] == ["text", "text", "image", "text"]
+    assert content[0]["text"].startswith("[user 1 (u1)] ") and content[0]["text"].endswith("one")
+    assert content[1]["text"].startswith("[user 3 (u3)] ") and content[1]["text"].endswith("two")
+    assert content[2]["source"] == {"type": "url", "url": "https://img.example/a.png"}
+    assert content[3]["text"].startswith("[user 4 (u4)] ") and content[3]["text"].endswith("three")
+    # The newest message's context, sender and quote; the first's hop times; everyone it saw.
+    assert turn.system_text == "context of m4" and built == ["m4"]
+    assert turn.reply_to_message_id == "m4" and turn.trace_id == "t4"
+    assert turn.sender is not None and turn.sender.user_id == "u4"
+    assert turn.hops == batch[0].hops
+    assert turn.known_ids == ["u1", "u3", "u2", "u4"]  # each message's, in the order first seen
+    merged = metric_value("switchboard_messages_merged_total", platform="console", where="ingest")
+    assert merged - merged_before == 3
+    after = metric_value("switchboard_turns_triggered_total", platform="console", reason="mention")
+    assert after - triggered == 3  # each message still counts as a trigger
+
+
+async def test_a_merged_turn_carries_at_most_the_merge_window(redis_url: str, redis_prefix: str) -> None:
+    ingest, recorder = stage(redis_url, redis_prefix, merge_window_max=2)
+    batch = [msg(i, f"@bot {i}", mentions_bot=True) for i in range(1, 6)]
+    assert await run(ingest, recorder, batch) == [True, False, False, False, False]
+    turns = recorder.turns()
+    assert [t.inbound_ids for t in turns] == [["m1", "m2"], ["m3", "m4"], ["m5"]]
+    assert [t.parts for t in turns] == [[1, 1], [1, 1], []]  # one message's turn: no parts
+    assert b'"parts"' not in recorder.records[-1][2]  # left out of the record, as older workers read it
+
+
+async def test_a_queueing_bot_keeps_one_record_per_trigger(redis_url: str, redis_prefix: str) -> None:
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
+    ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
+    built = prompting(ingest)
+    batch = [msg(i, f"@bot {i}", mentions_bot=True) for i in range(1, 4)]
+    assert await run(ingest, recorder, batch) == [True, False, False]  # still one work, one broker wait
+    turns = recorder.turns()
+    assert [t.inbound_ids for t in turns] == [["m1"], ["m2"], ["m3"]]
+    assert [t.system_text for t in turns] == ["context of m1", "context of m2", "context of m3"]
+    assert built == ["m1", "m2", "m3"]
+
+
+HOOK_SECRET = "ingest-hook-secret-0123"
+
+
+class ModerationHookStandIn:
+    """The operator's moderation service as the hook's contract says: the bearer secret and the
+    JSON fields checked (401, 400 otherwise); a text that says `forbidden` is refused."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {HOOK_SECRET}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        body = await request.json()
+        if not isinstance(body, dict) or set(body) != {"platform", "bot_id", "chat_id", "user_id", "text"}:
+            return web.json_response({"error": "bad request"}, status=400)
+        self.asked.append(body["text"])
+        return web.json_response({"allow": "forbidden" not in body["text"]})
+
+    async def __aenter__(self) -> ModerationHookStandIn:
+        app = web.Application()
+        app.router.add_post("/moderate", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/moderate"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def test_the_moderation_hook_is_asked_for_each_message_of_a_run(redis_url: str, redis_prefix: str) -> None:
+    """A run of triggers is merged only from what the hook lets through: the stopped one gets its
+    notice, is taken out of the window, and is marked seen once the notice is in the broker."""
+    async with ModerationHookStandIn() as hook:
+        moderation = ModerationConfig(inbound="notice", hook=ModerationHook(url=hook.url, secret=HOOK_SECRET))
+        bot = BotConfig(platform="console", bot_id="demo", self_id="bot", language="en", moderation=moderation)
+        ingest, recorder = stage(redis_url, redis_prefix, bots=[bot], group_context_size=5)
+        batch = [
+            msg(1, "@bot fine", mentions_bot=True),
+            msg(2, "@bot forbidden words", mentions_bot=True),
+            msg(3, "@bot fine too", mentions_bot=True),
+        ]
+        try:
+            assert await run(ingest, recorder, batch) == [True, False, False]
+        finally:
+            await ingest.close()
+        assert sorted(hook.asked) == ["@bot fine", "@bot fine too", "@bot forbidden words"]  # asked at once
+    (turn,) = recorder.turns()
+    assert turn.inbound_ids == ["m1", "m3"] and turn.parts == [1, 1]
+    (notice,) = [OutboundMessage.model_validate_json(v) for t, _, v in recorder.records if t.startswith("im.outbound.")]
+    assert notice.kind == "notice" and notice.reply_to_message_id == "m2"
+    window = await ingest.state.conversations.context("console:demo:g", 5)
+    assert [e.message_id for e in window] == ["m1", "m3"]
+    markers = ingest.state.markers
+    assert await markers.marker("in", inbound_dedup_id("console", "demo", "g", "m2"), "console:demo:g")
+    # The turn's messages are marked by dispatch, when it starts or holds the turn.
+    assert not await markers.marker("in", inbound_dedup_id("console", "demo", "g", "m1"), "console:demo:g")

@@ -7,7 +7,7 @@ import random
 from pipeline.records import SessionCommand
 from pipeline.session.models import AgentCustomToolUse, AgentMCPToolUse, AgentMessage, AgentToolUse
 from pipeline.stages._ids import user_message_id
-from pipeline.stages.dispatch import merge_turns
+from pipeline.stages._turns import merge_turns, message_parts, without_messages
 from pipeline.stages.egress import backoff_delay
 from pipeline.stages.render import message_text, pending_from_tool_event
 
@@ -44,6 +44,37 @@ def test_merge_keeps_order_and_derives_one_stable_id() -> None:
     assert merged.known_ids == ["u1", "u2"]
     assert merged.system_text == "context after m3"  # the newest context wins
     assert merged.hops == {"ingress": 1.0}  # latency counts from the first message
+
+
+def test_merge_keeps_each_messages_share_of_the_blocks_and_a_cut_takes_one_out() -> None:
+    image = {"type": "image", "source": {"type": "url", "url": "https://img.example/b.png"}}
+    with_image = turn("b", "m2", ["u2"])
+    with_image.events[0]["content"].append(image)
+    a, c = turn("a", "m1", ["u1"]), turn("c", "m3", ["u3"])
+    quoted = [t.model_copy(update={"reply_to_message_id": t.inbound_ids[0]}) for t in (a, with_image, c)]
+    merged = merge_turns(quoted)
+    assert merged.parts == [1, 2, 1] and merged.reply_to_message_id == "m3"
+    assert merge_turns([merged, turn("d", "m4", [])]).parts == [1, 2, 1, 1]  # a flush of merged turns
+
+    rest = without_messages(merged, [False, True, False])
+    assert rest is not None
+    (event,) = rest.events
+    assert [b["text"] for b in event["content"]] == ["a", "c"]
+    assert event["id"] == user_message_id("console:b:c", ["m1", "m3"])
+    assert (rest.inbound_ids, rest.parts) == (["m1", "m3"], [1, 1])
+    newest_taken = without_messages(merged, [False, False, True])
+    assert newest_taken is not None
+    assert newest_taken.events[0]["content"] == [{"type": "text", "text": "a"}, *with_image.events[0]["content"]]
+    assert newest_taken.reply_to_message_id == "m2"  # the answer quotes the newest message it answers
+    one = without_messages(merged, [True, True, False])
+    assert one is not None and (one.inbound_ids, one.parts) == (["m3"], [])  # one message: no parts
+    assert without_messages(merged, [True, True, True]) is None
+
+    # A merged record from before `parts`: it cannot say whose blocks are whose, so it is not cut.
+    older = merged.model_copy(update={"parts": []})
+    assert message_parts(older) is None and without_messages(older, [True, False, False]) is None
+    assert merge_turns([older, a]).parts == []
+    assert message_parts(with_image) == [2]
 
 
 def test_merge_of_one_is_itself() -> None:

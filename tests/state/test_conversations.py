@@ -11,6 +11,7 @@ from pipeline.state import (
     PendingAction,
     State,
     TurnRecord,
+    TurnStart,
     context_entry_json,
     note_message,
     redis_py_client,
@@ -330,6 +331,85 @@ async def test_begin_turn_publishes_its_note_when_held_and_when_a_flush_starts_i
         await conversations.update_conversation("k", status="idle")
         assert await begin_with("t4", "flush", "merged") == "start"
         assert await published(2) == ["held:t2", "merged:t4"]
+    finally:
+        await pubsub.aclose()
+        await subscriber.aclose()
+
+
+async def test_a_replayed_merged_turn_some_of_whose_messages_were_taken_comes_back_partial(state: State) -> None:
+    """Ingest merged in-1…in-3 into one turn; after a crash its batches split otherwise, and in-1
+    went first alone. The merged turn, replayed, names what another turn took, and writes nothing;
+    without those it is a turn like any other. A turn that cannot be cut (an older record) is
+    decided as before, and a flush never looks (it carries held messages, marked when held)."""
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1", markers=["in-1"]) == "start"
+
+    async def cut(turn_id: str, markers: list[str], mode: str = "merge", *, can_cut: bool = True) -> TurnStart:
+        return await conversations.begin_turn(
+            "k",
+            2,
+            turn_id=turn_id,
+            mode=mode,  # type: ignore[arg-type]
+            turn=TURN.model_copy(update={"trace_id": turn_id}),
+            command_json=f'{{"turn": "{turn_id}"}}',
+            trace_id=turn_id,
+            inbound_markers=markers,
+            can_cut=can_cut,
+        )
+
+    replayed = await cut("t123", ["in-1", "in-2", "in-3"])
+    assert (replayed.decision, replayed.taken, replayed.session_id) == ("partial", (True, False, False), "s1")
+    assert await conversations.peek_held("k") == []
+    assert await state.markers.markers("in", ["in-2", "in-3"], "k") == [None, None]
+    assert (await cut("t23", ["in-2", "in-3"])).decision == "held"  # the rest, behind t1
+    assert (await cut("t123", ["in-1", "in-2", "in-3"], "queue")).decision == "done"  # all taken now
+    # Taken in the middle, and in the order of the markers.
+    assert (await cut("t245", ["in-2", "in-4", "in-5"])).taken == (True, False, False)
+    assert (await cut("t425", ["in-4", "in-2", "in-5"])).taken == (False, True, False)
+    # Not cut: as before, one marker not set is a turn of its own (held here).
+    assert (await cut("t16", ["in-1", "in-6"], can_cut=False)).decision == "held"
+    assert (await cut("f", ["in-1", "in-7"], "flush")).decision == "busy"
+    assert [turn_id for turn_id, _ in await conversations.peek_held("k")] == ["t23", "t16"]
+
+
+async def test_begin_turn_publishes_the_start_note_of_a_merged_turn(state: State, state_url: str) -> None:
+    """A merged turn that starts at once (its messages merged by ingest) gets the start note; held,
+    it gets the held note, as one message's turn does."""
+    conversations = state.conversations
+    subscriber = redis_py_client(state_url, decode_responses=True)
+    pubsub = await redis_pubsub(subscriber)
+    channel = state.console.channel
+    await pubsub.subscribe(channel)
+
+    async def begin_merged(turn_id: str, ids: list[str]) -> str:
+        start = await conversations.begin_turn(
+            "k",
+            2,
+            turn_id=turn_id,
+            mode="merge",
+            turn=TURN,
+            command_json="{}",
+            trace_id=turn_id,
+            inbound_markers=ids,
+            note=(channel, note_message("b", "c", "held", ids)),
+            start_note=note_message("b", "c", "merged", ids),
+        )
+        return start.decision
+
+    try:
+        await conversations.map_session("k", "s1")
+        assert await begin_merged("t12", ["m1", "m2"]) == "start"
+        assert await begin_merged("t34", ["m3", "m4"]) == "held"
+        notes: list[str] = []
+        async with asyncio.timeout(5):
+            while len(notes) < 2:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                if message is not None:
+                    body = json.loads(LiveMessage.parse(message["data"]).message)
+                    notes.append(f"{body['note']}:{','.join(body['message_ids'])}")
+        assert notes == ["merged:m1,m2", "held:m3,m4"]
+        assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.3) is None
     finally:
         await pubsub.aclose()
         await subscriber.aclose()

@@ -5,9 +5,15 @@
 -- ARGV: 1 turn id, 2 held entry, 3 mode (merge | queue | interrupt | flush | resume), 4 turn record,
 -- 5 in-flight entry, 6 state TTL, 7 marker TTL, 8 a channel ('' for none) and 9 a status note to
 -- PUBLISH on it when the turn is newly held, or started by a flush (the console's live notes), 10 a
--- session just created after a 'no_session' ('' for none): mapped here unless one is mapped already.
--- Returns {decision, session id, cursor, interrupt}: 'done' (sent before, or every message it
--- carries already started, held or merged: a replay), 'resume' (a
+-- session just created after a 'no_session' ('' for none): mapped here unless one is mapped already,
+-- 11 '1' when the caller can take messages out of this turn (a merged turn that says which content
+-- blocks are whose), 12 a status note to PUBLISH on the channel when the turn starts other than by
+-- a flush ('' for none; the console's note on messages ingest merged).
+-- Returns {decision, session id, cursor, interrupt, taken}: 'done' (sent before, or every message it
+-- carries already started, held or merged: a replay), 'partial' (some of its messages, not all,
+-- already taken by another turn: a merged turn replayed after a crash, its batch split otherwise
+-- than the first time; `taken` says which, '1' or '0' per message in order; nothing written: begin
+-- again without them), 'resume' (a
 -- send cut short: look it up in history first), 'held' (busy: kept for the turn's end), 'hold' (busy,
 -- and no held entry was given: call again with one; most turns never need it), 'behind' (idle, but
 -- messages held before it still wait for their flush: kept after them; flush now), 'busy' (a flush while
@@ -17,6 +23,7 @@ local turn_id, held_entry, mode, turn_json, stream_json = ARGV[1], ARGV[2], ARGV
 local ttl, marker_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
 local note_channel, note = ARGV[8] or '', ARGV[9] or ''
 local new_session = ARGV[10] or ''
+local can_cut, start_note = ARGV[11] == '1', ARGV[12] or ''
 
 local function mark_inbound()
   for i = 8, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', marker_ttl) end
@@ -34,12 +41,24 @@ if sent == 'sending' and mode ~= 'resume' then return {'resume', session or '', 
 -- Every message of this turn already marked: a copy of messages that were started, held or merged
 -- into another turn under another id (a platform's redelivery that passed ingest before the first
 -- copy got here). A flush carries held messages, marked when they were held: it is not a copy.
+-- A turn that can be cut checks every marker: one EXISTS per message, as marking them takes.
 if mode ~= 'flush' and mode ~= 'resume' and #KEYS >= 8 then
-  local copy = true
-  for i = 8, #KEYS do
-    if redis.call('EXISTS', KEYS[i]) == 0 then copy = false break end
+  if can_cut then
+    local flags, marked = {}, 0
+    for i = 8, #KEYS do
+      local set = redis.call('EXISTS', KEYS[i])
+      marked = marked + set
+      flags[#flags + 1] = set == 1 and '1' or '0'
+    end
+    if marked == #KEYS - 7 then return {'done', session or '', cursor, '0'} end
+    if marked > 0 then return {'partial', session or '', cursor, '0', table.concat(flags)} end
+  else
+    local copy = true
+    for i = 8, #KEYS do
+      if redis.call('EXISTS', KEYS[i]) == 0 then copy = false break end
+    end
+    if copy then return {'done', session or '', cursor, '0'} end
   end
-  if copy then return {'done', session or '', cursor, '0'} end
 end
 local busy = status and status ~= 'idle' and session
 if busy and mode == 'flush' then return {'busy', session, cursor, '0'} end
@@ -88,5 +107,9 @@ if not listed then redis.call('RPUSH', turns, turn_id) end
 redis.call('EXPIRE', turns, ttl)
 redis.call('SET', turn_key, turn_json, 'EX', ttl)
 mark_inbound()
-if note_channel ~= '' and mode == 'flush' then redis.call('PUBLISH', note_channel, note) end
+if note_channel ~= '' and mode == 'flush' then
+  redis.call('PUBLISH', note_channel, note)
+elseif note_channel ~= '' and start_note ~= '' then
+  redis.call('PUBLISH', note_channel, start_note)
+end
 return {'start', session, cursor, (busy and mode == 'interrupt') and '1' or '0'}
