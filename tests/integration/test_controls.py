@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 from aiokafka.partitioner import murmur2
 
 from pipeline.bench.measure import metric_sum, scrape_metrics
@@ -25,6 +24,7 @@ from pipeline.embedded import RedisServer
 from pipeline.records import conversation_key
 from pipeline.stack import Stack
 from tests.conftest import enabled_brokers
+from tests.controls.moderation_hook import ModerationStandIn
 
 from .console import ConsoleClient, texts
 from .loop_thread import LoopThread
@@ -44,43 +44,6 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class ModerationStandIn:
-    """The operator's moderation service as the hook contract describes it: refuses a request
-    without the bearer secret (401) or without the JSON fields (400); allows unless the text says
-    `forbidden`. Keeps every request it decided."""
-
-    def __init__(self) -> None:
-        self.decided: list[dict[str, str]] = []
-        self.refused = 0
-        self.runner: web.AppRunner | None = None
-        self.port = 0
-
-    async def handle(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {HOOK_SECRET}":
-            self.refused += 1
-            return web.json_response({"error": "unauthorized"}, status=401)
-        body = await request.json()
-        if not isinstance(body, dict) or set(body) != {"platform", "bot_id", "chat_id", "user_id", "text"}:
-            self.refused += 1
-            return web.json_response({"error": "bad request"}, status=400)
-        self.decided.append(body)
-        return web.json_response({"allow": "forbidden" not in body["text"]})
-
-    async def start(self) -> ModerationStandIn:
-        app = web.Application()
-        app.router.add_post("/moderate", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = int(self.runner.addresses[0][1])
-        return self
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 def _bots_toml(hook_port: int, live_port: int) -> str:
@@ -148,7 +111,7 @@ max_wait_seconds = 1
 @pytest.fixture(scope="module")
 def hook() -> Iterator[ModerationStandIn]:
     thread: LoopThread[ModerationStandIn] = LoopThread(
-        "moderation-hook", lambda: ModerationStandIn().start(), lambda s: s.stop()
+        "moderation-hook", lambda: ModerationStandIn(HOOK_SECRET).start(), lambda s: s.stop()
     )
     try:
         yield thread.start_loop()

@@ -122,48 +122,28 @@ async def test_a_message_arriving_before_the_owed_flush_goes_behind_the_held_one
     and dispatch flushes B at once. The late flush then finds the session busy and does nothing."""
     bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
     settings = Settings(redis_prefix=redis_prefix, bots=[bot])
-    state = State.connect(redis_url, settings.redis_prefix)
-    async with SimServer(SimSettings(api_key="k", seed=7)) as sim:
-        session_id = await sim.create_session()
-        client = SessionClient(api_key="k", base_url=sim.base_url("ark"))
-        outputs = Outputs(Recorder())
-        stage = DispatchStage(
-            settings,
-            state,
-            client,
-            StaticPoolProvisioner([session_id]),
-            StreamRegistry(state.streams, client, outputs),
-            outputs,
-            Notifier(settings),
+    async with sim_dispatch(redis_url, redis_prefix, settings) as (stage, state, client, session_id):
+        running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
+        await stage.handle(command("m-B"), 0)
+        conversations = state.conversations
+        await conversations.bind_turn_end(CONVERSATION, "idle-A", bind=True)
+        owed = await conversations.finish_turn(
+            CONVERSATION, 0, session_id=session_id, event_id="idle-A", turn_id="msg-A"
         )
-        try:
-            running = TurnRecord(
-                trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group"
-            )
-            await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
-            await stage.handle(command("m-B"), 0)
-            conversations = state.conversations
-            await conversations.bind_turn_end(CONVERSATION, "idle-A", bind=True)
-            owed = await conversations.finish_turn(
-                CONVERSATION, 0, session_id=session_id, event_id="idle-A", turn_id="msg-A"
-            )
-            assert owed == 1  # A's end owes a flush for B
+        assert owed == 1  # A's end owes a flush for B
 
-            await stage.handle(command("m-C"), 0)
-            assert [t for t, _ in await conversations.peek_held(CONVERSATION)] == ["msg-m-C"]
-            assert await conversations.turns_in_session(CONVERSATION) == ["msg-m-B"]
-            sent = [e.id async for e in client.list(session_id, order="asc") if e.type == "user.message"]
-            assert sent == ["msg-m-B"]
+        await stage.handle(command("m-C"), 0)
+        assert [t for t, _ in await conversations.peek_held(CONVERSATION)] == ["msg-m-C"]
+        assert await conversations.turns_in_session(CONVERSATION) == ["msg-m-B"]
+        sent = [e.id async for e in client.list(session_id, order="asc") if e.type == "user.message"]
+        assert sent == ["msg-m-B"]
 
-            flush = command("flush").model_copy(update={"kind": "flush", "events": [], "inbound_ids": []})
-            await stage.handle(flush, 0)  # the owed flush, late: B runs, so C keeps waiting
-            assert [t for t, _ in await conversations.peek_held(CONVERSATION)] == ["msg-m-C"]
-            sent = [e.id async for e in client.list(session_id, order="asc") if e.type == "user.message"]
-            assert sent == ["msg-m-B"]
-        finally:
-            await stage.streams.close()
-            await client.aclose()
-            await state.redis.aclose()
+        flush = command("flush").model_copy(update={"kind": "flush", "events": [], "inbound_ids": []})
+        await stage.handle(flush, 0)  # the owed flush, late: B runs, so C keeps waiting
+        assert [t for t, _ in await conversations.peek_held(CONVERSATION)] == ["msg-m-C"]
+        sent = [e.id async for e in client.list(session_id, order="asc") if e.type == "user.message"]
+        assert sent == ["msg-m-B"]
 
 
 async def test_a_chats_messages_in_a_row_are_held_in_two_round_trips(redis_url: str, redis_prefix: str) -> None:
@@ -227,10 +207,11 @@ async def test_a_failed_flush_after_a_chats_messages_in_a_row_tells_the_chat(red
 
 @asynccontextmanager
 async def sim_dispatch(
-    redis_url: str, redis_prefix: str
+    redis_url: str, redis_prefix: str, settings: Settings | None = None
 ) -> AsyncIterator[tuple[DispatchStage, State, SessionClient, str]]:
-    """Dispatch for bot `demo` (merges while busy) against the session simulator, one session."""
-    settings = Settings(redis_prefix=redis_prefix, console_enabled=True)
+    """Dispatch against the session simulator, one session; by default for bot `demo` (merges
+    while busy)."""
+    settings = settings or Settings(redis_prefix=redis_prefix, console_enabled=True)
     state = State.connect(redis_url, settings.redis_prefix)
     async with SimServer(SimSettings(api_key="k", seed=7)) as sim:
         session_id = await sim.create_session()

@@ -10,7 +10,6 @@ import asyncio
 import json
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import REGISTRY
 
 from pipeline.controls.moderation import ModerationConfig, ModerationHook
@@ -34,6 +33,7 @@ from pipeline.stages.work import SharedWork
 from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State
 from pipeline.state.markers import MarkerStore
 from pipeline.topics import SESSION_INPUT
+from tests.controls.moderation_hook import ModerationStandIn
 
 from .turns import round_trips
 
@@ -400,43 +400,10 @@ async def test_a_queueing_bot_keeps_one_record_per_trigger(redis_url: str, redis
 HOOK_SECRET = "ingest-hook-secret-0123"
 
 
-class ModerationHookStandIn:
-    """The operator's moderation service as the hook's contract says: the bearer secret and the
-    JSON fields checked (401, 400 otherwise); a text that says `forbidden` is refused."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {HOOK_SECRET}":
-            return web.json_response({"error": "unauthorized"}, status=401)
-        body = await request.json()
-        if not isinstance(body, dict) or set(body) != {"platform", "bot_id", "chat_id", "user_id", "text"}:
-            return web.json_response({"error": "bad request"}, status=400)
-        self.asked.append(body["text"])
-        return web.json_response({"allow": "forbidden" not in body["text"]})
-
-    async def __aenter__(self) -> ModerationHookStandIn:
-        app = web.Application()
-        app.router.add_post("/moderate", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/moderate"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-
-
 async def test_the_moderation_hook_is_asked_for_each_message_of_a_run(redis_url: str, redis_prefix: str) -> None:
     """A run of triggers is merged only from what the hook lets through: the stopped one gets its
     notice, is taken out of the window, and is marked seen once the notice is in the broker."""
-    async with ModerationHookStandIn() as hook:
+    async with ModerationStandIn(HOOK_SECRET) as hook:
         moderation = ModerationConfig(inbound="notice", hook=ModerationHook(url=hook.url, secret=HOOK_SECRET))
         bot = BotConfig(platform="console", bot_id="demo", self_id="bot", language="en", moderation=moderation)
         ingest, recorder = stage(redis_url, redis_prefix, bots=[bot], group_context_size=5)

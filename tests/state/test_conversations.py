@@ -21,8 +21,10 @@ from pipeline.state import pubsub as redis_pubsub
 TURN = TurnRecord(trace_id="t", platform="console", bot_id="b", chat_id="c", chat_type="group", starter_id="u1")
 
 
-async def begin(state: State, turn_id: str, mode: str = "merge", *, markers: list[str] | None = None) -> str:
-    start = await state.conversations.begin_turn(
+async def begin_start(
+    state: State, turn_id: str, mode: str = "merge", *, markers: list[str] | None = None, can_cut: bool = False
+) -> TurnStart:
+    return await state.conversations.begin_turn(
         "k",
         2,
         turn_id=turn_id,
@@ -31,8 +33,12 @@ async def begin(state: State, turn_id: str, mode: str = "merge", *, markers: lis
         command_json=f'{{"turn": "{turn_id}"}}',
         trace_id=turn_id,
         inbound_markers=markers or [],
+        can_cut=can_cut,
     )
-    return start.decision
+
+
+async def begin(state: State, turn_id: str, mode: str = "merge", *, markers: list[str] | None = None) -> str:
+    return (await begin_start(state, turn_id, mode, markers=markers)).decision
 
 
 async def test_mapping_expires_and_keeps_to_the_conversation(state: State) -> None:
@@ -346,17 +352,7 @@ async def test_a_replayed_merged_turn_some_of_whose_messages_were_taken_comes_ba
     assert await begin(state, "t1", markers=["in-1"]) == "start"
 
     async def cut(turn_id: str, markers: list[str], mode: str = "merge", *, can_cut: bool = True) -> TurnStart:
-        return await conversations.begin_turn(
-            "k",
-            2,
-            turn_id=turn_id,
-            mode=mode,  # type: ignore[arg-type]
-            turn=TURN.model_copy(update={"trace_id": turn_id}),
-            command_json=f'{{"turn": "{turn_id}"}}',
-            trace_id=turn_id,
-            inbound_markers=markers,
-            can_cut=can_cut,
-        )
+        return await begin_start(state, turn_id, mode, markers=markers, can_cut=can_cut)
 
     replayed = await cut("t123", ["in-1", "in-2", "in-3"])
     assert (replayed.decision, replayed.taken, replayed.session_id) == ("partial", (True, False, False), "s1")
