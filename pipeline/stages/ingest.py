@@ -535,8 +535,7 @@ class IngestStage:
             else:
                 await self._stopped_by_hook(plan)
                 stopped.append(plan)
-        for start in range(0, len(allowed), merged):
-            chunk = allowed[start : start + merged]
+        for chunk in _merge_chunks(allowed, merged):
             await self.outputs.session_command(self.merged_turn(bot, [(p.message, w) for p, w in chunk]))
         if stopped:  # their markers, once the broker has their notices (and the turns before them)
             await self.outputs.delivered()
@@ -670,6 +669,23 @@ class IngestStage:
             reply_to_message_id=message.message_id,
             params=params,
         )
+
+
+def _merge_chunks(
+    turns: list[tuple[_Plan, list[ContextEntry]]], merged: int
+) -> Iterator[list[tuple[_Plan, list[ContextEntry]]]]:
+    """A run's turns in the chunks that become one turn each: at most `merged` messages, all with
+    the same route. A merged turn is answered once, where its newest message was written: a thread
+    (Slack, Matrix, Telegram topics) is a route, and a mention in the room beside a mention in one
+    of its threads must each be answered where it was asked."""
+    chunk: list[tuple[_Plan, list[ContextEntry]]] = []
+    for turn in turns:
+        if chunk and (len(chunk) >= merged or turn[0].message.route != chunk[0][0].message.route):
+            yield chunk
+            chunk = []
+        chunk.append(turn)
+    if chunk:
+        yield chunk
 
 
 def _turn_request(plan: _Plan) -> tuple[str, LimitsConfig, TurnRequest]:

@@ -385,6 +385,23 @@ async def test_a_merged_turn_carries_at_most_the_merge_window(redis_url: str, re
     assert b'"parts"' not in recorder.records[-1][2]  # left out of the record, as older workers read it
 
 
+async def test_messages_in_different_threads_are_not_merged(redis_url: str, redis_prefix: str) -> None:
+    """A merged turn is answered once, where its newest message was: a mention in the room and one in
+    a thread of it (another route) stay turns of their own, each answered where it was asked."""
+    ingest, recorder = stage(redis_url, redis_prefix)
+    thread = {"thread_id": "root-1"}
+    batch = [
+        msg(1, "@bot in the room", mentions_bot=True),
+        msg(2, "@bot in the thread", mentions_bot=True, route=thread),
+        msg(3, "@bot in the thread again", mentions_bot=True, route=thread),
+        msg(4, "@bot back in the room", mentions_bot=True),
+    ]
+    assert await run(ingest, recorder, batch) == [True, False, False, False]
+    turns = recorder.turns()
+    assert [t.inbound_ids for t in turns] == [["m1"], ["m2", "m3"], ["m4"]]
+    assert [t.route for t in turns] == [{}, thread, {}]
+
+
 async def test_a_queueing_bot_keeps_one_record_per_trigger(redis_url: str, redis_prefix: str) -> None:
     bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
     ingest, recorder = stage(redis_url, redis_prefix, bots=[bot])
