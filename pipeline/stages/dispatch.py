@@ -224,7 +224,9 @@ class DispatchStage:
             for (_, entry), marker in zip(raw, sent, strict=True):
                 kept = SessionCommand.model_validate_json(entry) if marker != "1" else None
                 count = len(kept.inbound_ids) if kept is not None else 0
-                if held and messages + count > limit:
+                if held and (messages + count > limit or (kept is not None and kept.route != held[0].route)):
+                    # A merged turn is answered in one place, the thread of its newest message:
+                    # messages of another thread wait for the next flush.
                     break
                 taken += 1
                 messages += count

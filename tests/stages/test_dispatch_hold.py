@@ -315,6 +315,25 @@ async def test_a_flush_takes_held_turns_up_to_the_merge_windows_messages(redis_u
         assert len(await received(client, session_id)) == 4
 
 
+async def test_a_flush_merges_only_held_messages_of_one_thread(redis_url: str, redis_prefix: str) -> None:
+    """Held messages of the room and of a thread of it are released in turns of their own, in the
+    order held, each answered where it was asked."""
+    thread = {"thread_id": "root-1"}
+    async with sim_dispatch(redis_url, redis_prefix) as (stage, state, client, session_id):
+        await stage.handle(command("m-0"), 0)  # running: what follows is held
+        for inbound, route in (("m-1", {}), ("m-2", {}), ("m-3", thread), ("m-4", thread), ("m-5", {})):
+            await stage.handle(command(inbound).model_copy(update={"route": route}), 0)
+        previous = "msg-m-0"
+        for n, expected in enumerate((["m-1", "m-2"], ["m-3", "m-4"], ["m-5"]), start=1):
+            assert await end_turn(state, session_id, previous, f"idle-{n}") > 0
+            await stage.handle(flush_command(), 0)
+            last_id, texts = (await received(client, session_id))[-1]
+            assert texts == expected
+            assert last_id is not None
+            previous = last_id
+        assert await state.conversations.peek_held(CONVERSATION) == []
+
+
 async def test_the_console_notes_messages_merged_by_ingest(redis_url: str, redis_prefix: str) -> None:
     """A console chat's messages merged by ingest: `merged` when their turn starts at once, `held`
     (all of them, in one note) when the session is busy, then `merged` again when released."""
