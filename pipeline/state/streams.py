@@ -40,9 +40,17 @@ class StreamStore:
         ]
         if not entries:
             return []
-        cursors = await self.redis.pipeline(
-            [("HGET", self.keys.conversation(data.get("conversation_key", "")), "cursor") for _, data in entries]
-        )
+        # A turn's end (`finish_turn`) saves the cursor (the idle's id) and drops the entry in one
+        # step, possibly between the read above and the cursors'. An entry then read with the new
+        # cursor would resume after the idle, where nothing more comes, and count as a turn in
+        # flight for ever. So each cursor is read, then the entry again (in this order, in one
+        # pipeline): an entry still there was not ended before its cursor was read.
+        reads: list[Sequence[Arg]] = []
+        for session_id, data in entries:
+            conversation = data.get("conversation_key", "")
+            reads.append(("HGET", self.keys.conversation(conversation), "cursor"))
+            reads.append(("HEXISTS", self.keys.inflight(partition, conversation), session_id))
+        replies = await self.redis.pipeline(reads)
         return [
             InflightStream(
                 session_id=session_id,
@@ -50,7 +58,8 @@ class StreamStore:
                 cursor=cursor_for(text(cursor), session_id),
                 trace_id=data.get("trace_id"),
             )
-            for (session_id, data), cursor in zip(entries, cursors, strict=True)
+            for (session_id, data), cursor, still in zip(entries, replies[0::2], replies[1::2], strict=True)
+            if int(still or 0)
         ]
 
     async def _inflight_hashes(self, partition: int) -> list[list[Any]]:

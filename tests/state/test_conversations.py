@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
+
+import pytest
 
 from pipeline.state import (
     InboundAdmission,
@@ -93,6 +96,30 @@ async def test_begin_turn_needs_a_session_then_starts_and_records_everything(sta
     assert await state.markers.marker("in", "in-1", "k") == "1"
     (stream,) = await state.streams.inflight(2)
     assert (stream.session_id, stream.conversation_key, stream.trace_id) == ("s1", "k", "t1")
+
+
+async def test_a_stream_whose_turn_ends_while_it_is_read_is_not_resumed(
+    state: State, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition's new owner reads the streams in flight, then their cursors. A turn that ends in
+    between (its cursor saved as the idle's id, its entry dropped, in one step) is not resumed: from
+    that cursor nothing more would come, and the stream would count as a turn in flight for ever."""
+    conversations = state.conversations
+    await conversations.map_session("k", "s1")
+    assert await begin(state, "t1", markers=["in-1"]) == "start"
+    streams = state.streams
+    read_entries = streams._inflight_hashes  # noqa: SLF001 (the step the race falls after)
+
+    async def entries_then_the_turn_ends(partition: int) -> list[list[Any]]:
+        entries = await read_entries(partition)
+        assert (await conversations.bind_turn_end("k", "idle-1", bind=True)).turn_id == "t1"
+        assert await conversations.finish_turn("k", 2, session_id="s1", event_id="idle-1", turn_id="t1") == 0
+        return entries
+
+    monkeypatch.setattr(streams, "_inflight_hashes", entries_then_the_turn_ends)
+    assert await streams.inflight(2) == []
+    monkeypatch.undo()
+    assert await streams.inflight(2) == []
 
 
 async def test_a_session_created_after_no_session_is_mapped_with_the_turns_start(state: State) -> None:
