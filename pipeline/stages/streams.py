@@ -133,10 +133,14 @@ class StreamRegistry:
             await self.state.add_inflight(partition, stream)
         held = self._held.get(stream.session_id)
         if held is not None and held.task is not None and not held.task.done():
+            # The same turn tracked again: a send a crash cut short, sent by the partition's new
+            # owner, whose stream was already resumed from the turn's in-flight entry. Counting it
+            # as a second turn would wait for an idle that never comes (a turn in flight for ever).
+            same_turn = stream.trace_id is not None and held.stream.trace_id == stream.trace_id
             held.stream.trace_id = stream.trace_id
             if held.lingering:
                 held.lingering = False  # the open stream carries the new turn; no history read needed
-            else:
+            elif not same_turn:
                 held.queued_turns += 1
             return
         self._start(partition, stream)

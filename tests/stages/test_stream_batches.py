@@ -144,3 +144,30 @@ async def test_a_stream_that_fails_after_a_message_still_delivers_it_before_the_
     finally:
         await registry.close()
         await state.redis.aclose()
+
+
+async def test_a_resumed_turn_tracked_again_ends_with_its_one_idle(redis_url: str, redis_prefix: str) -> None:
+    """A crash cut a send short after the turn was recorded in flight: the new owner resumes the
+    stream from that entry, then sends the turn and tracks the same turn again. Its one idle ends
+    it; a second turn (another trace, busy policy `interrupt`) still needs an idle of its own."""
+    registry, subscription, ticks, state = await _stream(redis_url, redis_prefix)
+    try:
+        await registry.track(0, InflightStream(SESSION, "console:demo:c1", trace_id="t1"))  # the same turn
+        assert registry.turns_in_flight == 1
+        subscription.events.put_nowait(_message("e1", "the reply"))
+        subscription.events.put_nowait(SessionStatusIdle(id="e2", stop_reason=EndTurn()))
+        await _settle()
+        assert [record.event.type for record in ticks.records] == ["agent.message", "session.status_idle"]
+        assert registry.turns_in_flight == 0  # lingering between turns, not waiting for a second idle
+
+        await registry.track(0, InflightStream(SESSION, "console:demo:c1", trace_id="t2"))
+        await registry.track(0, InflightStream(SESSION, "console:demo:c1", trace_id="t3"))  # while t2 runs
+        subscription.events.put_nowait(SessionStatusIdle(id="e3", stop_reason=EndTurn()))
+        await _settle()
+        assert registry.turns_in_flight == 1  # t3's idle still to come
+        subscription.events.put_nowait(SessionStatusIdle(id="e4", stop_reason=EndTurn()))
+        await _settle()
+        assert registry.turns_in_flight == 0
+    finally:
+        await registry.close()
+        await state.redis.aclose()
