@@ -37,6 +37,7 @@ import redis.asyncio as aioredis
 from pipeline.embedded import ApacheKafka, RedisCluster, RedisServer, TansuBroker
 from pipeline.kafka.testing import TopicFactory
 from pipeline.kafka.testing import unique_name as _unique_name
+from pipeline.state import State
 
 BROKERS_ENV = "SWITCHBOARD_TEST_BROKERS"
 TIER_ENV = "SWITCHBOARD_TEST_TIER"
@@ -95,6 +96,26 @@ ALONE: tuple[str, ...] = ("tests/faults/", "tests/state/test_sentinel.py")
 
 #: Skip reasons the full tier accepts (a substring of the reason); any other skip fails it.
 EXPECTED_SKIPS: tuple[str, ...] = ("Tansu-only characterisation",)
+
+
+#: States a test's plain helper functions connected (`connect_state`), closed after the test.
+_connected_states: list[State] = []
+
+
+def connect_state(url: str, prefix: str, **options: Any) -> State:
+    """`State.connect` for a helper function that has no fixture to close it: closed after the test
+    by `close_connected_states` (the module uses it). An unclosed client's watchdog task, collected
+    later, is logged as an error in whichever test runs then."""
+    state = State.connect(url, prefix, **options)
+    _connected_states.append(state)
+    return state
+
+
+@pytest.fixture
+async def close_connected_states() -> AsyncIterator[None]:
+    yield
+    while _connected_states:
+        await _connected_states.pop().redis.aclose()
 
 
 def full_tier() -> bool:

@@ -6,8 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.controls.limits import LimitsConfig, LimitWindow, TurnRequest, counters
-from pipeline.state import State
 from pipeline.state.limits import TurnLimiter
+from tests.conftest import connect_state
+
+pytestmark = pytest.mark.usefixtures("close_connected_states")
 
 BOT = "console:demo"
 HOUR_MS = 3_600_000
@@ -39,7 +41,7 @@ def test_a_limit_needs_a_positive_count_and_window() -> None:
 
 
 def limiter(redis_url: str, prefix: str) -> TurnLimiter:
-    state = State.connect(redis_url, prefix)
+    state = connect_state(redis_url, prefix)
     return TurnLimiter(state.redis, state.keys)
 
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from pipeline.controls.moderation import ModerationConfig, ModerationHook
@@ -30,12 +31,15 @@ from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.work import SharedWork
-from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission, State
+from pipeline.state import AdmissionResult, ContextEntry, InboundAdmission
 from pipeline.state.markers import MarkerStore
 from pipeline.topics import SESSION_INPUT
+from tests.conftest import connect_state
 from tests.controls.moderation_hook import ModerationStandIn
 
 from .turns import round_trips
+
+pytestmark = pytest.mark.usefixtures("close_connected_states")
 
 
 def metric_value(name: str, **labels: str) -> float:
@@ -55,7 +59,7 @@ class Recorder:
 
 def stage(redis_url: str, prefix: str, **settings: Any) -> tuple[IngestStage, Recorder]:
     s = Settings(redis_prefix=prefix, console_enabled=True, **settings)  # the console bot `demo`
-    state = State.connect(redis_url, s.redis_prefix)
+    state = connect_state(redis_url, s.redis_prefix)
     recorder = Recorder()
     return IngestStage(s, state, Outputs(recorder), Notifier(s), lambda bot, m, w: None), recorder
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.platforms import WebhookRequest, get_platform
 from pipeline.records import InboundMessage, SessionCommand
 from pipeline.runtime import reply_context, reply_policy
@@ -14,16 +16,18 @@ from pipeline.settings import BotConfig, Settings
 from pipeline.stages.ingest import IngestStage
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
-from pipeline.state import State
+from tests.conftest import connect_state
 from tests.platforms import test_lark as lark_fx
 from tests.platforms import test_onebot as onebot_fx
 
 from .test_ingest_admit import Recorder, run
 
+pytestmark = pytest.mark.usefixtures("close_connected_states")
+
 
 def ingest_for(bot: BotConfig, redis_url: str, prefix: str) -> tuple[IngestStage, Recorder]:
     settings = Settings(redis_prefix=prefix, bots=[bot])
-    state = State.connect(redis_url, settings.redis_prefix)
+    state = connect_state(redis_url, settings.redis_prefix)
     recorder = Recorder()
 
     def prompt(bot: BotConfig, message: InboundMessage, window: list) -> str | None:

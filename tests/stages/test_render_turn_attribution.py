@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pipeline.records import Position, SessionEventRecord
 from pipeline.runtime import reply_policy
 from pipeline.segments.media import MediaChecker, MediaSettings
@@ -15,8 +17,11 @@ from pipeline.stages.outputs import Outputs
 from pipeline.stages.render import RenderStage
 from pipeline.stages.tools import ImTools
 from pipeline.state import State, TurnRecord
+from tests.conftest import connect_state
 
 from .turns import Recorder, round_trips
+
+pytestmark = pytest.mark.usefixtures("close_connected_states")
 
 CONVERSATION = "console:demo:chat-1"
 REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
@@ -24,7 +29,7 @@ REPLY = json.dumps({"segments": [{"type": "text", "data": {"text": "hi"}}]})
 
 def render_stage(redis_url: str, prefix: str) -> tuple[RenderStage, Recorder]:
     s = Settings(redis_prefix=prefix, console_enabled=True)  # the console bot `demo`
-    state = State.connect(redis_url, s.redis_prefix)
+    state = connect_state(redis_url, s.redis_prefix)
     recorder = Recorder()
     stage = RenderStage(
         s,
