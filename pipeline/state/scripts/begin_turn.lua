@@ -41,24 +41,18 @@ if sent == 'sending' and mode ~= 'resume' then return {'resume', session or '', 
 -- Every message of this turn already marked: a copy of messages that were started, held or merged
 -- into another turn under another id (a platform's redelivery that passed ingest before the first
 -- copy got here). A flush carries held messages, marked when they were held: it is not a copy.
--- A turn that can be cut checks every marker: one EXISTS per message, as marking them takes.
+-- A turn that can be cut checks every marker (one EXISTS per message, as marking them takes); any
+-- other stops at the first one not set.
 if mode ~= 'flush' and mode ~= 'resume' and #KEYS >= 8 then
-  if can_cut then
-    local flags, marked = {}, 0
-    for i = 8, #KEYS do
-      local set = redis.call('EXISTS', KEYS[i])
-      marked = marked + set
-      flags[#flags + 1] = set == 1 and '1' or '0'
-    end
-    if marked == #KEYS - 7 then return {'done', session or '', cursor, '0'} end
-    if marked > 0 then return {'partial', session or '', cursor, '0', table.concat(flags)} end
-  else
-    local copy = true
-    for i = 8, #KEYS do
-      if redis.call('EXISTS', KEYS[i]) == 0 then copy = false break end
-    end
-    if copy then return {'done', session or '', cursor, '0'} end
+  local flags, marked = {}, 0
+  for i = 8, #KEYS do
+    local set = redis.call('EXISTS', KEYS[i])
+    if set == 0 and not can_cut then break end
+    marked = marked + set
+    flags[#flags + 1] = set == 1 and '1' or '0'
   end
+  if marked == #KEYS - 7 then return {'done', session or '', cursor, '0'} end
+  if can_cut and marked > 0 then return {'partial', session or '', cursor, '0', table.concat(flags)} end
 end
 local busy = status and status ~= 'idle' and session
 if busy and mode == 'flush' then return {'busy', session, cursor, '0'} end
