@@ -253,7 +253,16 @@ class LarkStandIn:
                 header = frame.headers.add()
                 header.key, header.value = key, value
             target.sent[message_id] = frame
-            await target.ws.send_bytes(frame.SerializeToString())
+            try:
+                await target.ws.send_bytes(frame.SerializeToString())
+            except ConnectionError:
+                # The socket's peer is gone (a holder SIGKILLed) and its close not yet read: as Lark,
+                # the event goes again on the next socket. The socket's reader does that for every
+                # event not answered once it sees the close; if it already has, it is done here.
+                if kind == "event" and target.closed is not None:
+                    self.pushed_again += 1
+                    await self.send_event(event)
+                break
         return message_id
 
 
