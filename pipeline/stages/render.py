@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
-from pipeline.controls.moderation import moderate_reply
+from pipeline.controls.moderation import REDACTED, moderate_reply
 from pipeline.controls.usage import UsageBudgets
 from pipeline.records import (
     OutboundKind,
@@ -54,7 +54,7 @@ from ._ids import stable_id
 from .deadlines import ReplyDeadlines
 from .notify import Notifier
 from .outputs import Outputs
-from .tools import ImTools
+from .tools import ImTools, ToolResult
 
 log = logging.getLogger(__name__)
 
@@ -299,8 +299,11 @@ class RenderStage:
             updates["tools"] = tools
         bot = self._bot(conversation, state)
         if state.last_message and bot is not None and bot.progress:
-            # The agent.message before a tool call is progress, shown as plain text (S16).
-            await self._emit(bot, record, state, "progress", [_text(state.last_message)], suffix="progress")
+            # The agent.message before a tool call is progress, shown as plain text (S16), after
+            # the bot's moderation lists like the reply; a blocked one is left out (the reply follows).
+            progress = self._moderated(bot, record, [_text(state.last_message)], "progress")
+            if progress:
+                await self._emit(bot, record, state, "progress", progress, suffix="progress")
         if state.last_message:
             updates["last_message"] = None
         if updates:
@@ -333,8 +336,9 @@ class RenderStage:
                 scanned = scanner.scan(json.dumps(call.input, ensure_ascii=False))
                 if scanned.hits:
                     metrics.LEAK_HITS.labels(bot.platform, "confirmation").inc(scanned.hits)
-                short = _shortened(scanned.text, _TOOL_INPUT_CHARS)
-                quoted.append(short if short == scanned.text else short + "…")
+                quotable = self._moderated_quote(bot, record, scanned.text)
+                short = _shortened(quotable, _TOOL_INPUT_CHARS)
+                quoted.append(short if short == quotable else short + "…")
             if len(confirmations) > _TOOL_INPUTS_QUOTED:
                 quoted.append(f"(+{len(confirmations) - _TOOL_INPUTS_QUOTED})")
             tool_input = "; ".join(quoted)
@@ -358,9 +362,15 @@ class RenderStage:
                 call.name if self.tools.known(call.name) else "unregistered", "error" if result.is_error else "ok"
             ).inc()
             if result.outbound is not None:
-                await self.outputs.outbound(
-                    self._outbound(bot, record, state, "progress", result.outbound, suffix=f"tool:{call.event_id}")
-                )
+                # What the agent asks to send now passes the bot's moderation lists as its reply
+                # would; blocked, the agent is told so and nothing is sent.
+                outbound = self._moderated(bot, record, result.outbound, "im_tool")
+                if outbound:
+                    await self.outputs.outbound(
+                        self._outbound(bot, record, state, "progress", outbound, suffix=f"tool:{call.event_id}")
+                    )
+                else:
+                    result = ToolResult(_IM_TOOL_BLOCKED, is_error=True)
             event: dict[str, Any] = {
                 "type": "user.custom_tool_result",
                 "custom_tool_use_id": call.event_id,
@@ -463,9 +473,11 @@ class RenderStage:
                 )
 
     @staticmethod
-    def _moderated(bot: BotConfig, record: SessionEventRecord, segments: list[Segment]) -> list[Segment]:
-        """The reply after the bot's moderation lists (its text and markdown segments): as it was,
-        redacted, or [] when blocked."""
+    def _moderated(
+        bot: BotConfig, record: SessionEventRecord, segments: list[Segment], what: str = "reply"
+    ) -> list[Segment]:
+        """Agent-written segments after the bot's moderation lists (their text and markdown): as
+        they were, redacted, or [] when blocked. `what`: reply, progress or im_tool (logged)."""
         places = [i for i, s in enumerate(segments) if isinstance(s, TextSegment | MarkdownSegment)]
         texts = [_segment_text(segments[i]) for i in places]
         moderated = moderate_reply(bot.moderation, texts)
@@ -473,7 +485,7 @@ class RenderStage:
             return segments
         outcome = "blocked" if moderated.blocked else "redacted"
         metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
-        log.info("reply of %s: %d moderation hit(s), %s", record.conversation_key, moderated.hits, outcome)
+        log.info("%s of %s: %d moderation hit(s), %s", what, record.conversation_key, moderated.hits, outcome)
         if moderated.blocked:
             return []
         out = list(segments)
@@ -485,6 +497,19 @@ class RenderStage:
                 else _text(text)
             )
         return out
+
+    @staticmethod
+    def _moderated_quote(bot: BotConfig, record: SessionEventRecord, text: str) -> str:
+        """A tool's input as a confirmation prompt quotes it, after the bot's moderation lists:
+        redacted, or all of it one `***` when the bot blocks (the prompt still asks, in the bot's
+        language, without the words)."""
+        moderated = moderate_reply(bot.moderation, [text])
+        if not moderated.hits:
+            return text
+        outcome = "blocked" if moderated.blocked else "redacted"
+        metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
+        log.info("tool input of %s: %d moderation hit(s), %s", record.conversation_key, moderated.hits, outcome)
+        return REDACTED if moderated.blocked else moderated.texts[0]
 
     async def _turn_over(
         self, bot: BotConfig, record: SessionEventRecord, state: ConversationState, partition: int, turn_id: str | None
@@ -623,6 +648,7 @@ class RenderStage:
         return self.settings.bot(ref.platform, ref.bot_id)
 
 
+_IM_TOOL_BLOCKED = "Not sent: the message was withheld by the chat's content rules."
 _TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
 _TOOL_INPUTS_QUOTED = 3  # calls whose input a confirmation prompt quotes (the rest are counted)
 

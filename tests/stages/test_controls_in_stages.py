@@ -156,38 +156,97 @@ async def test_a_message_whose_turn_did_not_start_in_time_gets_the_overloaded_no
     assert [t for t, _ in recorder.records if t == SESSION_INPUT] == []
 
 
+async def moderated_render(
+    redis_url: str, prefix: str, policy: str, events: list[dict[str, Any]]
+) -> tuple[list[str], list[SessionCommand]]:
+    """`events` of one running turn through render, for a bot whose outbound moderation `policy`
+    (block, redact) hits "secret plan": what the chat is sent (kind:text), and the tool results
+    sent back to the session."""
+    config = bot(moderation={"patterns": [r"secret\s+plan"], "outbound": policy}, progress=True)
+    settings = Settings(redis_prefix=f"{prefix}{policy}:", bots=[config])
+    state = State.connect(redis_url, settings.redis_prefix)
+    recorder = Recorder()
+    render = RenderStage(
+        settings,
+        state,
+        Outputs(recorder),
+        Notifier(settings),
+        {("console", "demo"): reply_policy(config, settings)},
+        {"console": Capabilities()},
+        ImTools(settings, state.conversations),
+    )
+    turn = TurnRecord(trace_id="t", platform="console", bot_id="demo", chat_id="g", chat_type="group", starter_id="u1")
+    await running_turn(state, "console:demo:g", turn, "m1")
+    try:
+        for event in events:
+            await render.handle(SessionEventRecord(conversation_key="console:demo:g", session_id="s1", event=event))
+    finally:
+        await state.redis.aclose()
+    shown = [f"{m.kind}:" + "".join(getattr(s.data, "text", "") for s in m.segments) for m in recorder.replies()]
+    results = [SessionCommand.model_validate_json(v) for t, v in recorder.records if t == SESSION_INPUT]
+    return shown, results
+
+
 async def test_the_reply_is_moderated_after_validation_blocked_or_redacted(redis_url: str, redis_prefix: str) -> None:
+    reply = {"segments": [{"type": "text", "data": {"text": "the Secret  Plan is ready"}}]}
+    events = [
+        {"type": "agent.message", "id": "e1", "content": [{"type": "text", "text": json.dumps(reply)}]},
+        {"type": "session.status_idle", "id": "e2", "stop_reason": {"type": "end_turn"}},
+    ]
+    blocked, _ = await moderated_render(redis_url, redis_prefix, "block", events)
+    redacted, _ = await moderated_render(redis_url, redis_prefix, "redact", events)
+    assert blocked == ["notice:Sorry, this reply was withheld by the chat's content rules."]
+    assert redacted == ["reply:the *** is ready"]
+
+
+async def test_progress_im_tool_messages_and_quoted_tool_input_are_moderated_too(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Everything the agent writes that reaches the chat passes the lists, not only the reply: a
+    progress message (blocked: left out), an `im_send_message` (blocked: not sent, and the agent
+    told so), a confirmation prompt's quote of the tool's input (blocked: one `***`)."""
+
+    def outbound_moderated(outcome: str) -> float:
+        labels = {"platform": "console", "bot": "demo", "direction": "outbound", "outcome": outcome, "reason": "list"}
+        return REGISTRY.get_sample_value("switchboard_moderation_total", labels) or 0.0
+
+    progress = [
+        {"type": "agent.message", "id": "p1", "content": [{"type": "text", "text": "checking the secret plan now"}]},
+        {"type": "agent.tool_use", "id": "p2", "name": "web_search", "input": {}, "evaluated_permission": "allow"},
+    ]
+    im_tool = [
+        {"type": "agent.custom_tool_use", "id": "c1", "name": "im_send_message", "input": {"text": "secret plan: go"}},
+        {"type": "session.status_idle", "id": "c2", "stop_reason": {"type": "requires_action", "event_ids": ["c1"]}},
+    ]
+    confirmation = [
+        {
+            "type": "agent.tool_use",
+            "id": "a1",
+            "name": "bash",
+            "input": {"command": "echo secret plan"},
+            "evaluated_permission": "ask",
+        },
+        {"type": "session.status_idle", "id": "a2", "stop_reason": {"type": "requires_action", "event_ids": ["a1"]}},
+    ]
+    before = {o: outbound_moderated(o) for o in ("blocked", "redacted")}
     shown: dict[str, list[str]] = {}
+    results: dict[str, list[str]] = {}
     for policy in ("block", "redact"):
-        config = bot(moderation={"patterns": [r"secret\s+plan"], "outbound": policy})
-        settings = Settings(redis_prefix=f"{redis_prefix}{policy}:", bots=[config])
-        state = State.connect(redis_url, settings.redis_prefix)
-        recorder = Recorder()
-        render = RenderStage(
-            settings,
-            state,
-            Outputs(recorder),
-            Notifier(settings),
-            {("console", "demo"): reply_policy(config, settings)},
-            {"console": Capabilities()},
-            ImTools(settings, state.conversations),
-        )
-        turn = TurnRecord(trace_id="t", platform="console", bot_id="demo", chat_id="g", chat_type="group")
-        await running_turn(state, "console:demo:g", turn, "m1")
-        reply = {"segments": [{"type": "text", "data": {"text": "the Secret  Plan is ready"}}]}
-        try:
-            for event in (
-                {"type": "agent.message", "id": "e1", "content": [{"type": "text", "text": json.dumps(reply)}]},
-                {"type": "session.status_idle", "id": "e2", "stop_reason": {"type": "end_turn"}},
-            ):
-                await render.handle(SessionEventRecord(conversation_key="console:demo:g", session_id="s1", event=event))
-        finally:
-            await state.redis.aclose()
-        shown[policy] = [
-            f"{m.kind}:" + "".join(getattr(s.data, "text", "") for s in m.segments) for m in recorder.replies()
-        ]
-    assert shown["block"] == ["notice:Sorry, this reply was withheld by the chat's content rules."]
-    assert shown["redact"] == ["reply:the *** is ready"]
+        for name, events in (("progress", progress), ("im_tool", im_tool), ("confirmation", confirmation)):
+            key = f"{policy}/{name}"
+            shown[key], commands = await moderated_render(redis_url, f"{redis_prefix}{name}:", policy, events)
+            results[key] = [e["content"][0]["text"] for c in commands for e in c.events]
+    assert shown["block/progress"] == [] and shown["redact/progress"] == ["progress:checking the *** now"]
+    assert shown["block/im_tool"] == [] and results["block/im_tool"] == [
+        "Not sent: the message was withheld by the chat's content rules."
+    ]
+    assert shown["redact/im_tool"] == ["progress:***: go"] and results["redact/im_tool"] == ["sent"]
+    (blocked_prompt,) = shown["block/confirmation"]
+    (redacted_prompt,) = shown["redact/confirmation"]
+    assert "secret" not in blocked_prompt.lower() and '"command"' not in blocked_prompt and "***" in blocked_prompt
+    assert '{"command": "echo ***"}' in redacted_prompt
+    assert outbound_moderated("blocked") - before["blocked"] == 3
+    assert outbound_moderated("redacted") - before["redacted"] == 3
 
 
 async def test_a_flooding_user_cannot_push_the_others_out_of_the_context_window(
