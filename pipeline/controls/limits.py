@@ -70,6 +70,7 @@ class LimitDecision:
     allowed: bool
     scope: LimitScope | None = None  # the limit it is over
     notice: bool = False  # the first over that limit in its window: tell the chat
+    again: bool = False  # the answer given to this message before (a replay): counted then, not now
 
     @property
     def outcome(self) -> str:

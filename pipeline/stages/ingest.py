@@ -121,6 +121,14 @@ class _Plan:
     # `rate_limited`), and the notice it is answered with, if any.
     blocked: str | None = None
     notice: str | None = None
+    # The controls' decision, counted (and logged) once admission has found the message new: a
+    # replayed copy is a duplicate there, and its decision was counted the first time.
+    decided: Callable[[], None] | None = None
+
+    def count_decision(self) -> None:
+        if self.decided is not None:
+            self.decided()
+            self.decided = None
 
     @property
     def settles(self) -> bool:
@@ -140,10 +148,12 @@ class _Settled:
     def duplicate(self, message: InboundMessage) -> None:
         self.deduplicated[message.platform] = self.deduplicated.get(message.platform, 0) + 1
 
-    def add(self, message: InboundMessage, result: AdmissionResult, now: float) -> None:
+    def add(self, plan: _Plan, result: AdmissionResult, now: float) -> None:
+        message = plan.message
         if result.duplicate:
             self.duplicate(message)
             return
+        plan.count_decision()
         if result.unkept:
             count_unkept(message)
         message.hops["ingest"] = now
@@ -313,13 +323,14 @@ class IngestStage:
                 continue
             item = next(admitted)
             if pending is not None:
-                works.append(functools.partial(self._settle_deferred, message, item, next(pending), now))
+                works.append(functools.partial(self._settle_deferred, plan, item, next(pending), now))
                 continue
             result = next(results)
             if result.duplicate or plan.settles:
-                settled.add(message, result, now)
+                settled.add(plan, result, now)
                 works.append(None)
                 continue
+            plan.count_decision()
             message.hops["ingest"] = now
             metrics.observe_hop("ingest", message.hops, "ingress", now)
             if result.unkept:
@@ -393,11 +404,11 @@ class IngestStage:
             if plan is None:
                 settled.duplicate(message)  # twice in the batch
             else:
-                settled.add(message, next(results), now)
+                settled.add(plan, next(results), now)
         settled.count()
 
     async def _settle_deferred(
-        self, message: InboundMessage, item: InboundAdmission, pending: asyncio.Future[AdmissionResult], now: float
+        self, plan: _Plan, item: InboundAdmission, pending: asyncio.Future[AdmissionResult], now: float
     ) -> None:
         if pending.done() and pending.exception() is not None:
             # The call it waited for failed (this is the retry): admitted alone.
@@ -405,7 +416,7 @@ class IngestStage:
         else:
             result = await asyncio.shield(pending)  # a cancelled work leaves the shared call alone
         settled = _Settled()
-        settled.add(message, result, now)
+        settled.add(plan, result, now)
         settled.count()
 
     def _apply_limit(self, plan: _Plan, decision: LimitDecision) -> None:
@@ -414,14 +425,20 @@ class IngestStage:
         message = plan.message
         plan.blocked = "rate_limited"
         plan.notice = "rate_limited" if decision.notice and plan.bot.limits.notice else None
-        metrics.RATE_LIMITED.labels(message.platform, message.bot_id, decision.scope or "", decision.outcome).inc()
-        log.info(
-            "ingest: %s message %s over the %s limit (%s)",
-            message.conversation_key,
-            message.message_id,
-            decision.scope,
-            decision.outcome,
-        )
+        if decision.again:
+            return  # counted and logged when the limits first answered it
+
+        def decided() -> None:
+            metrics.RATE_LIMITED.labels(message.platform, message.bot_id, decision.scope or "", decision.outcome).inc()
+            log.info(
+                "ingest: %s message %s over the %s limit (%s)",
+                message.conversation_key,
+                message.message_id,
+                decision.scope,
+                decision.outcome,
+            )
+
+        plan.decided = decided
 
     def _count_moderated(self, plan: _Plan, reason: str) -> None:
         assert plan.bot is not None
@@ -429,10 +446,18 @@ class IngestStage:
         notice = plan.bot.moderation.inbound == "notice"
         plan.notice = "moderated" if notice else None
         outcome = "noticed" if notice else "dropped"
-        metrics.MODERATION.labels(message.platform, message.bot_id, "inbound", outcome, reason).inc()
-        log.info(
-            "ingest: %s message %s moderated (%s, %s)", message.conversation_key, message.message_id, reason, outcome
-        )
+
+        def decided() -> None:
+            metrics.MODERATION.labels(message.platform, message.bot_id, "inbound", outcome, reason).inc()
+            log.info(
+                "ingest: %s message %s moderated (%s, %s)",
+                message.conversation_key,
+                message.message_id,
+                reason,
+                outcome,
+            )
+
+        plan.decided = decided
 
     async def _blocked_notice(self, plan: _Plan) -> None:
         """A trigger the controls stopped, answered with its notice; marked seen once the broker
@@ -467,6 +492,7 @@ class IngestStage:
             return True
         plan.blocked = "moderated"
         self._count_moderated(plan, verdict.reason)
+        plan.count_decision()  # asked after admission found the message new
         return False
 
     async def close(self) -> None:

@@ -71,11 +71,12 @@ class TurnLimiter:
                 keys.append(self._key("inlimit-notice", bot, notice_ident(counter, request)))
         raw = await self.redis.run_script(_ADMIT_TURNS, keys, args)
         decisions = []
-        for windows, (allowed, over, notice) in zip(per_request, raw, strict=True):
+        for windows, (allowed, over, notice, again) in zip(per_request, raw, strict=True):
             if int(allowed):
                 decisions.append(ALLOWED)
             else:
-                decisions.append(LimitDecision(False, windows[int(over) - 1].scope, bool(int(notice))))
+                scope = windows[int(over) - 1].scope
+                decisions.append(LimitDecision(False, scope, bool(int(notice)), again=bool(int(again))))
         return decisions
 
 

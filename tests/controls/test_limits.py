@@ -70,7 +70,10 @@ async def test_a_replayed_message_gets_its_first_answer_and_counts_once(redis_ur
     first = await turns.admit([(BOT, limits, TurnRequest(f"m{i}", f"u{i}", "g")) for i in range(3)], now)
     replay = await turns.admit([(BOT, limits, TurnRequest(f"m{i}", f"u{i}", "g")) for i in range(3)], now)
     assert [d.outcome for d in first] == ["allowed", "allowed", "noticed"]
-    assert replay == first  # the notice decision too: the notice's stable id sends it once
+    # The notice decision too (the notice's stable id sends it once), marked as given before, so
+    # the metrics do not count it again.
+    assert [(d.allowed, d.scope, d.notice) for d in replay] == [(d.allowed, d.scope, d.notice) for d in first]
+    assert [d.again for d in first] == [False] * 3 and replay[2].again
 
 
 async def test_a_message_over_one_limit_is_not_counted_in_the_others(redis_url: str, redis_prefix: str) -> None:

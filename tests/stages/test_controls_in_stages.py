@@ -92,6 +92,44 @@ async def test_over_the_limit_dropped_or_held_in_the_window_commands_and_admins_
         await stage.state.redis.aclose()
 
 
+def rate_limited(outcome: str) -> float:
+    labels = {"platform": "console", "bot": "demo", "scope": "user", "outcome": outcome}
+    return REGISTRY.get_sample_value("switchboard_rate_limited_total", labels) or 0.0
+
+
+def moderated(outcome: str) -> float:
+    labels = {"platform": "console", "bot": "demo", "direction": "inbound", "outcome": outcome, "reason": "list"}
+    return REGISTRY.get_sample_value("switchboard_moderation_total", labels) or 0.0
+
+
+async def test_a_replayed_batch_counts_no_control_decision_twice(redis_url: str, redis_prefix: str) -> None:
+    """The limits' and moderation's metrics count each message once: a replay after a crash (its
+    messages seen, or its limits answered before the crash by another worker) counts nothing more,
+    and still gets its one notice under the same id."""
+    config = bot(
+        limits={"user_turns": {"count": 1, "per_seconds": 3600}},
+        moderation={"words": ["spam"], "inbound": "notice"},
+    )
+    crashed, _ = ingest(redis_url, redis_prefix, config)
+    stage, recorder = ingest(redis_url, redis_prefix, config)
+    before = {"noticed": rate_limited("noticed"), "limited": rate_limited("limited"), "mod": moderated("noticed")}
+    batch = [msg(1, "@bot one"), msg(2, "@bot two"), msg(3, "@bot three"), msg(4, "@bot spam")]
+    # A worker admits the batch and dies before any of its work ran (no turn, no notice, no mark).
+    await crashed.admit(batch)
+    # Its partition's new owner gets the same records: the limits give their first answers again.
+    assert await run(stage, recorder, batch) == [True, True, False, True]
+    assert len(recorder.notices()) == 2  # the limit's one notice, the moderation notice
+    # And the same batch once more, now that all of it is done (the turn produces again: dispatch,
+    # not here, marks a turn's message seen, and drops the repeat by its stable id).
+    assert await run(stage, recorder, batch) == [True, False, False, False]
+    assert len(recorder.notices()) == 2
+    assert rate_limited("noticed") - before["noticed"] == 1
+    assert rate_limited("limited") - before["limited"] == 1
+    assert moderated("noticed") - before["mod"] == 2  # decided by each worker: pure, no state to tell
+    await crashed.state.redis.aclose()
+    await stage.state.redis.aclose()
+
+
 async def test_a_moderated_trigger_starts_no_turn_and_chatter_stays_out_of_the_window(
     redis_url: str, redis_prefix: str
 ) -> None:
@@ -189,7 +227,7 @@ async def moderated_render(
 
 async def test_the_reply_is_moderated_after_validation_blocked_or_redacted(redis_url: str, redis_prefix: str) -> None:
     reply = {"segments": [{"type": "text", "data": {"text": "the Secret  Plan is ready"}}]}
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "agent.message", "id": "e1", "content": [{"type": "text", "text": json.dumps(reply)}]},
         {"type": "session.status_idle", "id": "e2", "stop_reason": {"type": "end_turn"}},
     ]
@@ -210,15 +248,15 @@ async def test_progress_im_tool_messages_and_quoted_tool_input_are_moderated_too
         labels = {"platform": "console", "bot": "demo", "direction": "outbound", "outcome": outcome, "reason": "list"}
         return REGISTRY.get_sample_value("switchboard_moderation_total", labels) or 0.0
 
-    progress = [
+    progress: list[dict[str, Any]] = [
         {"type": "agent.message", "id": "p1", "content": [{"type": "text", "text": "checking the secret plan now"}]},
         {"type": "agent.tool_use", "id": "p2", "name": "web_search", "input": {}, "evaluated_permission": "allow"},
     ]
-    im_tool = [
+    im_tool: list[dict[str, Any]] = [
         {"type": "agent.custom_tool_use", "id": "c1", "name": "im_send_message", "input": {"text": "secret plan: go"}},
         {"type": "session.status_idle", "id": "c2", "stop_reason": {"type": "requires_action", "event_ids": ["c1"]}},
     ]
-    confirmation = [
+    confirmation: list[dict[str, Any]] = [
         {
             "type": "agent.tool_use",
             "id": "a1",

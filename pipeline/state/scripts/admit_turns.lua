@@ -4,8 +4,8 @@
 -- (limit, window TTL in ms). KEYS per item: its seen marker, then n × (counter, notice marker).
 -- A message over a limit is not counted in any of its windows (a flooding user does not use up the
 -- chat's); the first message over a limit in a window sets that window's notice marker.
--- Returns per item {allowed 0|1, the counter over its limit (1..n, 0: none), notice 0|1}. A message
--- seen before (a replay) gets its first answer again and changes nothing.
+-- Returns per item {allowed 0|1, the counter over its limit (1..n, 0: none), notice 0|1, again 0|1}.
+-- A message seen before (a replay) gets its first answer again, with again = 1, and changes nothing.
 local items = tonumber(ARGV[1])
 local a, k = 2, 1
 local out = {}
@@ -15,7 +15,7 @@ for i = 1, items do
   local before = redis.call('GET', seen)
   if before then
     local allowed, over, notice = string.match(before, '^(%d):(%d+):(%d)$')
-    out[i] = {tonumber(allowed), tonumber(over), tonumber(notice)}
+    out[i] = {tonumber(allowed), tonumber(over), tonumber(notice), 1}
   else
     local over = 0
     for j = 1, n do
@@ -39,7 +39,7 @@ for i = 1, items do
     end
     local allowed = over == 0 and 1 or 0
     redis.call('SET', seen, allowed .. ':' .. over .. ':' .. notice, 'PX', seen_ttl)
-    out[i] = {allowed, over, notice}
+    out[i] = {allowed, over, notice, 0}
   end
   a = a + 2 + 2 * n
   k = k + 1 + 2 * n
