@@ -266,6 +266,11 @@ async def bare_turn_for(
         f"wait {out['ratio_overhead_excluding_busy_wait_p99']}"
     )
     log(
+        f"per message: messages per turn at the max, pipeline {out['pipeline_msgs_per_turn_at_max']}, bare "
+        f"{out['bare_turn_msgs_per_turn_at_max']}; highest offered rate passed, pipeline ÷ bare "
+        f"{out['ratio_max_inbound_msgs']}; bare / pipeline CPU per inbound message {out['ratio_cpu_per_inbound_msg']}"
+    )
+    log(
         format_breakdown(
             out["hop_breakdown"],
             f"hop breakdown at {args.rate:g} msg/s on {bs.broker_kind}, ms (pipeline vs bare turn; ratio = "
@@ -306,8 +311,10 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
     def ratio(a: float | None, b: float | None) -> float | None:
         return _ratio(a, b, 3)
 
+    pipeline_ramp = pipeline.get("max") or {}
     return {
         **same_rate_latency_ratios(load.get("latency_ms") or {}, same.get("latency_ms") or {}),
+        **message_ratios(load, same, pipeline_ramp, bare_ramp),
         "bare_turn_turns_per_s": bare_tps,
         "bare_turn_max_turns_per_s": bare_max,
         "bare_turn_cpu_ms_per_turn": bare_cpu,
@@ -319,6 +326,34 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         "ratio_turns_to_bare_turn_max": ratio(pipeline_best, bare_max),
         "ratio_turns_basis": basis,
         "ratio_cpu_per_turn": ratio(bare_cpu, pipeline_cpu),
+    }
+
+
+def message_ratios(
+    load: dict[str, Any], same: dict[str, Any], pipeline_ramp: dict[str, Any], bare_ramp: dict[str, Any]
+) -> dict[str, Any]:
+    """The same comparison per message. Turns/s and CPU per turn depend on how many messages a turn
+    answers: where one side merges more of a chat's messages into a turn (ingest's merge, a busier
+    hold), it makes fewer turns of the same messages, and its turns/s falls while it does no less.
+    So: messages per turn at each side's max; the highest offered rate each ramp passed (messages/s);
+    and worker CPU per inbound message at the same offered rate (bare ÷ pipeline, like CPU per turn)."""
+
+    def at_max(ramp: dict[str, Any]) -> float | None:
+        steps = ramp.get("steps") or []
+        best = max(steps, key=lambda s: s.get("turns_per_s") or 0.0) if steps else {}
+        return _ratio(best.get("inbound_msgs_per_s"), best.get("turns_per_s"), 2)
+
+    pipeline_msg_cpu = (load.get("cpu") or {}).get("worker_ms_per_inbound_msg")
+    bare_msg_cpu = (same.get("cpu") or {}).get("worker_ms_per_inbound_msg")
+    pipeline_max_msgs = pipeline_ramp.get("max_inbound_msgs_per_s")
+    bare_max_msgs = bare_ramp.get("max_inbound_msgs_per_s")
+    return {
+        "pipeline_msgs_per_turn_at_max": at_max(pipeline_ramp),
+        "bare_turn_msgs_per_turn_at_max": at_max(bare_ramp),
+        "pipeline_max_inbound_msgs_per_s": pipeline_max_msgs,
+        "bare_turn_max_inbound_msgs_per_s": bare_max_msgs,
+        "ratio_max_inbound_msgs": _ratio(pipeline_max_msgs, bare_max_msgs, 3),
+        "ratio_cpu_per_inbound_msg": _ratio(bare_msg_cpu, pipeline_msg_cpu, 3),
     }
 
 

@@ -188,3 +188,35 @@ def test_latency_ratios_compare_each_kafka_hop_and_the_overhead_with_the_bare_tu
     assert r["ratio_overhead_excluding_busy_wait_p99"] == 0.8
     empty = bare_turn_ratios({}, {})
     assert empty["ratio_hop_p50_max"] is None and empty["ratio_overhead_excluding_busy_wait_p99"] is None
+
+
+def test_message_ratios_show_a_side_that_answers_the_same_messages_in_fewer_turns() -> None:
+    """As in a measured run: both ramps pass 854 msg/s, the pipeline in fewer, larger turns (its
+    turns/s ratio is 0.8), and it passes one step more; per message it is not behind."""
+
+    def step(rate: float, turns: float) -> dict[str, Any]:
+        return {"offered_msgs_per_s": rate, "inbound_msgs_per_s": rate, "turns_per_s": turns}
+
+    pipeline = {
+        "load": {"cpu": {"worker_ms_per_inbound_msg": 0.8, "worker_ms_per_turn": 4.0}},
+        "max": {
+            "steps": [step(569.5, 196.6), step(854.3, 213.6), step(1281.4, 209.6)],
+            "max_turns_per_s": 213.6,
+            "max_inbound_msgs_per_s": 1281.4,
+        },
+    }
+    bare = {
+        "same_rate": {"cpu": {"worker_ms_per_inbound_msg": 0.6, "worker_ms_per_turn": 2.0}},
+        "max": {
+            "steps": [step(569.5, 215.5), step(854.3, 267.0)],
+            "max_turns_per_s": 267.0,
+            "max_inbound_msgs_per_s": 854.3,
+        },
+    }
+    r = bare_turn_ratios(pipeline, bare)
+    assert r["ratio_turns_to_bare_turn_max"] == 0.8
+    assert (r["pipeline_msgs_per_turn_at_max"], r["bare_turn_msgs_per_turn_at_max"]) == (4.0, 3.2)
+    assert r["ratio_max_inbound_msgs"] == 1.5
+    assert r["ratio_cpu_per_inbound_msg"] == 0.75 and r["ratio_cpu_per_turn"] == 0.5
+    empty = bare_turn_ratios({}, {})
+    assert empty["ratio_max_inbound_msgs"] is None and empty["pipeline_msgs_per_turn_at_max"] is None
