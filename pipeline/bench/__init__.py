@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"seconds of load per phase (default {LOAD_DURATION:g}; with --soak the whole soak, {SOAK_DURATION:g})",
     )
+    p.add_argument(
+        "--warm-load",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds of unmeasured load at the offered rate before the measured phases (fixed mode and "
+        "--flood): Apache Kafka's JVM compiles its hot paths in its first minute, on the same cores, and "
+        "would slow whichever phase runs first (default 30 on --broker kafka, 0 on Tansu)",
+    )
     p.add_argument("--conversations", type=int, default=200)
     p.add_argument("--private-share", type=float, default=0.3, help="share of conversations that are private")
     p.add_argument("--filtered-share", type=float, default=0.8, help="share of group messages without @bot")

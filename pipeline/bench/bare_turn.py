@@ -178,6 +178,8 @@ class BareTurnTarget:
             "ingested": float(stats.get("ingested", 0)),
             "streams_open": float(stats.get("streams_open", 0)),
             "redis_round_trips": math.nan,
+            "loop_lag_seconds": float(stats.get("loop_lag_us", 0)) / 1e6,
+            "loop_lag_samples": float(stats.get("loop_lag_samples", 0)),
         }
 
     async def watch_deliveries(self, bot: str) -> _Watch:
@@ -268,7 +270,9 @@ async def bare_turn_for(
     log(
         f"per message: messages per turn at the max, pipeline {out['pipeline_msgs_per_turn_at_max']}, bare "
         f"{out['bare_turn_msgs_per_turn_at_max']}; highest offered rate passed, pipeline ÷ bare "
-        f"{out['ratio_max_inbound_msgs']}; bare / pipeline CPU per inbound message {out['ratio_cpu_per_inbound_msg']}"
+        f"{out['ratio_max_inbound_msgs']}; bare / pipeline CPU per inbound message {out['ratio_cpu_per_inbound_msg']}; "
+        f"event-loop lag mean, pipeline {out['pipeline_loop_lag_mean_ms']} ms, "
+        f"bare {out['bare_turn_loop_lag_mean_ms']} ms"
     )
     log(
         format_breakdown(
@@ -348,6 +352,10 @@ def message_ratios(
     pipeline_max_msgs = pipeline_ramp.get("max_inbound_msgs_per_s")
     bare_max_msgs = bare_ramp.get("max_inbound_msgs_per_s")
     return {
+        # What a ready callback waits for its worker's loop, on average, at the same offered rate:
+        # every await on a reply (a produce's acknowledgement, a fetch, Redis) pays it.
+        "pipeline_loop_lag_mean_ms": (load.get("cpu") or {}).get("worker_loop_lag_mean_ms"),
+        "bare_turn_loop_lag_mean_ms": (same.get("cpu") or {}).get("worker_loop_lag_mean_ms"),
         "pipeline_msgs_per_turn_at_max": at_max(pipeline_ramp),
         "bare_turn_msgs_per_turn_at_max": at_max(bare_ramp),
         "pipeline_max_inbound_msgs_per_s": pipeline_max_msgs,

@@ -43,6 +43,8 @@ from aiokafka.errors import KafkaError
 from pipeline.errors import SwitchboardError
 from pipeline.hopstamps import AckJoin
 
+LOOP_PROBE_SECONDS = 0.1  # the pipeline's LoopWatch interval
+
 
 def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
@@ -125,6 +127,7 @@ class BareWorker:
         for tp in tps:  # resolve the lazy seek now: records produced from here on are read
             await self.consumer.position(tp)
         self._consume_task = asyncio.create_task(self._consume())
+        self._spawn(self._watch_loop())
         self.ready = True
 
     async def stop(self) -> None:
@@ -139,6 +142,16 @@ class BareWorker:
         for http in (self.session_http, self.platform_http):
             if http is not None:
                 await http.close()
+
+    async def _watch_loop(self) -> None:
+        """How late a 100 ms timer fires, as the pipeline's `LoopWatch` measures it: what any ready
+        callback waits for the loop, summed for the bench (`loop_lag_us`, `loop_lag_samples`)."""
+        while True:
+            started = time.perf_counter()
+            await asyncio.sleep(LOOP_PROBE_SECONDS)
+            lag = max(0.0, time.perf_counter() - started - LOOP_PROBE_SECONDS)
+            self.stats["loop_lag_us"] += int(lag * 1e6)
+            self.stats["loop_lag_samples"] += 1
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

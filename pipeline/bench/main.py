@@ -308,10 +308,24 @@ def _named_excess(bare: dict[str, Any], stat: str) -> str | None:
     return ", ".join(f"{f['part']} +{f[f'excess_{stat}_ms']} ms" for f in found) or None
 
 
+def warm_load_seconds(args: argparse.Namespace, broker_kind: str) -> float:
+    """`--warm-load`, or its default: 30 s on Apache Kafka (a fresh JVM spends its first minute
+    compiling, on the cores the phases share: measured, the first phase paid it), none on Tansu."""
+    chosen: float | None = getattr(args, "warm_load", None)
+    if chosen is not None:
+        return max(0.0, chosen)
+    return 30.0 if broker_kind == "kafka" else 0.0
+
+
 async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any], name: str, out_dir: Path) -> None:
     mix = mix_from(args)
     log(f"warm-up: {mix.conversations} conversations")
     await warm_up(bs, mix)
+    warm_load = warm_load_seconds(args, bs.broker_kind) if args.mode != "max" else 0.0
+    result["warm_load_s"] = warm_load
+    if warm_load > 0:
+        log(f"warm-up: {warm_load:g} s of load at {args.rate:g} msg/s, not measured (--warm-load)")
+        await run_phase(bs, mix, args.rate, warm_load, label="warm-load", seed=2)
     if args.flood:  # the fairness scenario alone (pipeline/bench/flood.py)
         from pipeline.bench.flood import flood_run
 

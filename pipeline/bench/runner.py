@@ -380,6 +380,7 @@ def _live_bot(data: Any) -> str | None:
 
 REDIS_ROUND_TRIPS = "switchboard_redis_round_trips_total"
 LOOP_STALLS = "switchboard_event_loop_stalls_total"  # the worker's event loop held for 1 s or more
+LOOP_LAG = "switchboard_event_loop_lag_seconds"  # how late a 100 ms timer fired (pipeline/worker/loopwatch.py)
 
 
 async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, float]:
@@ -387,6 +388,7 @@ async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, 
     totals = dict.fromkeys(("ingested", "filtered", "triggered", "streams_open", "egress_sent"), 0.0)
     totals["redis_round_trips"] = math.nan
     totals["loop_stalls"] = math.nan
+    totals["loop_lag_seconds"] = totals["loop_lag_samples"] = 0.0
     for url in bs.urls():
         m = await scrape_metrics(url, http)
         filtered = metric_sum(m, "switchboard_inbound_filtered_total")
@@ -400,10 +402,20 @@ async def worker_counters(bs: BenchStack, http: httpx.AsyncClient) -> dict[str, 
         if any(key.partition("{")[0] == REDIS_ROUND_TRIPS for key in m):
             counted = 0.0 if math.isnan(totals["redis_round_trips"]) else totals["redis_round_trips"]
             totals["redis_round_trips"] = counted + metric_sum(m, REDIS_ROUND_TRIPS)
+        totals["loop_lag_seconds"] += metric_sum(m, LOOP_LAG + "_sum")
+        totals["loop_lag_samples"] += metric_sum(m, LOOP_LAG + "_count")
         if any(key.partition("{")[0] == LOOP_STALLS for key in m):
             counted = 0.0 if math.isnan(totals["loop_stalls"]) else totals["loop_stalls"]
             totals["loop_stalls"] = counted + metric_sum(m, LOOP_STALLS)
     return totals
+
+
+def mean_lag_ms(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The workers' mean event-loop lag between two `counters` readings (None without samples)."""
+    samples = after.get("loop_lag_samples", 0.0) - before.get("loop_lag_samples", 0.0)
+    if samples <= 0:
+        return None
+    return round((after.get("loop_lag_seconds", 0.0) - before.get("loop_lag_seconds", 0.0)) / samples * 1000, 3)
 
 
 @dataclass
@@ -614,6 +626,8 @@ async def run_phase(
             "bench_process_seconds": round(self1 - self0, 2),
             "generator_behind_max_ms": round(gen_stats.behind_max_ms, 1),
             "worker_loop_stalls": _delta_or_none(w0.get("loop_stalls", math.nan), w1.get("loop_stalls", math.nan)),
+            # What a ready callback waited for the loop, on average (every await on a reply pays it).
+            "worker_loop_lag_mean_ms": mean_lag_ms(w0, w1),
         },
         "memory": {"worker_rss_mib": {n: round(rss_mib(p), 1) for n, p in pids_end.items() if n.startswith("worker")}},
         "redis": _redis_figures(

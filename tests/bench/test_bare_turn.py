@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from pipeline.bench.bare_turn import PlatformStandIn, bare_turn_ratios
 from pipeline.bench.bare_worker import BareConfig, BareWorker, read_until_idle, reply_segments
+from pipeline.bench.runner import mean_lag_ms
 from pipeline.sim.server import SimServer
 
 API_KEY = "bare-test-key"
@@ -198,7 +199,7 @@ def test_message_ratios_show_a_side_that_answers_the_same_messages_in_fewer_turn
         return {"offered_msgs_per_s": rate, "inbound_msgs_per_s": rate, "turns_per_s": turns}
 
     pipeline = {
-        "load": {"cpu": {"worker_ms_per_inbound_msg": 0.8, "worker_ms_per_turn": 4.0}},
+        "load": {"cpu": {"worker_ms_per_inbound_msg": 0.8, "worker_ms_per_turn": 4.0, "worker_loop_lag_mean_ms": 1.5}},
         "max": {
             "steps": [step(569.5, 196.6), step(854.3, 213.6), step(1281.4, 209.6)],
             "max_turns_per_s": 213.6,
@@ -218,5 +219,25 @@ def test_message_ratios_show_a_side_that_answers_the_same_messages_in_fewer_turn
     assert (r["pipeline_msgs_per_turn_at_max"], r["bare_turn_msgs_per_turn_at_max"]) == (4.0, 3.2)
     assert r["ratio_max_inbound_msgs"] == 1.5
     assert r["ratio_cpu_per_inbound_msg"] == 0.75 and r["ratio_cpu_per_turn"] == 0.5
+    assert (r["pipeline_loop_lag_mean_ms"], r["bare_turn_loop_lag_mean_ms"]) == (1.5, None)
     empty = bare_turn_ratios({}, {})
     assert empty["ratio_max_inbound_msgs"] is None and empty["pipeline_msgs_per_turn_at_max"] is None
+
+
+def test_the_mean_loop_lag_is_taken_between_two_readings() -> None:
+    before = {"loop_lag_seconds": 1.0, "loop_lag_samples": 100.0}
+    after = {"loop_lag_seconds": 1.3, "loop_lag_samples": 300.0}
+    assert mean_lag_ms(before, after) == 1.5
+    assert mean_lag_ms(after, after) is None and mean_lag_ms({}, {}) is None
+
+
+def test_the_warm_load_defaults_to_half_a_minute_on_kafka_only() -> None:
+    from argparse import Namespace
+
+    from pipeline.bench.main import warm_load_seconds
+
+    assert warm_load_seconds(Namespace(warm_load=None), "kafka") == 30.0
+    assert warm_load_seconds(Namespace(warm_load=None), "tansu") == 0.0
+    assert warm_load_seconds(Namespace(warm_load=None), "attached") == 0.0
+    assert warm_load_seconds(Namespace(warm_load=5.0), "tansu") == 5.0
+    assert warm_load_seconds(Namespace(warm_load=-1.0), "kafka") == 0.0
