@@ -58,6 +58,7 @@ from pipeline.stages.ingest import IngestStage, member_names
 from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs, Send
+from pipeline.stages.refused_early import EarlyRefusals, RefusalBroadcast
 from pipeline.stages.render import RenderStage
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
@@ -238,7 +239,9 @@ class Runtime:
         }
         self.deadlines = ReplyDeadlines(s, self.state, self.outputs, self.notifier, self.platforms)
         self.inbound_media = InboundMedia(self.platforms, self.http, self._guarded_fetch, s.media_max_bytes)
-        self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt)
+        # The triggers ingest finds over a turn limit, dropped by this worker's edge as they come in.
+        self.refusals = EarlyRefusals()
+        self.ingest = IngestStage(s, self.state, self.outputs, self.notifier, self._prompt, refusals=self.refusals)
         self.dispatch = DispatchStage(
             s,
             self.state,
@@ -281,12 +284,22 @@ class Runtime:
             socket_connect_timeout=5,
         )
         self.connections: Connections = open_connections(
-            s, self.state.redis, self.blocking_redis, self._send, self.outputs, holder=INSTANCE_ID
+            s,
+            self.state.redis,
+            self.blocking_redis,
+            self._send,
+            self.outputs,
+            holder=INSTANCE_ID,
+            refusals=self.refusals,
         )
         onebot = self.platforms.get("onebot")
         if isinstance(onebot, OneBotPlatform):
             onebot.bind(self.connections.router)
         await self.connections.start()
+        self.refusal_broadcast = RefusalBroadcast(
+            self.refusals, self.state.redis, self.blocking_redis, f"{s.redis_prefix}refused-early"
+        )
+        self.refusal_broadcast.start()
         # Every worker checks the reply deadlines (a claim gives each due turn to one of them).
         self._deadline_check = (
             asyncio.create_task(self.deadlines.run(), name="reply-deadlines") if self.deadlines.watching else None
@@ -304,6 +317,7 @@ class Runtime:
             outputs=self.outputs,
             ready=self.ready,
             add_routes=lambda app: add_connection_routes(app, self.connections),
+            refusals=self.refusals,
         )
         self.web_port = await self.web.start(host, port)
         return self.web_port
@@ -318,6 +332,7 @@ class Runtime:
             self._deadline_check.cancel()
             await asyncio.gather(self._deadline_check, return_exceptions=True)
         await self.connections.stop()
+        await self.refusal_broadcast.stop()
         await self.blocking_redis.aclose()
         await self.streams.close()
         await self.session_client.aclose()

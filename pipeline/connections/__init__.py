@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.refused_early import EarlyRefusals
 from pipeline.state import ConnectionStore, Keys, RedisClient, RedisPy
 
 from ._actions import ActionRouter
@@ -44,14 +45,22 @@ def transports() -> dict[tuple[str, str], Transport]:
 
 
 def open_connections(
-    settings: Settings, redis: RedisClient, blocking: RedisPy, send: Send, outputs: Outputs, *, holder: str
+    settings: Settings,
+    redis: RedisClient,
+    blocking: RedisPy,
+    send: Send,
+    outputs: Outputs,
+    *,
+    holder: str,
+    refusals: EarlyRefusals | None = None,
 ) -> Connections:
     """A worker's `Connections` over the stores' Redis client, a redis-py client of its own for the
-    blocking waits, and the producer (`send`: queued, returning the broker's acknowledgement)."""
+    blocking waits, and the producer (`send`: queued, returning the broker's acknowledgement);
+    `refusals`: the triggers its ingest found over a limit, dropped as their frames come in."""
     store = ConnectionStore(
         redis, blocking, Keys(settings.redis_prefix, cluster=redis.cluster), done_ttl=settings.dedup_ttl_seconds
     )
-    sink = InboundSink(send, outputs, patience=settings.connection_produce_patience_seconds)
+    sink = InboundSink(send, outputs, patience=settings.connection_produce_patience_seconds, refusals=refusals)
     return Connections(settings, store, sink, holder=holder, transports=transports())
 
 

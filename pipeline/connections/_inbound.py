@@ -20,6 +20,7 @@ from pipeline.platforms import Platform, WebhookRejected, WebhookRequest
 from pipeline.records import now_ms
 from pipeline.settings import BotConfig
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.refused_early import EarlyRefusals
 from pipeline.topics import IM_INBOUND
 
 from .base import FrameOutcome
@@ -36,10 +37,13 @@ _RETRY_CAP = 5.0
 
 
 class InboundSink:
-    def __init__(self, send: Send, outputs: Outputs, *, patience: float = 30.0) -> None:
+    def __init__(
+        self, send: Send, outputs: Outputs, *, patience: float = 30.0, refusals: EarlyRefusals | None = None
+    ) -> None:
         self._send = send
         self._outputs = outputs
         self._patience = patience  # seconds a frame's produce is retried before it is given up
+        self._refusals = refusals  # triggers this worker's ingest found over a limit: dropped here
 
     async def submit(self, bot: BotConfig, platform: Platform, body: bytes) -> Awaitable[FrameOutcome]:
         received = now_ms()
@@ -56,7 +60,11 @@ class InboundSink:
         if not result.messages:
             metrics.CONNECTION_FRAMES.labels(bot.platform, result.ignored or "ignored").inc()
             return _done(FrameOutcome(ignored=result.ignored or "ignored"))
-        records = [(m.conversation_key, m.model_dump_json().encode()) for m in result.messages]
+        messages = result.messages if self._refusals is None else self._refusals.screen(bot, result.messages)
+        if not messages:
+            metrics.CONNECTION_FRAMES.labels(bot.platform, "rate_limited").inc()
+            return _done(FrameOutcome(ignored="rate_limited"))
+        records = [(m.conversation_key, m.model_dump_json().encode()) for m in messages]
         acks = [await self._send(IM_INBOUND, key, value) for key, value in records]
         return asyncio.ensure_future(self._acknowledged(bot, records, acks))
 

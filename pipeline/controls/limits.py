@@ -50,6 +50,9 @@ class LimitsConfig(BaseModel):
         configured = (self.user_turns, self.chat_turns, self.bot_turns)
         return [(scope, window) for scope, window in zip(_SCOPES, configured, strict=True) if window is not None]
 
+    def window(self, scope: LimitScope) -> LimitWindow | None:
+        return self.user_turns if scope == "user" else self.chat_turns if scope == "chat" else self.bot_turns
+
     @property
     def active(self) -> bool:
         return any(w is not None for w in (self.user_turns, self.chat_turns, self.bot_turns))

@@ -40,6 +40,7 @@ from ._turns import merge_turns
 from .inbound_media import fetches_media, media_marker
 from .notify import Notifier
 from .outputs import Outputs
+from .refused_early import EarlyRefusals
 from .work import Remaining, SharedWork, run_remaining
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,8 @@ class IngestStage:
         outputs: Outputs,
         notifier: Notifier,
         prompt: PromptBuilder,
+        *,
+        refusals: EarlyRefusals | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
@@ -201,6 +204,8 @@ class IngestStage:
             state.markers, settings.group_context_size, linger=settings.ingest_admission_linger_ms / 1000
         )
         self.limiter = TurnLimiter(state.redis, state.keys)
+        # What this worker found over a limit, for its edge to drop before it is a record.
+        self.refusals = refusals
         self._hook_client: httpx.AsyncClient | None = None
 
     async def handle(self, message: InboundMessage) -> None:
@@ -251,7 +256,7 @@ class IngestStage:
             # bots with limits pay it.
             decisions = await self.limiter.admit([_turn_request(p) for p in limited], clock)
             for limited_plan, decision in zip(limited, decisions, strict=True):
-                self._apply_limit(limited_plan, decision)
+                self._apply_limit(limited_plan, decision, clock)
         for each in plans:
             if each is None or each.bot is None:
                 continue
@@ -419,14 +424,16 @@ class IngestStage:
         settled.add(plan, result, now)
         settled.count()
 
-    def _apply_limit(self, plan: _Plan, decision: LimitDecision) -> None:
+    def _apply_limit(self, plan: _Plan, decision: LimitDecision, clock: int) -> None:
         if decision.allowed or plan.bot is None:
             return
         message = plan.message
         plan.blocked = "rate_limited"
         plan.notice = "rate_limited" if decision.notice and plan.bot.limits.notice else None
         if decision.again:
-            return  # counted and logged when the limits first answered it
+            return  # counted and logged when the limits first answered it (maybe in an earlier window)
+        if self.refusals is not None and decision.scope is not None:
+            self.refusals.note(plan.bot, message, decision.scope, clock)
 
         def decided() -> None:
             metrics.RATE_LIMITED.labels(message.platform, message.bot_id, decision.scope or "", decision.outcome).inc()

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from pipeline.settings import Settings
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.refused_early import EarlyRefusals
 from pipeline.state import ConsoleStore
 
 from ._hub import ConsoleHub
@@ -31,6 +32,8 @@ class WebDeps:
     outputs: Outputs
     ready: Callable[[], Awaitable[dict[str, bool]]]
     console: ConsoleDeps | None = None  # set when the console is enabled
+    # The triggers this worker's ingest found over a limit: dropped once parsed (a worker's own).
+    refusals: EarlyRefusals | None = None
 
 
 DEPS = web.AppKey("deps", WebDeps)

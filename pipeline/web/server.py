@@ -34,6 +34,7 @@ from pipeline.platforms.console import bearer_ok
 from pipeline.records import InboundMessage, now_ms
 from pipeline.settings import BotConfig, Settings
 from pipeline.stages.outputs import Outputs
+from pipeline.stages.refused_early import EarlyRefusals
 from pipeline.state import ConsoleStore, Keys, RedisClient, close_redis_py, redis_py_client
 from pipeline.topics import IM_INBOUND
 
@@ -88,9 +89,10 @@ class WebServer:
         outputs: Outputs,
         ready: Callable[[], Awaitable[dict[str, bool]]],
         add_routes: Callable[[web.Application], None] | None = None,
+        refusals: EarlyRefusals | None = None,
     ) -> None:
         self.settings = settings
-        self.deps = WebDeps(settings=settings, produce=produce, outputs=outputs, ready=ready)
+        self.deps = WebDeps(settings=settings, produce=produce, outputs=outputs, ready=ready, refusals=refusals)
         self._add_routes = add_routes  # more routes (long connections: pipeline/web/connections.py)
         self.port: int | None = None
         self._runner: GuardedAppRunner | None = None
@@ -204,10 +206,12 @@ async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire
         await asyncio.shield(_dead_letter(deps, "parser_error", wire.body, repr(exc)[:500], dead_letter_key))
         return Reply.json({"error": "parser_error"}, status=400)
     if result.messages:
-        # Shielded: a client that hangs up does not cut the produce short (it retries, and ingest
-        # drops the duplicate).
-        await asyncio.shield(_produce(deps, result.messages))
-        metrics.child(metrics.INBOUND_ACCEPTED, platform_name).inc(len(result.messages))
+        messages = result.messages if deps.refusals is None else deps.refusals.screen(bot, result.messages)
+        if messages:
+            # Shielded: a client that hangs up does not cut the produce short (it retries, and
+            # ingest drops the duplicate).
+            await asyncio.shield(_produce(deps, messages))
+            metrics.child(metrics.INBOUND_ACCEPTED, platform_name).inc(len(messages))
         metrics.child(metrics.WEBHOOKS, platform_name, "accepted").inc()
     else:
         metrics.child(metrics.WEBHOOKS, platform_name, result.ignored or "ignored").inc()
