@@ -330,6 +330,10 @@ def bare_turn_ratios(pipeline: dict[str, Any], bare: dict[str, Any]) -> dict[str
         "ratio_turns_to_bare_turn_max": ratio(pipeline_best, bare_max),
         "ratio_turns_basis": basis,
         "ratio_cpu_per_turn": ratio(bare_cpu, pipeline_cpu),
+        # What a ready callback waits for its worker's loop, on average, at the same offered rate:
+        # every await on a reply (a produce's acknowledgement, a fetch, Redis) pays it.
+        "pipeline_loop_lag_mean_ms": (load.get("cpu") or {}).get("worker_loop_lag_mean_ms"),
+        "bare_turn_loop_lag_mean_ms": (same.get("cpu") or {}).get("worker_loop_lag_mean_ms"),
     }
 
 
@@ -352,10 +356,6 @@ def message_ratios(
     pipeline_max_msgs = pipeline_ramp.get("max_inbound_msgs_per_s")
     bare_max_msgs = bare_ramp.get("max_inbound_msgs_per_s")
     return {
-        # What a ready callback waits for its worker's loop, on average, at the same offered rate:
-        # every await on a reply (a produce's acknowledgement, a fetch, Redis) pays it.
-        "pipeline_loop_lag_mean_ms": (load.get("cpu") or {}).get("worker_loop_lag_mean_ms"),
-        "bare_turn_loop_lag_mean_ms": (same.get("cpu") or {}).get("worker_loop_lag_mean_ms"),
         "pipeline_msgs_per_turn_at_max": at_max(pipeline_ramp),
         "bare_turn_msgs_per_turn_at_max": at_max(bare_ramp),
         "pipeline_max_inbound_msgs_per_s": pipeline_max_msgs,

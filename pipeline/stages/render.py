@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline import metrics
-from pipeline.controls.moderation import REDACTED, moderate_reply
+from pipeline.controls.moderation import REDACTED, ModeratedReply, moderate_reply
 from pipeline.controls.usage import UsageBudgets
 from pipeline.records import (
     OutboundKind,
@@ -483,9 +483,7 @@ class RenderStage:
         moderated = moderate_reply(bot.moderation, texts)
         if not moderated.hits:
             return segments
-        outcome = "blocked" if moderated.blocked else "redacted"
-        metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
-        log.info("%s of %s: %d moderation hit(s), %s", what, record.conversation_key, moderated.hits, outcome)
+        _count_outbound(bot, record, moderated, what)
         if moderated.blocked:
             return []
         out = list(segments)
@@ -506,9 +504,7 @@ class RenderStage:
         moderated = moderate_reply(bot.moderation, [text])
         if not moderated.hits:
             return text
-        outcome = "blocked" if moderated.blocked else "redacted"
-        metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
-        log.info("tool input of %s: %d moderation hit(s), %s", record.conversation_key, moderated.hits, outcome)
+        _count_outbound(bot, record, moderated, "tool input")
         return REDACTED if moderated.blocked else moderated.texts[0]
 
     async def _turn_over(
@@ -651,6 +647,13 @@ class RenderStage:
 _IM_TOOL_BLOCKED = "Not sent: the message was withheld by the chat's content rules."
 _TOOL_INPUT_CHARS = 200  # of the tool input quoted in a confirmation prompt
 _TOOL_INPUTS_QUOTED = 3  # calls whose input a confirmation prompt quotes (the rest are counted)
+
+
+def _count_outbound(bot: BotConfig, record: SessionEventRecord, moderated: ModeratedReply, what: str) -> None:
+    """An outbound moderation decision with hits: counted, and logged without the text."""
+    outcome = "blocked" if moderated.blocked else "redacted"
+    metrics.MODERATION.labels(bot.platform, bot.bot_id, "outbound", outcome, "list").inc()
+    log.info("%s of %s: %d moderation hit(s), %s", what, record.conversation_key, moderated.hits, outcome)
 
 
 def _shortened(text: str, limit: int) -> str:
