@@ -20,21 +20,18 @@ a few milliseconds off never refuses a message the next window would take.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
-from redis.asyncio.client import PubSub
-
 from pipeline import metrics
 from pipeline.addressing import parse_chat_command, trigger_reason
 from pipeline.controls.limits import LimitScope
 from pipeline.records import InboundMessage
 from pipeline.settings import BotConfig
-from pipeline.state import RedisClient, RedisPy, pubsub
+from pipeline.state import RedisClient, RedisPy, listen
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +40,7 @@ log = logging.getLogger(__name__)
 _Key = tuple[str, LimitScope, str]
 _SCOPES: tuple[str, ...] = get_args(LimitScope)
 _LONGEST_MS = 32 * 86_400_000  # past the longest window (31 days): not an entry of ours
+_POLL_SECONDS = 1.0  # the subscription's reads: how soon a stop is seen if a cancellation is not
 
 
 class EarlyRefusals:
@@ -161,6 +159,7 @@ class RefusalBroadcast:
         self.subscribed = asyncio.Event()
         self._publishing: set[asyncio.Task[Any]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def start(self) -> None:
         self.refusals.on_noted = self._publish
@@ -168,11 +167,16 @@ class RefusalBroadcast:
 
     async def stop(self) -> None:
         self.refusals.on_noted = None
-        tasks = [*self._publishing, *([self._task] if self._task is not None else [])]
-        for task in tasks:
+        self._closed = True
+        for publishing in self._publishing:
+            publishing.cancel()
+        await asyncio.gather(*self._publishing, return_exceptions=True)
+        task, self._task = self._task, None
+        if task is not None:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._task = None
+            # redis-py can absorb a cancellation inside a read (the read then returns nothing), so
+            # the loop also ends by itself within a poll once it sees `_closed`.
+            await asyncio.wait({task}, timeout=_POLL_SECONDS + 2)
 
     def _publish(self, entry: str) -> None:
         task = asyncio.create_task(self.redis.execute("PUBLISH", self.channel, entry))
@@ -185,27 +189,20 @@ class RefusalBroadcast:
             log.warning("refused early: publishing an entry failed (%s)", type(task.exception()).__name__)
 
     async def _listen(self) -> None:
-        backoff = 0.2
-        while True:
-            subscription: PubSub | None = None
-            try:
-                subscription = await pubsub(self.subscriber)
-                await subscription.subscribe(self.channel)
-                self.subscribed.set()
-                backoff = 0.2
-                while True:
-                    message = await subscription.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if message is not None and message.get("type") == "message":
-                        if not self.refusals.learn(message["data"], int(time.time() * 1000)):
-                            log.warning("refused early: not an entry on %s; ignored", self.channel)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("refused early: subscription lost (%s); resubscribing", type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                self.subscribed.clear()
-                if subscription is not None:
-                    with contextlib.suppress(Exception):
-                        await subscription.aclose()
+        await listen(
+            self.subscriber,
+            self.channel,
+            self._learn,
+            subscribed=self.subscribed,
+            on_lost=self._lost,
+            running=lambda: not self._closed,
+            poll_seconds=_POLL_SECONDS,
+        )
+
+    def _learn(self, entry: str | bytes) -> None:
+        if not self.refusals.learn(entry, int(time.time() * 1000)):
+            log.warning("refused early: not an entry on %s; ignored", self.channel)
+
+    @staticmethod
+    def _lost(exc: Exception) -> None:
+        log.warning("refused early: subscription lost (%s); resubscribing", type(exc).__name__)

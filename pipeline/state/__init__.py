@@ -44,7 +44,7 @@ from pipeline.state.models import (
     TurnStart,
     context_entry_json,
 )
-from pipeline.state.redis_py import RedisPy, close_redis_py, pubsub, redis_py_client, redis_py_pool
+from pipeline.state.redis_py import RedisPy, close_redis_py, listen, pubsub, redis_py_client, redis_py_pool
 from pipeline.state.redis_url import parse_redis_url
 from pipeline.state.streams import StreamStore
 
@@ -127,6 +127,7 @@ __all__ = [
     "TurnStart",
     "close_redis_py",
     "context_entry_json",
+    "listen",
     "message_seq",
     "note_message",
     "parse_redis_url",

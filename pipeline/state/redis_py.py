@@ -15,6 +15,9 @@ Only redis-py's public API and its documented points of extension are used: the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
@@ -215,6 +218,46 @@ async def pubsub(client: RedisPy) -> PubSub:
     return client.pubsub(ignore_subscribe_messages=True)
 
 
+async def listen(
+    client: RedisPy,
+    channel: str,
+    on_message: Callable[[Any], None],
+    *,
+    subscribed: asyncio.Event,
+    on_lost: Callable[[Exception], None],
+    running: Callable[[], bool] = lambda: True,
+    poll_seconds: float = 1.0,
+) -> None:
+    """Subscribe to `channel` and hand each message's data to `on_message`, while `running()`.
+    After a break (or an error from `on_message`) `subscribed` is cleared, `on_lost` told, and it
+    subscribes again (after 0.2 s, doubling to 5 s): messages published meanwhile are lost to it.
+    `subscribed` is set while a subscription is live."""
+    backoff = 0.2
+    while running():
+        subscription: PubSub | None = None
+        try:
+            subscription = await pubsub(client)
+            await subscription.subscribe(channel)
+            subscribed.set()
+            backoff = 0.2
+            while running():
+                message = await subscription.get_message(ignore_subscribe_messages=True, timeout=poll_seconds)
+                if message is not None and message.get("type") == "message":
+                    on_message(message["data"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            subscribed.clear()
+            on_lost(exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        finally:
+            subscribed.clear()
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.aclose()
+
+
 async def close_redis_py(client: RedisPy) -> None:
     """Close a redis-py client and every connection it opened."""
     await client.aclose()
@@ -227,6 +270,7 @@ __all__ = [
     "SentinelPrimaryPool",
     "SentinelPrimaryPubSub",
     "close_redis_py",
+    "listen",
     "pubsub",
     "redis_py_client",
     "redis_py_pool",

@@ -11,16 +11,13 @@ dropped) travel the same way, unnumbered: a viewer that misses one does not get 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from typing import Any
 
-from redis.asyncio.client import PubSub
-
 from pipeline import metrics
 from pipeline.errors import SwitchboardError
-from pipeline.state import ConsoleStore, LiveMessage, RedisPy, pubsub
+from pipeline.state import ConsoleStore, LiveMessage, RedisPy, listen
 
 log = logging.getLogger(__name__)
 
@@ -205,30 +202,18 @@ class ConsoleHub:
                 viewer.end(reason)
 
     async def _listen(self) -> None:
-        backoff = 0.2
-        while not self._closed:
-            subscription: PubSub | None = None
-            try:
-                subscription = await pubsub(self.subscriber)
-                await subscription.subscribe(self.store.channel)
-                self.subscribed.set()
-                backoff = 0.2
-                while not self._closed:
-                    message = await subscription.get_message(ignore_subscribe_messages=True, timeout=POLL_SECONDS)
-                    if message is not None and message.get("type") == "message":
-                        self._deliver(message["data"])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # Deliveries published while we were not subscribed are lost to this worker: its
-                # viewers reconnect and catch up from their chats' lists.
-                log.warning("console: live subscription lost (%s); resubscribing", type(exc).__name__)
-                self.subscribed.clear()
-                self._end_all("resync")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                self.subscribed.clear()
-                if subscription is not None:
-                    with contextlib.suppress(Exception):
-                        await subscription.aclose()
+        await listen(
+            self.subscriber,
+            self.store.channel,
+            self._deliver,
+            subscribed=self.subscribed,
+            on_lost=self._lost,
+            running=lambda: not self._closed,
+            poll_seconds=POLL_SECONDS,
+        )
+
+    def _lost(self, exc: Exception) -> None:
+        # Deliveries published while we were not subscribed are lost to this worker: its viewers
+        # reconnect and catch up from their chats' lists.
+        log.warning("console: live subscription lost (%s); resubscribing", type(exc).__name__)
+        self._end_all("resync")
