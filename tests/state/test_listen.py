@@ -6,13 +6,25 @@ cancelled could wait for ever."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
-from pipeline.state import close_redis_py, listen, redis_py_client
+import pytest
+
+from pipeline.state import RedisPy, close_redis_py, listen, redis_py_client
 
 
-async def test_every_message_is_handed_on_and_the_loop_ends_once_not_running(redis_url: str) -> None:
+@pytest.fixture
+async def clients(redis_url: str) -> AsyncIterator[tuple[RedisPy, RedisPy]]:
+    """A subscriber's client and a publisher's."""
     client = redis_py_client(redis_url, decode_responses=True)
     publisher = redis_py_client(redis_url, decode_responses=True)
+    yield client, publisher
+    await close_redis_py(client)
+    await close_redis_py(publisher)
+
+
+async def test_every_message_is_handed_on_and_the_loop_ends_once_not_running(clients: tuple[RedisPy, RedisPy]) -> None:
+    client, publisher = clients
     got: list[str] = []
     lost: list[Exception] = []
     subscribed = asyncio.Event()
@@ -44,13 +56,12 @@ async def test_every_message_is_handed_on_and_the_loop_ends_once_not_running(red
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await close_redis_py(client)
-        await close_redis_py(publisher)
 
 
-async def test_a_handler_that_fails_counts_as_a_lost_subscription_and_it_subscribes_again(redis_url: str) -> None:
-    client = redis_py_client(redis_url, decode_responses=True)
-    publisher = redis_py_client(redis_url, decode_responses=True)
+async def test_a_handler_that_fails_counts_as_a_lost_subscription_and_it_subscribes_again(
+    clients: tuple[RedisPy, RedisPy],
+) -> None:
+    client, publisher = clients
     got: list[str] = []
     lost: list[Exception] = []
     subscribed = asyncio.Event()
@@ -78,5 +89,3 @@ async def test_a_handler_that_fails_counts_as_a_lost_subscription_and_it_subscri
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await close_redis_py(client)
-        await close_redis_py(publisher)
