@@ -35,10 +35,15 @@ class _HttpProcess(ManagedProcess):
 
     health_path = "/healthz"
 
-    def __init__(self, port: int, *, run_dir: Path | None = None) -> None:
+    def __init__(self, port: int, *, run_dir: Path | None = None, port_chosen_here: bool = False) -> None:
         super().__init__(run_dir=run_dir)
         self.port = port
-        self._port_is_ours = False
+        # A port the stack picked (free a moment ago) may be taken before the child binds it (an
+        # outgoing connection's ephemeral port): then the start tries another. A given one is kept.
+        self._port_is_ours = port_chosen_here
+
+    def _pick_new_port(self) -> None:
+        self.port = free_port()
 
     @property
     def url(self) -> str:
@@ -57,8 +62,16 @@ class SimProcess(_HttpProcess):
     name = "sim"
     health_path = "/_sim/stats"
 
-    def __init__(self, port: int, *, think: float = 0.0, run_dir: Path | None = None, extra: list[str] | None = None):
-        super().__init__(port, run_dir=run_dir)
+    def __init__(
+        self,
+        port: int,
+        *,
+        think: float = 0.0,
+        run_dir: Path | None = None,
+        extra: list[str] | None = None,
+        port_chosen_here: bool = False,
+    ):
+        super().__init__(port, run_dir=run_dir, port_chosen_here=port_chosen_here)
         self.think = think
         self.extra = extra or []
 
@@ -88,9 +101,15 @@ class WorkerProcess(_HttpProcess):
     stop_grace = 45.0  # above the worker's shutdown drain (20 s by default)
 
     def __init__(
-        self, port: int, env: Mapping[str, str], *, args: list[str] | None = None, run_dir: Path | None = None
+        self,
+        port: int,
+        env: Mapping[str, str],
+        *,
+        args: list[str] | None = None,
+        run_dir: Path | None = None,
+        port_chosen_here: bool = False,
     ):
-        super().__init__(port, run_dir=run_dir)
+        super().__init__(port, run_dir=run_dir, port_chosen_here=port_chosen_here)
         self.env = dict(env)
         self.args = args or []
         self.instance_id = ""
@@ -187,7 +206,7 @@ class Stack:
             await self.redis.start()
             env["SWITCHBOARD_REDIS_URL"] = self.redis.url
         if not env.get("SWITCHBOARD_SESSION_BASE_URL"):
-            self.sim = SimProcess(free_port(), think=self.think, run_dir=self._dir("sim"))
+            self.sim = SimProcess(free_port(), think=self.think, run_dir=self._dir("sim"), port_chosen_here=True)
             await self.sim.start()
             # The default profile, ark, with sessions created through the simulator's signed
             # control plane (as a real Ark deployment would use Volcengine OpenAPI).
@@ -222,7 +241,9 @@ class Stack:
 
     async def add_worker(self, port: int = 0, args: list[str] | None = None) -> WorkerProcess:
         index, self._workers_begun = self._workers_begun, self._workers_begun + 1
-        worker = WorkerProcess(port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{index}"))
+        worker = WorkerProcess(
+            port or free_port(), self.env, args=args, run_dir=self._dir(f"worker{index}"), port_chosen_here=not port
+        )
         await worker.start()
         self.workers.append(worker)
         return worker

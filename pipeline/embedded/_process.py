@@ -326,11 +326,11 @@ class ManagedProcess:
     async def restart(self) -> Self:
         """Stop, then start on the same port(s) with the same run dir."""
         await self.stop()
-        self._port_is_ours = False  # the port is now part of the contract with clients: keep it
+        chosen, self._port_is_ours = self._port_is_ours, False  # the port is now part of the contract with clients
         try:
             return await self.start()
         finally:
-            self._port_is_ours = True
+            self._port_is_ours = chosen
 
     def _signal(self, sig: int) -> None:
         proc = self._proc

@@ -6,6 +6,7 @@ import socket
 import sys
 import time
 
+import httpx
 import pytest
 
 from pipeline.embedded import (
@@ -18,6 +19,7 @@ from pipeline.embedded import (
     free_ports,
     port_open,
 )
+from pipeline.stack import SimProcess
 
 
 class _Stubborn(ManagedProcess):
@@ -149,3 +151,26 @@ def test_ports_chosen_together_are_distinct() -> None:
     for port in ports:  # and each was free: it can be bound now
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+async def test_a_stack_picked_port_taken_before_the_child_binds_it_is_replaced_a_given_one_is_not() -> None:
+    """`Stack` picks its simulator's and workers' ports free a moment before the child binds them;
+    another process may take one meanwhile (an outgoing connection's ephemeral port). Such a port
+    is replaced; a port the caller gave is part of its contract and is refused as taken."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        with pytest.raises(PortInUseError):
+            await SimProcess(taken).start()
+        sim = SimProcess(taken, port_chosen_here=True)
+        await sim.start()
+        try:
+            assert sim.port != taken
+            async with httpx.AsyncClient() as client:  # serving on the port it moved to
+                assert (await client.get(f"{sim.url}/_sim/stats")).status_code == 200
+        finally:
+            await sim.stop()
+    finally:
+        holder.close()
