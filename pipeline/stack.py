@@ -30,7 +30,7 @@ SIM_API_KEY = "switchboard-sim-key"
 SIM_OPENAPI_AK, SIM_OPENAPI_SK = "switchboard-sim-ak", "switchboard-sim-sk"
 
 
-class _HttpProcess(ManagedProcess):
+class HttpProcess(ManagedProcess):
     """A child whose readiness is an HTTP 200 on a health URL."""
 
     health_path = "/healthz"
@@ -58,7 +58,7 @@ class _HttpProcess(ManagedProcess):
             return response.status_code == 200
 
 
-class SimProcess(_HttpProcess):
+class SimProcess(HttpProcess):
     name = "sim"
     health_path = "/_sim/stats"
 
@@ -95,7 +95,7 @@ class SimProcess(_HttpProcess):
         ]
 
 
-class WorkerProcess(_HttpProcess):
+class WorkerProcess(HttpProcess):
     name = "worker"
     start_timeout = 60.0
     stop_grace = 45.0  # above the worker's shutdown drain (20 s by default)

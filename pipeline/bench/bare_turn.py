@@ -34,42 +34,27 @@ from pipeline.bench.hops import compare_breakdowns, format_breakdown
 from pipeline.bench.load import Delivery, TrafficMix
 from pipeline.bench.measure import profile_worker
 from pipeline.bench.runner import BenchStack, log, ramp, run_phase, warm_up
-from pipeline.embedded import ManagedProcess, free_port
+from pipeline.embedded import free_port
 from pipeline.kafka import TopicSpec, apply_topics
+from pipeline.stack import HttpProcess
 
 ROLES = ("inbound", "input", "events", "outbound")  # im.inbound, session.input, session.events, im.outbound.*
 
 
-class BareWorkerProcess(ManagedProcess):
+class BareWorkerProcess(HttpProcess):
     name = "bare-worker"
     start_timeout = 60.0
-    _port_in_use_markers = ("address already in use", "Address already in use")
 
     def __init__(self, port: int, args: Sequence[str], env: dict[str, str], *, run_dir: Path | None = None) -> None:
-        super().__init__(run_dir=run_dir)
-        self.port = port
+        super().__init__(port, run_dir=run_dir, port_chosen_here=True)
         self.args = list(args)
         self.env = env
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def _command(self) -> list[str]:
         return [sys.executable, "-m", "pipeline.bench.bare_worker", "--port", str(self.port), *self.args]
 
     def _env(self) -> dict[str, str]:
         return self.env
-
-    def _ports(self) -> list[tuple[str, int]]:
-        return [("127.0.0.1", self.port)]
-
-    def _pick_new_port(self) -> None:
-        self.port = free_port()
-
-    async def _probe(self) -> bool:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            return (await client.get(self.url + "/healthz")).status_code == 200
 
 
 class _Watch:

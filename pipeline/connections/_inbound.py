@@ -43,7 +43,8 @@ class InboundSink:
         self._send = send
         self._outputs = outputs
         self._patience = patience  # seconds a frame's produce is retried before it is given up
-        self._refusals = refusals  # triggers this worker's ingest found over a limit: dropped here
+        # The triggers the workers' ingest found over a limit: dropped here (none by default).
+        self._refusals = refusals if refusals is not None else EarlyRefusals()
 
     async def submit(self, bot: BotConfig, platform: Platform, body: bytes) -> Awaitable[FrameOutcome]:
         received = now_ms()
@@ -60,7 +61,7 @@ class InboundSink:
         if not result.messages:
             metrics.CONNECTION_FRAMES.labels(bot.platform, result.ignored or "ignored").inc()
             return _done(FrameOutcome(ignored=result.ignored or "ignored"))
-        messages = result.messages if self._refusals is None else self._refusals.screen(bot, result.messages)
+        messages = self._refusals.screen(bot, result.messages)
         if not messages:
             metrics.CONNECTION_FRAMES.labels(bot.platform, "rate_limited").inc()
             return _done(FrameOutcome(ignored="rate_limited"))

@@ -205,7 +205,7 @@ class IngestStage:
         )
         self.limiter = TurnLimiter(state.redis, state.keys)
         # What this worker found over a limit, for its edge to drop before it is a record.
-        self.refusals = refusals
+        self.refusals = refusals if refusals is not None else EarlyRefusals()
         self._hook_client: httpx.AsyncClient | None = None
 
     async def handle(self, message: InboundMessage) -> None:
@@ -432,7 +432,7 @@ class IngestStage:
         plan.notice = "rate_limited" if decision.notice and plan.bot.limits.notice else None
         if decision.again:
             return  # counted and logged when the limits first answered it (maybe in an earlier window)
-        if self.refusals is not None and decision.scope is not None:
+        if decision.scope is not None:
             self.refusals.note(plan.bot, message, decision.scope, clock)
 
         def decided() -> None:

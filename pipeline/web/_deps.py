@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -32,8 +32,8 @@ class WebDeps:
     outputs: Outputs
     ready: Callable[[], Awaitable[dict[str, bool]]]
     console: ConsoleDeps | None = None  # set when the console is enabled
-    # The triggers this worker's ingest found over a limit: dropped once parsed (a worker's own).
-    refusals: EarlyRefusals | None = None
+    # The triggers the workers' ingest found over a limit: dropped once parsed (none by default).
+    refusals: EarlyRefusals = field(default_factory=EarlyRefusals)
 
 
 DEPS = web.AppKey("deps", WebDeps)

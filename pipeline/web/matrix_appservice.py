@@ -221,7 +221,7 @@ async def _transaction(request: web.Request, deps: WebDeps, state: AppserviceBot
             level = logging.ERROR if isinstance(exc, PollFailed) else logging.WARNING
             log.log(level, "%s/%s: transaction %s not taken, a lookup failed: %s", _PLATFORM, bot.bot_id, txn, exc)
             return _error(503, "M_UNKNOWN", "a lookup failed; send the transaction again", "lookup_failed")
-        produced = messages if deps.refusals is None else deps.refusals.screen(state.bot, messages)
+        produced = deps.refusals.screen(state.bot, messages)
         if produced:
             # Shielded: a homeserver that hangs up does not cut the produce short (it retries, and
             # ingest drops the copies).

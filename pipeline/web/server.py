@@ -92,7 +92,13 @@ class WebServer:
         refusals: EarlyRefusals | None = None,
     ) -> None:
         self.settings = settings
-        self.deps = WebDeps(settings=settings, produce=produce, outputs=outputs, ready=ready, refusals=refusals)
+        self.deps = WebDeps(
+            settings=settings,
+            produce=produce,
+            outputs=outputs,
+            ready=ready,
+            refusals=refusals if refusals is not None else EarlyRefusals(),
+        )
         self._add_routes = add_routes  # more routes (long connections: pipeline/web/connections.py)
         self.port: int | None = None
         self._runner: GuardedAppRunner | None = None
@@ -206,7 +212,7 @@ async def answer_webhook(deps: WebDeps, bot: BotConfig, platform: Platform, wire
         await asyncio.shield(_dead_letter(deps, "parser_error", wire.body, repr(exc)[:500], dead_letter_key))
         return Reply.json({"error": "parser_error"}, status=400)
     if result.messages:
-        messages = result.messages if deps.refusals is None else deps.refusals.screen(bot, result.messages)
+        messages = deps.refusals.screen(bot, result.messages)
         if messages:
             # Shielded: a client that hangs up does not cut the produce short (it retries, and
             # ingest drops the duplicate).
