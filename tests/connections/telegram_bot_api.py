@@ -16,6 +16,7 @@ import datetime as dt
 import itertools
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -78,6 +79,8 @@ class BotApi:
         self.calls: list[str] = []  # every method called, in order
         self.deleted_webhook: list[dict[str, Any]] = []
         self.replies: list[dict[str, Any]] = []  # accepted sendMessage bodies
+        # Called with each accepted sendMessage body before it is answered (a test's crash hook).
+        self.on_reply: Callable[[dict[str, Any]], None] | None = None
         self.conflicts = 0
         self.errors: list[str] = []
         self.scripted: list[web.Response] = []  # answers for the next polls, before anything else
@@ -177,6 +180,8 @@ class BotApi:
             self.errors.append(f"{method}: {exc!r}")
             return _error(400, "Bad Request: stand-in check failed")
         self.replies.append(params)
+        if self.on_reply is not None:
+            self.on_reply(params)
         return _ok({"message_id": next(self._message_ids), "chat": {"id": params["chat_id"]}})
 
     async def _get_updates(self, request: web.Request, params: dict[str, Any]) -> web.Response:

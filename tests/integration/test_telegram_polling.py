@@ -1,6 +1,8 @@
 """Telegram `getUpdates` long polling with two workers on a real broker and Redis: the bot polled by
 exactly one worker, its holder SIGKILLed mid-traffic, the other taking over from the offset
-committed in Redis, and every update answered exactly once.
+committed in Redis, and every update answered exactly once (a reply Telegram accepted in the moment
+the holder died, before egress marked it delivered, is the one repeat allowed: sendMessage has no
+idempotency key; `SendGap` checks that it is that and nothing else).
 
 The stand-in Bot API (`tests/connections/telegram_bot_api.py`) checks every request as Telegram
 does and counts `conflicts`: a getUpdates that ended another one whose poller was still connected
@@ -14,6 +16,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -25,7 +28,15 @@ from tests.platforms.test_telegram import TOKEN
 
 from .loop_thread import LoopThread
 from .stacks import add_workers, running_stack
-from .test_long_connections import answered_exactly_once, lease_holder, metric, wait_for
+from .test_long_connections import (
+    Kill,
+    SendGap,
+    answered_exactly_once,
+    kill_noting_answers,
+    lease_holder,
+    metric,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -136,7 +147,7 @@ async def test_holder_sigkilled_mid_traffic_the_other_polls_on_and_every_update_
             await asyncio.sleep(0.15)
 
     await traffic(3.0)
-    await holder.kill()
+    kill = await kill_noting_answers(holder, lambda: answered(bot_api))
     killed = time.monotonic()
     # Updates keep coming while nobody polls: Telegram keeps them.
     taking_over = asyncio.create_task(traffic(4.0))
@@ -159,8 +170,51 @@ async def test_holder_sigkilled_mid_traffic_the_other_polls_on_and_every_update_
         f"{again} read again by the new holder (not committed by the old one)"
     )
     await wait_for(lambda: set(sent) <= delivered(bot_api), "every update polled", 30)
-    await answered_exactly_once(
-        stack, range(sent[0], sent[-1] + 1), delivered=lambda: delivered(bot_api), answered=lambda: answered(bot_api)
+    resent = await answered_exactly_once(
+        stack,
+        range(sent[0], sent[-1] + 1),
+        delivered=lambda: delivered(bot_api),
+        answered=lambda: answered(bot_api),
+        gap=SendGap("telegram", kill),  # sendMessage has no idempotency key
     )
+    if resent:
+        print(f"sent again: the replies to {resent}, which Telegram accepted as the holder died, before their markers")
     await wait_for(lambda: bot_api.api.pending == [], "every update confirmed", 30)
     await add_workers(stack)  # as many workers as before, for any test after this one
+
+
+async def test_a_reply_accepted_as_its_sender_dies_is_the_one_reply_sent_again(
+    stack: Stack, bot_api: BotApiThread
+) -> None:
+    """The repeat `SendGap` allows, made to happen: every worker SIGKILLed the moment Telegram
+    accepted a reply, before egress could mark it delivered. The replay sends that reply again (the
+    same one: one outbound id in its conversation), and the gap explains it."""
+    api = bot_api.api
+    assert api is not None
+    n = 1_000  # a chat none of the other tests uses
+    victims = [w for w in stack.workers if w.is_running]
+    killed: list[int] = []
+
+    def kill_every_worker(params: dict[str, Any]) -> None:
+        if not killed and params["chat_id"] == USER_BASE + n:
+            for worker in victims:
+                worker.kill_now()  # before the stand-in answers: the answer never reaches the sender
+            killed.append(n)
+
+    settled = answered(bot_api)
+    api.on_reply = kill_every_worker
+    try:
+        await bot_api.add_text(n, f"m{n}")
+        await wait_for(lambda: bool(killed), "the reply accepted", 60)
+    finally:
+        api.on_reply = None
+    kill = Kill(settled, answered(bot_api))
+    await add_workers(stack, len(victims))
+    resent = await answered_exactly_once(
+        stack,
+        range(n, n + 1),
+        delivered=lambda: delivered(bot_api),
+        answered=lambda: answered(bot_api),
+        gap=SendGap("telegram", kill),
+    )
+    assert resent == [n]
