@@ -165,6 +165,10 @@ class SlackStandIn:
         return web.json_response(answer, status=status)
 
     # -- what a test makes Slack do ----------------------------------------------------------------
+    def waiting(self) -> list[dict[str, Any]]:
+        """The envelopes no open socket took, sent on the next one."""
+        return list(self._waiting)
+
     def open_sockets(self) -> list[Socket]:
         return [s for s in self.sockets if s.closed is None and not s.ws.closed]
 
@@ -196,6 +200,11 @@ class SlackStandIn:
         try:
             await target.ws.send_json(message)
         except ConnectionError:
+            # The peer is gone, and its reader may not have seen it yet: the socket is closed now,
+            # so the envelopes sent again go to another socket (or wait for one), as Slack does,
+            # not round into this one until their attempts run out.
+            if target.closed is None:
+                target.closed = time.monotonic()
             await self._redeliver_from(target)
         return envelope_id
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from tests.metric_values import current
 from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, callback
 
 from .conftest import Produced
-from .slack_standin import APP_TOKEN, SlackStandIn
+from .slack_standin import APP_TOKEN, SlackStandIn, Socket
 from .standin_support import frames, same_message, webhook_messages
 from .test_onebot_ws import inbound, running, until
 
@@ -235,3 +236,25 @@ credentials = {{ bot_token = "{BOT_TOKEN}" }}
         f"{config}: bots[3].credentials.signing_secret: required for slack webhook (bot 'hook')",
     ]
     assert BOT_TOKEN not in str(error.value)
+
+
+class _PeerGone:
+    """A socket whose peer died and whose reader has not seen it yet: every write fails."""
+
+    closed = False
+
+    async def send_json(self, message: object) -> None:
+        raise ConnectionResetError("Cannot write to closing transport")
+
+
+async def test_the_stand_in_sends_an_envelope_its_dead_socket_refused_on_the_next_socket() -> None:
+    """As Slack: an envelope written into a socket whose peer is gone goes to the next socket, and
+    is not sent round into the dead one until its attempts run out (it was, once: a message sent
+    the moment a holder was SIGKILLed was never delivered, and its test waited for a reply)."""
+    standin = SlackStandIn()
+    dead = Socket(id=1, ws=_PeerGone(), opened=time.monotonic())  # type: ignore[arg-type]
+    standin.sockets.append(dead)
+    await standin.send_event({"event_id": "Ev00000027", "event": {"type": "message", "channel": "D00000027"}})
+    assert len(dead.sent) == 1 and dead.closed is not None
+    assert standin.open_sockets() == []
+    assert [w["payload"]["event_id"] for w in standin.waiting()] == ["Ev00000027"]
