@@ -99,7 +99,12 @@ class SatoriStandIn:
         event = dict(event, sn=sn)
         self.events.append(event)
         for socket in self.open_sockets():
-            await socket.ws.send_json({"op": Opcode.EVENT.value, "body": event})
+            try:
+                await socket.ws.send_json({"op": Opcode.EVENT.value, "body": event})
+            except ConnectionError:
+                # The peer is gone (a holder SIGKILLed) and its reader has not seen it yet. The
+                # event is kept: a client that identifies with an older `sn` gets it, as from Satori.
+                socket.closed = socket.closed or time.monotonic()
         return sn
 
     def ready_logins(self) -> list[LoginPartial]:
