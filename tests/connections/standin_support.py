@@ -31,6 +31,15 @@ class ServedSocket:
     closed: float | None = None
 
 
+class PeerGone:
+    """A socket whose peer died and whose reader has not seen it yet: every write fails."""
+
+    closed = False
+
+    async def send_json(self, message: object) -> None:
+        raise ConnectionResetError("Cannot write to closing transport")
+
+
 async def start_app(app: web.Application) -> tuple[web.AppRunner, str]:
     """`app` served on 127.0.0.1 at a free port: its runner (to clean up) and its http:// base."""
     runner = web.AppRunner(app)

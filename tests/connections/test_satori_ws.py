@@ -24,7 +24,7 @@ from tests.platforms.test_satori import BOT, LOGIN_PLATFORM, OTHER_BOT, TOKEN, l
 
 from .conftest import Produced
 from .satori_standin import SatoriStandIn, Socket
-from .standin_support import frames, same_message, webhook_messages
+from .standin_support import PeerGone, frames, same_message, webhook_messages
 from .test_onebot_ws import inbound, running, until
 
 
@@ -179,19 +179,12 @@ async def test_an_event_numbered_by_id_as_before_v1_2_is_committed_by_it(
         await until_committed(store, 41)
 
 
-class _PeerGone:
-    """A socket whose peer died and whose reader has not seen it yet: every write fails."""
-
-    async def send_json(self, message: object) -> None:
-        raise ConnectionResetError("Cannot write to closing transport")
-
-
 async def test_the_stand_in_keeps_an_event_its_dead_socket_refused_for_the_next_identify() -> None:
     """As a Satori server: an event written into a socket whose peer is gone is kept (a client that
     identifies with an older `sn` gets it) and the send does not fail the caller (the tests' traffic
     runs straight through a holder's SIGKILL)."""
     standin = SatoriStandIn(logins=[login(BOT)])
-    dead = Socket(id=0, ws=_PeerGone(), opened=time.monotonic(), identified=True)  # type: ignore[arg-type]
+    dead = Socket(id=0, ws=PeerGone(), opened=time.monotonic(), identified=True)  # type: ignore[arg-type]
     standin.sockets.append(dead)
     sn = await standin.send_event(message_event("m1"))
     assert dead.closed is not None and standin.open_sockets() == []

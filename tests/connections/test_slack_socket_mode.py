@@ -25,7 +25,7 @@ from tests.platforms.test_slack import APP_MENTION, BOT_TOKEN, BOT_USER, DM, cal
 
 from .conftest import Produced
 from .slack_standin import APP_TOKEN, SlackStandIn, Socket
-from .standin_support import frames, same_message, webhook_messages
+from .standin_support import PeerGone, frames, same_message, webhook_messages
 from .test_onebot_ws import inbound, running, until
 
 
@@ -238,21 +238,12 @@ credentials = {{ bot_token = "{BOT_TOKEN}" }}
     assert BOT_TOKEN not in str(error.value)
 
 
-class _PeerGone:
-    """A socket whose peer died and whose reader has not seen it yet: every write fails."""
-
-    closed = False
-
-    async def send_json(self, message: object) -> None:
-        raise ConnectionResetError("Cannot write to closing transport")
-
-
 async def test_the_stand_in_sends_an_envelope_its_dead_socket_refused_on_the_next_socket() -> None:
     """As Slack: an envelope written into a socket whose peer is gone goes to the next socket, and
     is not sent round into the dead one until its attempts run out (it was, once: a message sent
     the moment a holder was SIGKILLed was never delivered, and its test waited for a reply)."""
     standin = SlackStandIn()
-    dead = Socket(id=1, ws=_PeerGone(), opened=time.monotonic())  # type: ignore[arg-type]
+    dead = Socket(id=1, ws=PeerGone(), opened=time.monotonic())  # type: ignore[arg-type]
     standin.sockets.append(dead)
     await standin.send_event({"event_id": "Ev00000027", "event": {"type": "message", "channel": "D00000027"}})
     assert len(dead.sent) == 1 and dead.closed is not None
