@@ -59,7 +59,7 @@ from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.refused_early import EarlyRefusals, RefusalBroadcast
-from pipeline.stages.render import RenderStage
+from pipeline.stages.render import RenderStage, budgeted_bot
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State, redis_py_client
@@ -198,7 +198,12 @@ class Runtime:
             max_connections=s.session_max_connections,
         )
         self.provisioner = self._provisioner()
-        self.streams = StreamRegistry(self.state.streams, self.session_client, self.outputs)
+        self.streams = StreamRegistry(
+            self.state.streams,
+            self.session_client,
+            self.outputs,
+            accounts_usage=lambda conversation: budgeted_bot(s, conversation) is not None,
+        )
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(30.0, connect=5.0), limits=httpx.Limits(max_connections=200)
         )

@@ -120,6 +120,17 @@ def pending_from_tool_event(event: ToolCall) -> PendingAction | None:
     )
 
 
+def budgeted_bot(settings: Settings, conversation: str) -> BotConfig | None:
+    """The conversation's bot when it keeps usage budgets (its turns' `session.usage` is accounted),
+    else None."""
+    try:
+        ref = parse_conversation_key(conversation)
+    except ValueError:
+        return None
+    bot = settings.bot(ref.platform, ref.bot_id)
+    return bot if bot is not None and bot.budgets.enabled else None
+
+
 class RenderStage:
     def __init__(
         self,
@@ -621,13 +632,10 @@ class RenderStage:
         without `[bots.budgets]` is not accounted (no Redis call per turn; docs/controls.md)."""
         if not isinstance(record.event, SessionUsage):
             return
-        try:
-            ref = parse_conversation_key(record.conversation_key)
-        except ValueError:
+        bot = budgeted_bot(self.settings, record.conversation_key)
+        if bot is None:
             return
-        bot = self.settings.bot(ref.platform, ref.bot_id)
-        if bot is None or not bot.budgets.enabled:
-            return
+        ref = parse_conversation_key(record.conversation_key)
         if turn is None:
             turn = (await self.state.conversations.conversation(record.conversation_key)).turn
         chat_id = turn.chat_id if turn is not None else ref.chat_id

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -46,7 +47,7 @@ _TERMINAL = frozenset({"session.status_terminated", "session.deleted"})
 _TURN_END = frozenset({"session.status_idle", *_TERMINAL})
 # What render acts on (`ForwardedEvent`); the rest of a turn's events (status, spans, thinking, tool
 # results, thread events, the user's own events) stay out of Kafka: ten records per turn become
-# three (the reply, the usage and the idle, in one produce).
+# two (the reply and the idle, in one produce), three for a bot with usage budgets (its usage).
 FORWARDED = FORWARDED_EVENT_TYPES
 
 
@@ -108,12 +109,16 @@ class StreamRegistry:
         *,
         reconnect_max: float = 5.0,
         linger_seconds: float = 20.0,
+        accounts_usage: Callable[[str], bool] = lambda conversation: True,
     ) -> None:
         self.state = state
         self.client = client
         self.outputs = outputs
         self.reconnect_max = reconnect_max
         self.linger_seconds = linger_seconds
+        # Whether a conversation's bot keeps usage budgets: only then does render need the turn's
+        # `session.usage` (for every other bot it would be a record per turn read for nothing).
+        self.accounts_usage = accounts_usage
         self._held: dict[str, _HeldStream] = {}
         self._resuming: asyncio.Task[None] | None = None
 
@@ -214,6 +219,7 @@ class StreamRegistry:
         events = subscription.__aiter__()
         next_event: asyncio.Future[Any] | None = None
         reconnects = 0
+        forwards_usage = self.accounts_usage(stream.conversation_key)
         # Render acts on an agent.message only with the event after it (the turn's end shows it as
         # the reply, a tool call as progress), so it waits here for that event and both go to the
         # broker in one batch: render then reads them together and writes no state for the message
@@ -248,7 +254,8 @@ class StreamRegistry:
                 metrics.STREAM_EVENTS.labels(event.type).inc()
                 if isinstance(forwarded, AgentMessage | SessionUsage):
                     # The usage comes just before its idle (P9): both go in one produce too.
-                    messages.append(forwarded)
+                    if forwards_usage or isinstance(forwarded, AgentMessage):
+                        messages.append(forwarded)
                     continue
                 terminal = event.type in _TERMINAL
                 if terminal:

@@ -19,7 +19,9 @@ from pipeline.session.models import (
     SessionError,
     SessionStatusIdle,
     SessionStatusRunning,
+    SessionUsage,
     TextBlock,
+    UsageSnapshot,
 )
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.streams import StreamRegistry
@@ -74,10 +76,17 @@ class _Ticks:
         self.sent.append((self.count, record.event.type))
 
 
-async def _stream(redis_url: str, redis_prefix: str) -> tuple[StreamRegistry, _Scripted, _Ticks, State]:
+async def _stream(
+    redis_url: str, redis_prefix: str, *, accounts_usage: bool = True
+) -> tuple[StreamRegistry, _Scripted, _Ticks, State]:
     state = State.connect(redis_url, redis_prefix)
     subscription, ticks = _Scripted(), _Ticks()
-    registry = StreamRegistry(state.streams, cast(Any, _Client(subscription)), Outputs(ticks.send))
+    registry = StreamRegistry(
+        state.streams,
+        cast(Any, _Client(subscription)),
+        Outputs(ticks.send),
+        accounts_usage=lambda conversation: accounts_usage and conversation == "console:demo:c1",
+    )
     await registry.track(0, InflightStream(SESSION, "console:demo:c1", trace_id="t1"))
     return registry, subscription, ticks, state
 
@@ -108,6 +117,30 @@ async def test_a_message_goes_out_with_the_turn_end_after_it(redis_url: str, red
         ticker.cancel()
         await registry.close()
         await state.redis.aclose()
+
+
+async def test_a_turns_usage_goes_to_render_only_for_a_bot_that_keeps_budgets(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The usage report comes between the reply and the idle (P9): with budgets it goes out in the
+    same batch; without, render would read it for nothing, so it is not produced at all."""
+    for budgeted, expected in (
+        (True, ["agent.message", "session.usage", "session.status_idle"]),
+        (False, ["agent.message", "session.status_idle"]),
+    ):
+        registry, subscription, ticks, state = await _stream(redis_url, redis_prefix, accounts_usage=budgeted)
+        ticker = asyncio.create_task(ticks.run())
+        try:
+            subscription.events.put_nowait(_message("e1", "the reply"))
+            subscription.events.put_nowait(SessionUsage(id="sevt-usg-e2", usage=UsageSnapshot(input_tokens=9)))
+            subscription.events.put_nowait(SessionStatusIdle(id="e2", stop_reason=EndTurn()))
+            await _settle()
+            assert [kind for _, kind in ticks.sent] == expected, budgeted
+            assert len({tick for tick, _ in ticks.sent}) == 1, ticks.sent
+        finally:
+            ticker.cancel()
+            await registry.close()
+            await state.redis.aclose()
 
 
 async def test_a_message_before_a_tool_call_goes_out_with_the_call(redis_url: str, redis_prefix: str) -> None:
