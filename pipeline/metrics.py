@@ -51,6 +51,10 @@ WEB_CONNECTIONS_OPEN = Gauge("switchboard_web_connections_open", "Open connectio
 WEB_CONNECTIONS_CLOSED = Counter(
     "switchboard_web_connections_closed_total", "Connections closed by the web server's limits", ["reason"]
 )  # idle_timeout | header_timeout | body_timeout | evicted | over_limit
+WEB_DEADLINES_DEFERRED = Counter(
+    "switchboard_web_deadlines_deferred_total",
+    "Checks of the connections' request deadlines put off because the event loop was held up",
+)
 WEB_REJECTED = Counter(
     "switchboard_web_rejected_total", "Console and metrics requests refused", ["surface", "reason"]
 )  # surface: console | metrics | http (aiohttp refused a malformed request: bad_request)

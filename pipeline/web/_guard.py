@@ -13,7 +13,8 @@ that passes every event through and keeps the account:
   request), `header_timeout`, `body_timeout`. Idle keep-alive connections therefore live at most
   `min(keepalive_timeout, request_timeout)`: a socket that sends nothing must not hold a slot for
   the keep-alive time. A request whose bytes are all in is never cut: its handler (a console stream,
-  a WebSocket) may run as long as it needs.
+  a WebSocket) may run as long as it needs. Time the event loop was held up (the check itself came
+  late) is not the client's: the deadlines move on by it (`switchboard_web_deadlines_deferred_total`).
 * **Cap.** At most `max_connections` connections hold a slot. A connection accepted at the cap
   takes the slot of the connection that has waited longest without a whole request (silent ones
   first, then those halfway through one), which is closed (`evicted`): slots held by clients that
@@ -322,9 +323,20 @@ class _Listener:
         """Close the connections past their deadline: one check for all of them, a few times a
         second, rather than a timer armed and cancelled around every request."""
         interval = min(MAX_SWEEP_SECONDS, self.idle_timeout / 4)
+        last = self.loop.time()
         while True:
             await asyncio.sleep(interval)
             now = self.loop.time()
+            late, last = now - last - interval, now
+            if late > interval:
+                # The loop was held up (a long callback, a starved process): what clients sent
+                # meanwhile may still be unread, and a request that arrived in time would be cut
+                # as silent (reset, with its bytes unread). That time is not theirs: the deadlines
+                # move on by it, and the connections are judged once the loop has read its sockets.
+                metrics.WEB_DEADLINES_DEFERRED.inc()
+                for guard in self.guards:
+                    guard.deadline += late
+                continue
             for guard in [g for g in self.guards if g.deadline <= now]:
                 guard.on_deadline()
 
