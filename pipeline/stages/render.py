@@ -22,6 +22,7 @@ from pipeline import metrics
 from pipeline.controls.moderation import REDACTED, ModeratedReply, moderate_reply
 from pipeline.controls.usage import UsageBudgets
 from pipeline.records import (
+    ConversationRef,
     OutboundKind,
     OutboundMessage,
     OutboundNote,
@@ -127,6 +128,10 @@ def budgeted_bot(settings: Settings, conversation: str) -> BotConfig | None:
         ref = parse_conversation_key(conversation)
     except ValueError:
         return None
+    return _budgeted(settings, ref)
+
+
+def _budgeted(settings: Settings, ref: ConversationRef) -> BotConfig | None:
     bot = settings.bot(ref.platform, ref.bot_id)
     return bot if bot is not None and bot.budgets.enabled else None
 
@@ -632,10 +637,13 @@ class RenderStage:
         without `[bots.budgets]` is not accounted (no Redis call per turn; docs/controls.md)."""
         if not isinstance(record.event, SessionUsage):
             return
-        bot = budgeted_bot(self.settings, record.conversation_key)
+        try:
+            ref = parse_conversation_key(record.conversation_key)
+        except ValueError:
+            return
+        bot = _budgeted(self.settings, ref)
         if bot is None:
             return
-        ref = parse_conversation_key(record.conversation_key)
         if turn is None:
             turn = (await self.state.conversations.conversation(record.conversation_key)).turn
         chat_id = turn.chat_id if turn is not None else ref.chat_id
