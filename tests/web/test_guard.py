@@ -9,9 +9,11 @@ import statistics
 import time
 
 import pytest
-from prometheus_client import REGISTRY
 
+from pipeline import metrics
 from pipeline.platforms import known_platforms
+from tests.event_loop import hold_the_loop
+from tests.metric_values import current
 
 from .conftest import TOKEN, StartWorker, Worker
 from .rawhttp import closed_by_server, closed_total, connect, webhook_bots
@@ -97,15 +99,6 @@ async def test_a_kept_alive_connection_that_keeps_sending_whole_requests_stays_o
     writer.close()
 
 
-def hold_the_loop(seconds: float) -> None:
-    """Block the event loop (worker and client share it), as a long callback or a starved process would."""
-    time.sleep(seconds)
-
-
-def deferred_total() -> float:
-    return REGISTRY.get_sample_value("switchboard_web_deadlines_deferred_total") or 0.0
-
-
 async def test_a_request_sent_in_time_is_answered_though_the_loop_was_held_past_its_deadline(
     start_worker: StartWorker, front: bool
 ) -> None:
@@ -114,14 +107,14 @@ async def test_a_request_sent_in_time_is_answered_though_the_loop_was_held_past_
     silent. The time the loop could not read is not the client's (this failed the hostile-requests
     test under a loaded tier: connections reset with their requests unread)."""
     worker = await start_worker(web_request_timeout_seconds=0.5, web_webhook_front=front)
-    before, deferred = closed_counts(), deferred_total()
+    before, deferred = closed_counts(), current(metrics.WEB_DEADLINES_DEFERRED)
     reader, writer = await connect(worker)
     await asyncio.sleep(0.05)  # accepted, and its socket watched
     writer.write(HEALTHZ)
-    hold_the_loop(0.8)  # past the deadline, the request unread
+    hold_the_loop(0.8)  # past the deadline, the request unread (worker and client share the loop)
     assert (await asyncio.wait_for(read_response(reader), HANG))[0] == 200
     assert since(before) == dict.fromkeys(REASONS, 0)
-    assert deferred_total() > deferred
+    assert current(metrics.WEB_DEADLINES_DEFERRED) > deferred
     writer.close()
 
 

@@ -7,19 +7,15 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-import time
 
 from prometheus_client import REGISTRY
 
 from pipeline.worker.loopwatch import LoopWatch
+from tests.event_loop import hold_the_loop
 
 
 def _stalls() -> float:
     return REGISTRY.get_sample_value("switchboard_event_loop_stalls_total") or 0.0
-
-
-def _hold_the_loop(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 async def test_a_held_loop_is_measured_and_counted() -> None:
@@ -29,7 +25,7 @@ async def test_a_held_loop_is_measured_and_counted() -> None:
     # What the loop lagged before the hold is not asserted (a loaded machine lags it too); the hold's
     # effect is: one stall counted across it, and a lag of at least the hold's own length.
     before = _stalls()
-    _hold_the_loop(1.1)
+    hold_the_loop(1.1)
     await asyncio.sleep(0.1)
     await watch.stop()
     assert watch.max_lag >= 1.0
