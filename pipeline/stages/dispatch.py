@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pipeline import metrics
 from pipeline.controls.overload import too_late, waited_seconds
@@ -33,6 +33,8 @@ from .streams import StreamRegistry
 log = logging.getLogger(__name__)
 
 Work = Callable[[], Awaitable[None]]
+# What became of a user turn dispatch tried to start (`DispatchStage._start_turn`).
+TurnOutcome = Literal["sent", "failed", "waiting"]
 
 
 def turn_message_id(command: SessionCommand) -> str:
@@ -124,10 +126,7 @@ class DispatchStage:
             else:
                 await self.handle(command, partition)
         if flush is not None:  # idle with messages held: they go now, oldest first (see `_start_turn`)
-            try:
-                await self._flush(bot, flush, partition)
-            except SessionAPIError as exc:  # as `handle` meets it: the chat is told, the record kept
-                await self._failed(bot, flush, exc)
+            await self._flush(bot, flush, partition)
 
     async def handle(self, command: SessionCommand, partition: int) -> None:
         bot = self.settings.bot(command.platform, command.bot_id)
@@ -151,27 +150,38 @@ class DispatchStage:
         except SessionAPIError as exc:
             await self._failed(bot, command, exc)
 
-    async def _failed(self, bot: BotConfig, command: SessionCommand, exc: SessionAPIError) -> None:
+    async def _failed(
+        self, bot: BotConfig, command: SessionCommand, exc: SessionAPIError, *, turn_id: str | None = None
+    ) -> bool:
         """A session API call failed for `command`. The client already retried what can be retried:
-        tell the chat, keep the record (dead-lettered)."""
+        tell the chat, keep the record (dead-lettered). False when the partition moved meanwhile
+        (nothing told: left to its new owner).
+
+        A user turn (`turn_id`) is marked failed first, with the notice's kind: the chat is told
+        instead of answered, so nothing may send it later (a replay of its record after a crash, a
+        flush finding it held), which would answer the message twice; a replay tells it again."""
         metrics.SESSION_CALLS.labels(command.kind, type(exc).__name__).inc()
         log.warning("dispatch failed for %s: %s", command.conversation_key, type(exc).__name__)
         if work_revoked():
             # The partition moved meanwhile: its new owner sends this command again (and tells
             # the chat if that fails too). A notice from here would come on top of its reply.
             log.info("dispatch of %s: partition revoked during the call; left to its new owner", command.kind)
-            return
-        if not await self.state.conversations.turns_in_session(command.conversation_key):
-            await self.state.conversations.update_conversation(command.conversation_key, status="idle")
+            return False
+        # The agent API still answered 429 after the client's retries: busy, not broken.
+        overloaded = isinstance(exc, RateLimitedError) and command.kind in ("user_turn", "flush")
+        kind = "overloaded" if overloaded else "provider_error"
+        conversation = command.conversation_key
+        if turn_id is not None:
+            await self.state.markers.set_marker("sent", turn_id, conversation, value=f"failed:{kind}")
+        if not await self.state.conversations.turns_in_session(conversation):
+            await self.state.conversations.update_conversation(conversation, status="idle")
         await self.outputs.dead_letter(
-            "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=command.conversation_key
+            "dispatch", "session_api_error", command.model_dump_json(), error=str(exc), key=conversation
         )
-        if isinstance(exc, RateLimitedError) and command.kind in ("user_turn", "flush"):
-            # The agent API still answered 429 after the client's retries: busy, not broken.
+        if overloaded:
             metrics.OVERLOADED.labels(command.platform, command.bot_id).inc()
-            await self._notice(bot, command, "overloaded")
-            return
-        await self._notice(bot, command, "provider_error")
+        await self._notice(bot, command, kind)
+        return True
 
     # -- user turns ----------------------------------------------------------------------------
     async def _user_turn(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
@@ -207,16 +217,33 @@ class DispatchStage:
 
     async def _flush(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
         conversation = command.conversation_key
+        # Held commands stay in Redis until the turn that carries them is sent, or given up with a
+        # notice: a crash in between replays this flush, and the turn's stable id makes the second
+        # send a no-op (or tells the chat again). A turn given up leaves the next held one to go.
+        while (taken := await self._take_held(bot, conversation)) is not None:
+            held, count = taken
+            turn = merge_turns(held)
+            if len(held) > 1:
+                metrics.child(metrics.MESSAGES_MERGED, turn.platform, "dispatch").inc(len(turn.inbound_ids))
+            if "held" in turn.hops:
+                turn.hops["released"] = now_ms()
+            outcome = await self._start_turn(bot, turn, partition, mode="flush")
+            if outcome != "waiting":
+                await self.state.conversations.drop_held(conversation, count)
+            if outcome != "failed":
+                return
+
+    async def _take_held(self, bot: BotConfig, conversation: str) -> tuple[list[SessionCommand], int] | None:
+        """The held commands the next flushed turn carries, and how many held entries that takes
+        (with any found sent before, and any too old, told so here); None when nothing is held."""
         conversations = self.state.conversations
         # merge: up to the merge window's messages in one turn (the rest goes in the next; a held
         # command may carry several, merged by ingest); queue: one.
         limit = self.settings.merge_window_max if bot.busy_policy == "merge" else 1
-        # Held commands stay in Redis until the turn that carries them is sent: a crash in between
-        # replays this flush, and the turn's stable id makes the second send a no-op.
         while True:
             raw = await conversations.peek_held(conversation, limit)
             if not raw:
-                return
+                return None
             # A replayed command may have been held although its turn was sent already: drop it.
             sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw], conversation)
             held: list[SessionCommand] = []
@@ -237,19 +264,16 @@ class DispatchStage:
                 await self._overloaded(bot, stale)
                 held = [c for c in held if c not in stale]
             if held:
-                break
-            await conversations.drop_held(conversation, taken)
-        turn = merge_turns(held)
-        if len(held) > 1:
-            metrics.child(metrics.MESSAGES_MERGED, turn.platform, "dispatch").inc(len(turn.inbound_ids))
-        if "held" in turn.hops:
-            turn.hops["released"] = now_ms()
-        if await self._start_turn(bot, turn, partition, mode="flush"):
+                return held, taken
             await conversations.drop_held(conversation, taken)
 
-    async def _start_turn(self, bot: BotConfig, command: SessionCommand, partition: int, *, mode: TurnMode) -> bool:
+    async def _start_turn(
+        self, bot: BotConfig, command: SessionCommand, partition: int, *, mode: TurnMode
+    ) -> TurnOutcome:
         """Record and send one user turn (one Redis round trip to decide and record it; see
-        `ConversationStore.begin_turn`). True when it is sent, or found sent before."""
+        `ConversationStore.begin_turn`): `sent` (or found sent before), `failed` (the session API
+        failed it and the chat was told, now or before), `waiting` (held, busy, or its partition
+        moved while it failed)."""
         conversation = command.conversation_key
         turn_id = turn_message_id(command)
         start = await self._begin(command, partition, turn_id, mode)
@@ -258,6 +282,25 @@ class DispatchStage:
             command = self._untaken(command, start)
             turn_id = turn_message_id(command)
             start = await self._begin(command, partition, turn_id, mode)
+        if start.decision == "failed" and "replay" in command.hops:
+            # An operator's replay of its dead letter: send it after all, as a send cut short.
+            start = await self._begin(command, partition, turn_id, "resume")
+        if start.decision == "failed":
+            # Told before: tell again (the notice's id is stable), in case a crash cut that short.
+            metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
+            await self._notice(bot, command, start.failure or "provider_error")
+            return "failed"
+        try:
+            return await self._send_turn(bot, command, partition, turn_id, start, mode)
+        except SessionAPIError as exc:
+            # Not sent (as far as the client can tell): no idle will end this turn.
+            await self.state.conversations.drop_turn(conversation, turn_id)
+            return "failed" if await self._failed(bot, command, exc, turn_id=turn_id) else "waiting"
+
+    async def _send_turn(
+        self, bot: BotConfig, command: SessionCommand, partition: int, turn_id: str, start: TurnStart, mode: TurnMode
+    ) -> TurnOutcome:
+        conversation = command.conversation_key
         events = list(command.events)
         if command.system_text:
             events.append({"type": "system.message", "content": [{"type": "text", "text": command.system_text}]})
@@ -269,11 +312,11 @@ class DispatchStage:
             # and its stream in flight first, so the stream's owner finishes it (writing "running"
             # again could outlive that turn's end). Not posted: record it again and send it now.
             if start.session_id and await self._in_history(start.session_id, events):
-                return True
+                return "sent"
             start = await self._begin(command, partition, turn_id, "resume")
         if start.decision == "done":
             metrics.SESSION_CALLS.labels("user_turn", "replay_skipped").inc()
-            return True
+            return "sent"
         if start.decision in ("held", "behind"):
             metrics.MESSAGES_HELD.labels(command.platform, bot.busy_policy).inc(len(command.inbound_ids) or 1)
             if start.decision == "behind":
@@ -281,9 +324,9 @@ class DispatchStage:
                 # be on its way: flush now, oldest first (the flush that arrives later finds the
                 # session busy and does nothing).
                 await self._flush(bot, command, partition)
-            return False
+            return "waiting"
         if start.decision != "start" or start.session_id is None:
-            return False  # busy (a flush while another turn runs: that turn's end flushes again)
+            return "waiting"  # busy (a flush while another turn runs: that turn's end flushes again)
         session_id = start.session_id
         # With SWITCHBOARD_REDIS_REPLICA_WAIT_MS: the turn's record on a replica before the message
         # reaches the session. A failover that lost it would leave the session's answer matching no
@@ -297,34 +340,29 @@ class DispatchStage:
             registered=True,
         )
         events = await self.media(bot, events) if self.media is not None else without_markers(events)
+        if start.interrupt:  # busy policy interrupt: stop the running turn; this one runs after it
+            await self._send(session_id, [{"type": "user.interrupt"}], call="interrupt")
         try:
-            if start.interrupt:  # busy policy interrupt: stop the running turn; this one runs after it
-                await self._send(session_id, [{"type": "user.interrupt"}], call="interrupt")
-            try:
-                await self._send(session_id, events, call="user_turn")
-            except NotFoundError:
-                # The session is gone (deleted, expired): start a new one and send there, once.
-                log.info("session of %s is gone; creating a new one", conversation)
-                await self.streams.untrack(partition, session_id, conversation)
-                await self.state.conversations.unmap_session(conversation, session_id)
-                created = await self._create_session(command)
-                start = await self._begin(command, partition, turn_id, "resume", new_session=created)
-                if start.session_id is None:
-                    raise
-                await self.streams.track(
-                    partition,
-                    InflightStream(start.session_id, conversation, trace_id=command.trace_id),
-                    registered=True,
-                )
-                await self._send(start.session_id, events, call="user_turn")
-        except SessionAPIError:
-            # Not sent (as far as the client can tell): no idle will end this turn.
-            await self.state.conversations.drop_turn(conversation, turn_id)
-            raise
+            await self._send(session_id, events, call="user_turn")
+        except NotFoundError:
+            # The session is gone (deleted, expired): start a new one and send there, once.
+            log.info("session of %s is gone; creating a new one", conversation)
+            await self.streams.untrack(partition, session_id, conversation)
+            await self.state.conversations.unmap_session(conversation, session_id)
+            created = await self._create_session(command)
+            start = await self._begin(command, partition, turn_id, "resume", new_session=created)
+            if start.session_id is None:
+                raise
+            await self.streams.track(
+                partition,
+                InflightStream(start.session_id, conversation, trace_id=command.trace_id),
+                registered=True,
+            )
+            await self._send(start.session_id, events, call="user_turn")
         metrics.TURNS_STARTED.labels(command.platform, bot.busy_policy).inc()
         if self.typing is not None:
             await self.typing(bot, command.chat_id, command.route)
-        return True
+        return "sent"
 
     async def _begin(
         self,

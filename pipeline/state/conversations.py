@@ -338,5 +338,6 @@ def _turn_start(raw: Any) -> TurnStart:
         session_id=session_id or None,
         cursor=cursor.partition("|")[2] if cursor.partition("|")[0] == session_id and session_id else None,
         interrupt=interrupt == "1",
-        taken=tuple(flag == "1" for flag in rest[0]) if rest else (),
+        taken=tuple(flag == "1" for flag in rest[0]) if rest and decision == "partial" else (),
+        failure=rest[0] if rest and decision == "failed" else None,
     )

@@ -121,7 +121,7 @@ class InflightStream:
     trace_id: str | None = None
 
 
-Decision = Literal["start", "held", "behind", "hold", "busy", "done", "partial", "resume", "no_session"]
+Decision = Literal["start", "held", "behind", "hold", "busy", "done", "partial", "resume", "no_session", "failed"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,8 @@ class TurnStart:
     # `partial`: per inbound message of the turn, whether another turn already took it (its marker
     # is set), in the order of `inbound_ids`.
     taken: tuple[bool, ...] = ()
+    # `failed`: the notice the chat was told instead when this turn's send failed.
+    failure: str | None = None
 
 
 @dataclass(frozen=True)

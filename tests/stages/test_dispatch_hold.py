@@ -17,6 +17,7 @@ from pipeline.session.models import UserMessage
 from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
+from pipeline.sim.settings import Faults
 from pipeline.stages._ids import user_message_id
 from pipeline.stages.dispatch import DispatchStage, merge_turns, turn_message_id
 from pipeline.stages.notify import Notifier
@@ -207,16 +208,24 @@ async def test_a_failed_flush_after_a_chats_messages_in_a_row_tells_the_chat(red
 
 @asynccontextmanager
 async def sim_dispatch(
-    redis_url: str, redis_prefix: str, settings: Settings | None = None
+    redis_url: str,
+    redis_prefix: str,
+    settings: Settings | None = None,
+    *,
+    faults: Faults | None = None,
+    recorder: Recorder | None = None,
 ) -> AsyncIterator[tuple[DispatchStage, State, SessionClient, str]]:
     """Dispatch against the session simulator, one session; by default for bot `demo` (merges
-    while busy)."""
+    while busy). With `faults`, the simulator's (changed by the test as it goes) and a client that
+    tries each call once."""
     settings = settings or Settings(redis_prefix=redis_prefix, console_enabled=True)
     state = State.connect(redis_url, settings.redis_prefix)
-    async with SimServer(SimSettings(api_key="k", seed=7)) as sim:
+    sim_settings = SimSettings(api_key="k", seed=7, faults=faults or Faults())
+    async with SimServer(sim_settings) as sim:
         session_id = await sim.create_session()
-        client = SessionClient(api_key="k", base_url=sim.base_url("ark"))
-        outputs = Outputs(Recorder())
+        retry = RetryPolicy(max_attempts=1) if faults is not None else None
+        client = SessionClient(api_key="k", base_url=sim.base_url("ark"), retry=retry)
+        outputs = Outputs(recorder or Recorder())
         stage = DispatchStage(
             settings,
             state,
@@ -366,3 +375,79 @@ async def test_the_console_notes_messages_merged_by_ingest(redis_url: str, redis
         finally:
             await pubsub.aclose()
             await subscriber.aclose()
+
+
+def queue_settings(redis_prefix: str) -> Settings:
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
+    return Settings(redis_prefix=redis_prefix, bots=[bot])
+
+
+async def test_a_held_turn_whose_send_fails_is_told_once_and_never_sent_after(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Queue policy: A runs, B is held; A ends, and C arrives before the owed flush, so C goes behind
+    B and B is flushed at once, while the session API answers 429. The chat is told, once for each
+    message (B's notice answers B, not C), and neither is held any longer: neither is sent later,
+    when the API recovers, after its notice (a notice and then the reply was a message answered
+    twice). C, behind B, is tried in its turn too."""
+    faults = Faults()
+    recorder = Recorder()
+    settings = queue_settings(redis_prefix)
+    async with sim_dispatch(redis_url, redis_prefix, settings, faults=faults, recorder=recorder) as (
+        stage,
+        state,
+        client,
+        session_id,
+    ):
+        conversations = state.conversations
+        running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
+        await stage.handle(command("m-B"), 0)  # held behind A
+        assert await end_turn(state, session_id, "msg-A", "idle-A") == 1
+        faults.update({"rate_429": 1.0, "retry_after": 0})
+        await stage.handle(command("m-C"), 0)  # behind B: B is flushed now, and fails
+        notices = recorder.replies()
+        assert [(n.kind, n.reply_to_message_id, n.trace_id) for n in notices] == [
+            ("notice", None, "t-m-B"),
+            ("notice", None, "t-m-C"),
+        ]
+        assert await conversations.peek_held(CONVERSATION) == []
+        assert (await conversations.conversation(CONVERSATION)).status == "idle"
+        letters = [DeadLetter.model_validate_json(v) for t, v in recorder.records if t == "im.deadletter"]
+        assert [letter.reason for letter in letters] == ["session_api_error", "session_api_error"]
+
+        faults.update({"rate_429": 0.0})
+        await stage.handle(flush_command(), 0)  # A's owed flush, late: nothing is held
+        for replayed in ("m-B", "m-C"):  # the records again (a crash before their commit)
+            await stage.handle(command(replayed), 0)
+        assert await received(client, session_id) == []
+        again = recorder.replies()[len(notices) :]
+        assert [n.outbound_id for n in again] == [n.outbound_id for n in notices]  # the same notices: sent once
+
+
+async def test_a_turn_whose_send_failed_is_told_again_on_a_replay_not_sent(redis_url: str, redis_prefix: str) -> None:
+    """A user turn's send fails (500) and the chat is told. The record is replayed (the worker died
+    before committing it) when the API has recovered: the replay produces the same notice again
+    (its id is stable, so egress sends it once), never the turn: a reply after "try again later"
+    would answer the message twice. An operator's replay of its dead letter sends it."""
+    faults = Faults()
+    recorder = Recorder()
+    async with sim_dispatch(redis_url, redis_prefix, faults=faults, recorder=recorder) as (
+        stage,
+        _,
+        client,
+        session_id,
+    ):
+        faults.update({"rate_500": 1.0})
+        await stage.handle(command("m-1"), 0)
+        (notice,) = recorder.replies()
+        faults.update({"rate_500": 0.0})
+        await stage.handle(command("m-1"), 0)
+        assert [n.outbound_id for n in recorder.replies()] == [notice.outbound_id] * 2
+        assert await received(client, session_id) == []
+
+        (letter,) = [DeadLetter.model_validate_json(v) for t, v in recorder.records if t == "im.deadletter"]
+        replayed = SessionCommand.model_validate_json(letter.record)
+        replayed.hops["replay"] = now_ms()
+        await stage.handle(replayed, 0)
+        assert await received(client, session_id) == [("msg-m-1", ["m-1"])]

@@ -9,7 +9,9 @@
 -- 11 '1' when the caller can take messages out of this turn (a merged turn that says which content
 -- blocks are whose), 12 a status note to PUBLISH on the channel when the turn starts other than by
 -- a flush ('' for none; the console's note on messages ingest merged).
--- Returns {decision, session id, cursor, interrupt, taken}: 'done' (sent before, or every message it
+-- Returns {decision, session id, cursor, interrupt, taken}: 'failed' (its send failed and the chat was
+-- told instead; `taken` is the notice's kind: a replay tells it again, never sends; not for 'resume',
+-- an operator's replay), 'done' (sent before, or every message it
 -- carries already started, held or merged: a replay), 'partial' (some of its messages, not all,
 -- already taken by another turn: a merged turn replayed after a crash, its batch split otherwise
 -- than the first time; `taken` says which, '1' or '0' per message in order; nothing written: begin
@@ -36,6 +38,10 @@ local cursor = redis.call('HGET', conv, 'cursor') or ''
 if sent == '1' then
   mark_inbound()
   return {'done', session or '', cursor, '0'}
+end
+if sent and string.sub(sent, 1, 7) == 'failed:' and mode ~= 'resume' then
+  mark_inbound()
+  return {'failed', session or '', cursor, '0', string.sub(sent, 8)}
 end
 if sent == 'sending' and mode ~= 'resume' then return {'resume', session or '', cursor, '0'} end
 -- Every message of this turn already marked: a copy of messages that were started, held or merged
