@@ -152,6 +152,21 @@ async def test_a_replayed_turn_is_resumed_or_skipped_never_started_twice(state: 
     assert await begin(state, "t1") == "done"
 
 
+async def test_a_turn_whose_send_failed_and_was_told_comes_back_failed_with_its_notice(state: State) -> None:
+    """Dispatch marks a turn failed (with the notice it sent) when the session API refused it: any
+    replay, held or flushed or not, and its messages' copies, come back `failed`; only `resume` (an
+    operator's replay of the dead letter) starts it."""
+    await state.conversations.map_session("k", "s1")
+    assert await begin(state, "t1", "queue", markers=["m1"]) == "start"
+    assert await state.conversations.drop_turn("k", "t1") == 0
+    await state.markers.set_marker("sent", "t1", "k", value="failed:overloaded")
+    for mode in ("queue", "merge", "flush", "interrupt"):
+        start = await begin_start(state, "t1", mode, markers=["m1"])
+        assert (start.decision, start.failure, start.taken) == ("failed", "overloaded", ())
+    assert await state.conversations.turns_in_session("k") == []  # nothing recorded
+    assert await begin(state, "t1", "resume") == "start"
+
+
 async def test_busy_session_holds_the_turn_once_and_its_end_flushes_it(state: State) -> None:
     conversations = state.conversations
     await conversations.map_session("k", "s1")
