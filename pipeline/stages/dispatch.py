@@ -488,7 +488,18 @@ class DispatchStage:
             pending=remaining,
         )
         await self.streams.track(partition, stream, registered=True)
-        await self._send_once(conversation, state.session_id, key, command.events, call=command.kind)
+        try:
+            await self._send_once(conversation, state.session_id, key, command.events, call=command.kind)
+        except SessionAPIError:
+            if not work_revoked():  # (moved: its new owner has the record, and writes this state)
+                # Not delivered: the session still waits for these answers. The conversation goes
+                # back to waiting on the chat, so that after the notice the chat can answer again
+                # (the same answer claims the same send marker, and sends).
+                await self.streams.untrack(partition, state.session_id, conversation)
+                await self.state.conversations.update_conversation(
+                    conversation, status=state.status, pending=state.pending
+                )
+            raise
 
     # -- sending -------------------------------------------------------------------------------
     async def _send_once(

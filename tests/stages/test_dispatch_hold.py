@@ -1,6 +1,7 @@
-"""Dispatch holds a message for a busy session in the same round trip that decides it. Against a
-real Redis; the session API is never reached (a held message is not sent), and what dispatch
-produces goes to a recorder at the producer seam."""
+"""Dispatch holds a message for a busy session in the same round trip that decides it, releases
+held messages in order, and answers each message once when the session API refuses its turn.
+Against a real Redis and, where something is sent, the session simulator; what dispatch produces
+goes to a recorder at the producer seam."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
-from pipeline.session.models import UserMessage
+from pipeline.session.models import AgentToolUse, UserMessage
 from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -23,7 +24,7 @@ from pipeline.stages.dispatch import DispatchStage, merge_turns, turn_message_id
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs
 from pipeline.stages.streams import StreamRegistry
-from pipeline.state import LiveMessage, State, TurnRecord, redis_py_client
+from pipeline.state import LiveMessage, PendingAction, State, TurnRecord, redis_py_client
 from pipeline.state import pubsub as redis_pubsub
 
 from .turns import Recorder, round_trips, running_turn
@@ -451,3 +452,54 @@ async def test_a_turn_whose_send_failed_is_told_again_on_a_replay_not_sent(redis
         replayed.hops["replay"] = now_ms()
         await stage.handle(replayed, 0)
         assert await received(client, session_id) == [("msg-m-1", ["m-1"])]
+
+
+async def until_tool_use(client: SessionClient, session_id: str) -> AsyncIterator[AgentToolUse]:
+    """The session's first tool use (yielded alone; the subscription ends with it)."""
+    async for event in client.subscribe(session_id):
+        if isinstance(event, AgentToolUse):
+            yield event
+            return
+
+
+async def test_a_confirmation_whose_send_fails_can_be_given_again(redis_url: str, redis_prefix: str) -> None:
+    """The agent asks to confirm a tool; the chat's /allow cannot be delivered (the session API
+    answers 500). The chat is told, and the conversation waits on the chat again, as before the
+    answer (its pending confirmation kept, the stream released): a second /allow is delivered.
+    (Rewritten before the send, the state had dropped the confirmation and said `running`, so the
+    second /allow found nothing to confirm and the conversation stayed busy for good.)"""
+    faults = Faults()
+    recorder = Recorder()
+    async with sim_dispatch(redis_url, redis_prefix, faults=faults, recorder=recorder) as (
+        stage,
+        state,
+        client,
+        session_id,
+    ):
+        conversations = state.conversations
+        ask = command("m-1")
+        ask.events[0]["content"] = [{"type": "text", "text": "[sim:confirm_tool] please"}]
+        await stage.handle(ask, 0)
+        async with asyncio.timeout(5):
+            asking = [e async for e in until_tool_use(client, session_id)]
+        pending = [PendingAction(event_id=str(asking[-1].id), kind="confirmation", name="shell")]
+        # As render leaves it when the session waits on the chat: the stream released.
+        await stage.streams.untrack(0, session_id, CONVERSATION)
+        await conversations.update_conversation(CONVERSATION, status="requires_action", pending=pending)
+
+        def allow(inbound: str) -> SessionCommand:
+            event = {"type": "user.tool_confirmation", "tool_use_id": pending[0].event_id, "result": "allow"}
+            return command(inbound).model_copy(update={"kind": "tool_confirmation", "events": [event]})
+
+        faults.update({"rate_500": 1.0})
+        await stage.handle(allow("m-2"), 0)
+        assert [(n.kind, n.trace_id) for n in recorder.replies()] == [("notice", "t-m-2")]
+        after = await conversations.conversation(CONVERSATION)
+        assert (after.status, after.pending) == ("requires_action", pending)
+        assert stage.streams.open_streams == 0
+
+        faults.update({"rate_500": 0.0})
+        await stage.handle(allow("m-3"), 0)
+        confirmed = [e async for e in client.list(session_id) if e.type == "user.tool_confirmation"]
+        assert len(confirmed) == 1
+        assert (await conversations.conversation(CONVERSATION)).status == "running"
