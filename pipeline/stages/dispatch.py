@@ -33,6 +33,8 @@ from .streams import StreamRegistry
 log = logging.getLogger(__name__)
 
 Work = Callable[[], Awaitable[None]]
+# The sent marker of a held message told `overloaded` instead of being sent (`_take_held`).
+_TOLD_OVERLOADED = "told:overloaded"
 # What became of a user turn dispatch tried to start (`DispatchStage._start_turn`).
 TurnOutcome = Literal["sent", "failed", "waiting"]
 
@@ -244,27 +246,33 @@ class DispatchStage:
             raw = await conversations.peek_held(conversation, limit)
             if not raw:
                 return None
-            # A replayed command may have been held although its turn was sent already: drop it.
+            # A replayed command may have been held although its turn was sent already, and one
+            # too old for a turn told so by a flush that then found the session busy: drop them.
             sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw], conversation)
-            held: list[SessionCommand] = []
+            held: list[tuple[str, SessionCommand]] = []
             taken = messages = 0  # held entries this flush takes; messages among them
-            for (_, entry), marker in zip(raw, sent, strict=True):
-                kept = SessionCommand.model_validate_json(entry) if marker != "1" else None
+            for (turn_id, entry), marker in zip(raw, sent, strict=True):
+                done = marker == "1" or marker == _TOLD_OVERLOADED
+                kept = SessionCommand.model_validate_json(entry) if not done else None
                 count = len(kept.inbound_ids) if kept is not None else 0
-                if held and (messages + count > limit or (kept is not None and kept.route != held[0].route)):
+                if held and (messages + count > limit or (kept is not None and kept.route != held[0][1].route)):
                     # A merged turn is answered in one place, the thread of its newest message:
                     # messages of another thread wait for the next flush.
                     break
                 taken += 1
                 messages += count
                 if kept is not None:
-                    held.append(kept)
-            stale = [c for c in held if too_late(bot.overload, c.hops, now_ms())]
+                    held.append((turn_id, kept))
+            stale = [(t, c) for t, c in held if too_late(bot.overload, c.hops, now_ms())]
             if stale:  # their turn did not start in time: the notice instead (they go with this flush)
-                await self._overloaded(bot, stale)
-                held = [c for c in held if c not in stale]
+                await self._overloaded(bot, [c for _, c in stale])
+                # Marked: should the session be busy, they stay in the queue, and a later flush must
+                # not tell them again (grouped otherwise, under another notice id).
+                told = [t for t, _ in stale]
+                await self.state.markers.set_markers("sent", told, conversation, value=_TOLD_OVERLOADED)
+                held = [(t, c) for t, c in held if t not in told]
             if held:
-                return held, taken
+                return [c for _, c in held], taken
             await conversations.drop_held(conversation, taken)
 
     async def _start_turn(

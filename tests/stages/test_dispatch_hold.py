@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 
 from prometheus_client import REGISTRY
 
+from pipeline import metrics
+from pipeline.controls.overload import OverloadConfig
 from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
 from pipeline.session.models import AgentToolUse, UserMessage
@@ -26,6 +28,7 @@ from pipeline.stages.outputs import Outputs
 from pipeline.stages.streams import StreamRegistry
 from pipeline.state import LiveMessage, PendingAction, State, TurnRecord, redis_py_client
 from pipeline.state import pubsub as redis_pubsub
+from tests.metric_values import current
 
 from .turns import Recorder, round_trips, running_turn
 
@@ -503,3 +506,31 @@ async def test_a_confirmation_whose_send_fails_can_be_given_again(redis_url: str
         confirmed = [e async for e in client.list(session_id) if e.type == "user.tool_confirmation"]
         assert len(confirmed) == 1
         assert (await conversations.conversation(CONVERSATION)).status == "running"
+
+
+async def test_held_messages_too_old_for_a_turn_are_told_once(redis_url: str, redis_prefix: str) -> None:
+    """Merge policy, overload bound 0.3 s: B is held, then C. A flush that arrives while A still
+    runs (a late one) finds B too old: B is told `overloaded`, C stays held. When A ends and C is
+    too old as well, C is told, and B not again (it was still in the queue, and a notice over B and
+    C under a new id would have answered B twice)."""
+    overload = OverloadConfig(max_wait_seconds=0.3)
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="merge", overload=overload)
+    settings = Settings(redis_prefix=redis_prefix, bots=[bot])
+    recorder = Recorder()
+    async with sim_dispatch(redis_url, redis_prefix, settings, recorder=recorder) as (stage, state, client, session_id):
+        running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
+        told = current(metrics.OVERLOADED.labels("console", "demo"))
+        await stage.handle(command("m-B"), 0)
+        await asyncio.sleep(0.4)
+        await stage.handle(command("m-C"), 0)
+        await stage.handle(flush_command(), 0)  # late: A runs
+        assert current(metrics.OVERLOADED.labels("console", "demo")) - told == 1
+        await asyncio.sleep(0.4)
+        assert await end_turn(state, session_id, "msg-A", "idle-A") > 0
+        await stage.handle(flush_command(), 0)
+        assert current(metrics.OVERLOADED.labels("console", "demo")) - told == 2  # B once, C once
+        assert [n.trace_id for n in recorder.replies()] == ["t-m-B", "t-m-C"]
+        assert len({n.outbound_id for n in recorder.replies()}) == 2
+        assert await state.conversations.peek_held(CONVERSATION) == []
+        assert await received(client, session_id) == []
