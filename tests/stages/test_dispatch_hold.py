@@ -9,6 +9,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from prometheus_client import REGISTRY
 
@@ -125,9 +126,12 @@ async def test_a_message_arriving_before_the_owed_flush_goes_behind_the_held_one
     """Queue policy: A runs, B is held; A ends (a flush is now owed and on its way through the
     topic), and C reaches dispatch before that flush. C must not overtake B: it is held behind it,
     and dispatch flushes B at once. The late flush then finds the session busy and does nothing."""
-    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
-    settings = Settings(redis_prefix=redis_prefix, bots=[bot])
-    async with sim_dispatch(redis_url, redis_prefix, settings) as (stage, state, client, session_id):
+    async with sim_dispatch(redis_url, redis_prefix, queue_settings(redis_prefix)) as (
+        stage,
+        state,
+        client,
+        session_id,
+    ):
         running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
         await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
         await stage.handle(command("m-B"), 0)
@@ -381,6 +385,33 @@ async def test_the_console_notes_messages_merged_by_ingest(redis_url: str, redis
             await subscriber.aclose()
 
 
+@dataclass
+class FailingDispatch:
+    """Dispatch against the simulator whose `faults` the test changes as it goes (each call tried
+    once), and what it produced."""
+
+    stage: DispatchStage
+    state: State
+    client: SessionClient
+    session_id: str
+    faults: Faults
+    recorder: Recorder
+
+
+@asynccontextmanager
+async def failing_dispatch(
+    redis_url: str, redis_prefix: str, settings: Settings | None = None
+) -> AsyncIterator[FailingDispatch]:
+    faults, recorder = Faults(), Recorder()
+    async with sim_dispatch(redis_url, redis_prefix, settings, faults=faults, recorder=recorder) as (
+        stage,
+        state,
+        client,
+        session_id,
+    ):
+        yield FailingDispatch(stage, state, client, session_id, faults, recorder)
+
+
 def queue_settings(redis_prefix: str) -> Settings:
     bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="queue")
     return Settings(redis_prefix=redis_prefix, bots=[bot])
@@ -394,15 +425,9 @@ async def test_a_held_turn_whose_send_fails_is_told_once_and_never_sent_after(
     message (B's notice answers B, not C), and neither is held any longer: neither is sent later,
     when the API recovers, after its notice (a notice and then the reply was a message answered
     twice). C, behind B, is tried in its turn too."""
-    faults = Faults()
-    recorder = Recorder()
-    settings = queue_settings(redis_prefix)
-    async with sim_dispatch(redis_url, redis_prefix, settings, faults=faults, recorder=recorder) as (
-        stage,
-        state,
-        client,
-        session_id,
-    ):
+    async with failing_dispatch(redis_url, redis_prefix, queue_settings(redis_prefix)) as failing:
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
+        faults, recorder = failing.faults, failing.recorder
         conversations = state.conversations
         running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
         await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
@@ -434,14 +459,9 @@ async def test_a_turn_whose_send_failed_is_told_again_on_a_replay_not_sent(redis
     before committing it) when the API has recovered: the replay produces the same notice again
     (its id is stable, so egress sends it once), never the turn: a reply after "try again later"
     would answer the message twice. An operator's replay of its dead letter sends it."""
-    faults = Faults()
-    recorder = Recorder()
-    async with sim_dispatch(redis_url, redis_prefix, faults=faults, recorder=recorder) as (
-        stage,
-        _,
-        client,
-        session_id,
-    ):
+    async with failing_dispatch(redis_url, redis_prefix) as failing:
+        stage, client, session_id = failing.stage, failing.client, failing.session_id
+        faults, recorder = failing.faults, failing.recorder
         faults.update({"rate_500": 1.0})
         await stage.handle(command("m-1"), 0)
         (notice,) = recorder.replies()
@@ -471,14 +491,9 @@ async def test_a_confirmation_whose_send_fails_can_be_given_again(redis_url: str
     answer (its pending confirmation kept, the stream released): a second /allow is delivered.
     (Rewritten before the send, the state had dropped the confirmation and said `running`, so the
     second /allow found nothing to confirm and the conversation stayed busy for good.)"""
-    faults = Faults()
-    recorder = Recorder()
-    async with sim_dispatch(redis_url, redis_prefix, faults=faults, recorder=recorder) as (
-        stage,
-        state,
-        client,
-        session_id,
-    ):
+    async with failing_dispatch(redis_url, redis_prefix) as failing:
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
+        faults, recorder = failing.faults, failing.recorder
         conversations = state.conversations
         ask = command("m-1")
         ask.events[0]["content"] = [{"type": "text", "text": "[sim:confirm_tool] please"}]
