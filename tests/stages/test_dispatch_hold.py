@@ -549,3 +549,22 @@ async def test_held_messages_too_old_for_a_turn_are_told_once(redis_url: str, re
         assert len({n.outbound_id for n in recorder.replies()}) == 2
         assert await state.conversations.peek_held(CONVERSATION) == []
         assert await received(client, session_id) == []
+
+
+async def test_a_held_turn_marked_failed_goes_alone_and_is_told_again(redis_url: str, redis_prefix: str) -> None:
+    """Merge policy. B's flush failed and B was told, and the worker died before B's entry left the
+    queue (its sent marker says failed; the entry is still held), with C held after it. The replayed
+    flush tells B again under the same notice, alone, and sends C in a turn of its own: B merged
+    into C's turn would reach the agent after its notice."""
+    async with failing_dispatch(redis_url, redis_prefix) as failing:
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
+        running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
+        await stage.handle(command("m-B"), 0)
+        await stage.handle(command("m-C"), 0)
+        await state.markers.set_marker("sent", "msg-m-B", CONVERSATION, value="failed:provider_error")
+        assert await end_turn(state, session_id, "msg-A", "idle-A") == 2
+        await stage.handle(flush_command(), 0)
+        assert [(n.kind, n.trace_id) for n in failing.recorder.replies()] == [("notice", "t-m-B")]
+        assert await received(client, session_id) == [("msg-m-C", ["m-C"])]
+        assert await state.conversations.peek_held(CONVERSATION) == []
