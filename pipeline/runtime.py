@@ -59,7 +59,7 @@ from pipeline.stages.leakguard import LeakGuard
 from pipeline.stages.notify import Notifier
 from pipeline.stages.outputs import Outputs, Send
 from pipeline.stages.refused_early import EarlyRefusals, RefusalBroadcast
-from pipeline.stages.render import RenderStage, budgeted_bot
+from pipeline.stages.render import FlushNow, RenderStage, budgeted_bot
 from pipeline.stages.streams import StreamRegistry
 from pipeline.stages.tools import ImTools
 from pipeline.state import ContextEntry, State, redis_py_client
@@ -172,6 +172,8 @@ class Runtime:
         self.web: WebServer | None = None
         self.web_port: int | None = None
         self._deadline_check: asyncio.Task[None] | None = None
+        # Set by the worker's app where dispatch and render run together (see `RenderStage._flush`).
+        self.flush_now: FlushNow | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -270,6 +272,7 @@ class Runtime:
             corrector=self.corrector,
             media=self.media,
             deadlines=self.deadlines,
+            flush_now=self.flush_now,
         )
         self.egress = EgressStage(
             s,

@@ -59,6 +59,10 @@ from .tools import ImTools, ToolResult
 
 log = logging.getLogger(__name__)
 
+# Starts dispatch's flush of a conversation in this worker (the command, its partition), or leaves
+# it to the flush record.
+FlushNow = Callable[[SessionCommand, int], Awaitable[None]]
+
 Work = Callable[[], Awaitable[None]]
 
 _TOOL_CALLS = frozenset({"agent.tool_use", "agent.mcp_tool_use", "agent.custom_tool_use"})
@@ -150,8 +154,12 @@ class RenderStage:
         corrector: contract.ReplyCorrector | None = None,
         media: Any = None,
         deadlines: ReplyDeadlines | None = None,
+        flush_now: FlushNow | None = None,
     ) -> None:
         self.deadlines = deadlines
+        # Dispatch's flush of a conversation, started in this worker without waiting for the flush
+        # record to travel through `session.input` (see `_flush`); None where dispatch runs elsewhere.
+        self.flush_now = flush_now
         self.budgets = UsageBudgets(state.redis, state.keys)
         self.settings = settings
         self.state = state
@@ -245,7 +253,7 @@ class RenderStage:
             # Handled before. A flush may still be owed (a crash after the end was written): its
             # repeat is harmless.
             if end.handled == "flush" and end.state.turn is not None:
-                await self._flush(record, end.state.turn.platform, end.state.turn.bot_id, end.state.turn)
+                await self._flush(record, partition, end.state.turn.platform, end.state.turn.bot_id, end.state.turn)
             return
         state = end.state
         if last is not None:
@@ -546,24 +554,30 @@ class RenderStage:
         if self.deadlines is not None and turn_id is not None and state.turn is not None:
             await self.deadlines.turn_ended(bot, record.conversation_key, turn_id, state.turn)
         if held > 0:
-            await self._flush(record, bot.platform, bot.bot_id, state.turn)
-            await self.outputs.delivered()
+            await self._flush(record, partition, bot.platform, bot.bot_id, state.turn)
 
-    async def _flush(self, record: SessionEventRecord, platform: str, bot_id: str, turn: Any) -> None:
-        """Ask dispatch to send the messages held while the turn ran."""
+    async def _flush(self, record: SessionEventRecord, partition: int, platform: str, bot_id: str, turn: Any) -> None:
+        """Ask dispatch to send the messages held while the turn ran: a flush record on
+        `session.input` (durable: a crash replays it), and, where dispatch runs in this worker and
+        owns the conversation's partition, the same flush started at once in the conversation's
+        order. The next turn then waits for one broker hop fewer, as a queued message in a busy
+        chat would otherwise pay at every turn; the record, when it arrives, finds the session busy
+        or nothing held, as a late flush does."""
         chat_id, chat_type = _chat_of(record.conversation_key, turn)
-        await self.outputs.session_command(
-            SessionCommand(
-                kind="flush",
-                conversation_key=record.conversation_key,
-                platform=platform,
-                bot_id=bot_id,
-                chat_id=chat_id,
-                chat_type=chat_type,
-                session_id=record.session_id,
-                trace_id=stable_id("flush-", record.event.id or record.conversation_key),
-            )
+        flush = SessionCommand(
+            kind="flush",
+            conversation_key=record.conversation_key,
+            platform=platform,
+            bot_id=bot_id,
+            chat_id=chat_id,
+            chat_type=chat_type,
+            session_id=record.session_id,
+            trace_id=stable_id("flush-", record.event.id or record.conversation_key),
         )
+        await self.outputs.session_command(flush)
+        await self.outputs.delivered()
+        if self.flush_now is not None:
+            await self.flush_now(flush, partition)
 
     # -- output helpers ------------------------------------------------------------------------
     async def _notice(

@@ -28,6 +28,7 @@ from pipeline.platforms.checks import check_bots
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.runtime import Runtime
 from pipeline.settings import Settings
+from pipeline.state.exceptions import UNAVAILABLE
 from pipeline.topics import IM_INBOUND, SESSION_EVENTS, SESSION_INPUT, outbound_topic
 
 from . import collector
@@ -173,6 +174,27 @@ def create_app(
             add(Stage("egress", topic, OutboundMessage, lambda records, at: runtime.egress.admit(records, at)))
 
     owned: dict[str, set[int]] = {"session_input": set()}
+
+    async def flush_now(command: SessionCommand, partition: int) -> None:
+        """Render's flush, run by dispatch here in the conversation's order: a work of the
+        `session.input` partition without an ack of its own (a rebalance that takes the partition
+        drops it, and the new owner has the flush record). Left to the record when this worker
+        does not own the partition (topics are co-partitioned: it does, but for a rebalance in
+        between) or dispatch has too much pending (render must not wait for its room)."""
+        executor = executors["dispatch"]
+        if partition not in owned["session_input"] or executor.pending >= executor.max_pending:
+            return
+
+        async def flush() -> None:
+            try:
+                await runtime.dispatch.handle(command, partition)
+            except UNAVAILABLE as exc:  # not retried here: the flush record's handling is
+                log.info("flush of %s left to its record: Redis unavailable (%s)", command.conversation_key, exc)
+
+        await executor.submit(command.conversation_key, flush, partition=TP(SESSION_INPUT, partition))
+
+    if {"dispatch", "render"} <= stage_set:
+        runtime.flush_now = flush_now
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: faust.App, revoked: set[TP], **_: Any) -> None:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.records import Position, SessionEventRecord
+from pipeline.records import Position, SessionCommand, SessionEventRecord
 from pipeline.runtime import reply_policy
 from pipeline.segments.media import MediaChecker, MediaSettings
 from pipeline.settings import Settings
@@ -141,6 +141,31 @@ async def test_held_messages_wait_for_the_last_turn_sent(redis_url: str, redis_p
     # idle finds the flush owed and asks for it again (a repeat is harmless).
     await stage.handle(idle("i2"))
     assert flushes(recorder) == 2
+
+
+async def test_a_flush_is_started_in_place_once_its_record_is_produced(redis_url: str, redis_prefix: str) -> None:
+    """Where dispatch runs in the same worker, render also hands the flush to it at once (the
+    record, produced first, stays the durable way: a crash replays it), with the conversation's
+    partition; the replayed idle hands it again."""
+    stage, recorder = render_stage(redis_url, redis_prefix)
+    handed: list[tuple[str, str, int, int]] = []
+
+    async def flush_now(command: SessionCommand, partition: int) -> None:
+        handed.append((command.kind, command.conversation_key, partition, flushes(recorder)))
+
+    stage.flush_now = flush_now
+    await send_turn(stage.state, "msg-A")
+    start = await stage.state.conversations.begin_turn(
+        CONVERSATION, 3, turn_id="msg-C", mode="merge", turn=TURN_C, command_json="{}", trace_id="t-C"
+    )
+    assert start.decision == "held"
+    await agent_says(stage.state)
+    await stage.handle(idle("i1"), 3)
+    assert handed == [("flush", CONVERSATION, 3, 1)]  # after its record
+    (record,) = [SessionCommand.model_validate_json(v) for t, v in recorder.records if t == "session.input"]
+    await stage.handle(idle("i1"), 3)
+    assert handed[1:] == [("flush", CONVERSATION, 3, 2)]
+    assert record.kind == "flush" and record.trace_id.startswith("flush-")
 
 
 async def test_a_message_and_its_idle_in_one_batch_need_no_write_of_their_own(
