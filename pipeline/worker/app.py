@@ -23,7 +23,7 @@ from faust.types import TP
 
 from pipeline import hopstamps, metrics
 from pipeline.errors import ConfigurationError
-from pipeline.executor import KeyedExecutor
+from pipeline.executor import KeyedExecutor, work_revoked
 from pipeline.platforms.checks import check_bots
 from pipeline.records import InboundMessage, OutboundMessage, SessionCommand, SessionEventRecord
 from pipeline.runtime import Runtime
@@ -182,8 +182,8 @@ def create_app(
         does not own the partition (topics are co-partitioned: it does, but for a rebalance in
         between) or dispatch has too much pending (render must not wait for its room)."""
         executor = executors["dispatch"]
-        if partition not in owned["session_input"] or executor.pending >= executor.max_pending:
-            return
+        if work_revoked() or partition not in owned["session_input"] or executor.pending >= executor.max_pending:
+            return  # (render's own work revoked, or the partition between owners: the record's new owner)
 
         async def flush() -> None:
             try:
@@ -199,6 +199,7 @@ def create_app(
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(app: faust.App, revoked: set[TP], **_: Any) -> None:
         metrics.PARTITIONS_ASSIGNED.set(0)  # until the rebalance assigns again
+        owned["session_input"] -= {tp.partition for tp in revoked if tp.topic == SESSION_INPUT}
         # Work of revoked partitions no longer acknowledges: the new owner replays it.
         for executor in executors.values():
             executor.drop_partitions(set(revoked))
