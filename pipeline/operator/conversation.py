@@ -207,7 +207,8 @@ def render_text(report: dict[str, Any]) -> list[str]:
         f"  platform {report['platform']}, bot {report['bot']}, chat {report['chat']}"
         + (f", user {report['user']}" if report["user"] else ""),
         f"  session     {report['session'] or '(none mapped: the next message starts one)'}",
-        f"  status      {report['status']}" + (" (interrupted)" if report["interrupted"] else ""),
+        f"  status      {report['status']}"
+        + (f" (interrupted: {report['interrupted']})" if report["interrupted"] else ""),
         f"  partition   {report['partition']} of session.input",
     ]
     turns = report["turns_in_flight"]

@@ -484,7 +484,7 @@ class DispatchStage:
         if state.status == "idle" or not state.session_id:
             await self._notice(bot, command, "stopped")  # nothing running: say so, send nothing (Ark errors)
             return
-        await conversations.update_conversation(conversation, interrupted=True)
+        await conversations.update_conversation(conversation, interrupted="stop")
         await self._send(state.session_id, [{"type": "user.interrupt"}], call="interrupt")
 
     async def _answer(self, bot: BotConfig, command: SessionCommand, partition: int) -> None:
@@ -507,15 +507,37 @@ class DispatchStage:
         try:
             await self._send_once(conversation, state.session_id, key, command.events, call=command.kind)
         except SessionAPIError:
-            if not work_revoked():  # (moved: its new owner has the record, and writes this state)
+            # (Unless the partition moved meanwhile: its new owner has the record, and writes this state.)
+            # A custom tool's result is ended only where the turn waited for it (not a late replay).
+            if not work_revoked() and not (
+                command.kind == "tool_result"
+                and state.status == "requires_action"
+                and await self._end_unanswered_turn(conversation, state.session_id)
+            ):
                 # Not delivered: the session still waits for these answers. The conversation goes
                 # back to waiting on the chat, so that after the notice the chat can answer again
                 # (the same answer claims the same send marker, and sends).
                 await self.streams.untrack(partition, state.session_id, conversation)
                 await self.state.conversations.update_conversation(
-                    conversation, status=state.status, pending=state.pending
+                    conversation, status=state.status, pending=state.pending, interrupted=state.interrupted
                 )
             raise
+
+    async def _end_unanswered_turn(self, conversation: str, session_id: str) -> bool:
+        """A custom tool's result the session refused: nothing else will answer it (render ran the
+        tool; the chat cannot), so the turn is interrupted rather than left waiting for good, and
+        the chat may write again once it ends. Render takes that end silently (the chat is told of
+        the failure here), so the cause is written before the interrupt can end the turn. False
+        when the interrupt is refused too (the session API is down): the conversation then waits
+        until the chat's /stop, or an operator's replay of the dead-lettered result."""
+        await self.state.conversations.update_conversation(
+            conversation, status="running", pending=[], interrupted="failed"
+        )
+        try:
+            await self._send(session_id, [{"type": "user.interrupt"}], call="interrupt")
+        except SessionAPIError:
+            return False
+        return True
 
     # -- sending -------------------------------------------------------------------------------
     async def _send_once(

@@ -425,8 +425,10 @@ class RenderStage:
 
     async def _final_reply(self, bot: BotConfig, record: SessionEventRecord, state: ConversationState) -> None:
         metrics.observe_hop("render", record.hops, "stream", now_ms())
-        if state.interrupted:
+        if state.interrupted == "stop":
             await self._notice(bot, record, state, "stopped")
+            return
+        if state.interrupted == "failed":  # dispatch ended a turn it could not continue; the chat was told
             return
         turn = state.turn
         ctx = TurnContext(
@@ -549,7 +551,7 @@ class RenderStage:
             last_message_id=None,
             pending=[],
             tools={},
-            interrupted=False,
+            interrupted=None,
         )
         if self.deadlines is not None and turn_id is not None and state.turn is not None:
             await self.deadlines.turn_ended(bot, record.conversation_key, turn_id, state.turn)

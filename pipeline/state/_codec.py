@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .models import ContextEntry, ConversationState, PendingAction, TurnRecord
+from .models import ContextEntry, ConversationState, InterruptCause, PendingAction, TurnRecord
 
 
 def text(value: Any) -> str | None:
@@ -38,6 +38,10 @@ def hash_fields(fields: dict[str, Any]) -> tuple[dict[Any, Any], list[str]]:
     return mapping, deletes
 
 
+# "1" is how workers before the cause was kept wrote a /stop.
+_INTERRUPT_CAUSES: dict[str, InterruptCause] = {"stop": "stop", "1": "stop", "failed": "failed"}
+
+
 def conversation_state(raw: dict[Any, Any] | list[Any]) -> ConversationState:
     """A conversation hash (a dict, or HGETALL's flat list inside a script's reply) as its state."""
     if isinstance(raw, list):
@@ -53,7 +57,7 @@ def conversation_state(raw: dict[Any, Any] | list[Any]) -> ConversationState:
         last_message_id=data.get("last_message_id"),
         pending=[PendingAction.model_validate(p) for p in json.loads(data.get("pending") or "[]")],
         tools={k: PendingAction.model_validate(v) for k, v in json.loads(data.get("tools") or "{}").items()},
-        interrupted=data.get("interrupted") == "1",
+        interrupted=_INTERRUPT_CAUSES.get(data.get("interrupted") or ""),
         held=int(data.get("held") or 0),
         cursor=cursor_for(data.get("cursor"), data.get("session_id")),
     )

@@ -62,6 +62,9 @@ class TurnRecord(BaseModel):
     inbound_ids: list[str] = Field(default_factory=list)
 
 
+InterruptCause = Literal["stop", "failed"]
+
+
 class ConversationState(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -72,7 +75,10 @@ class ConversationState(BaseModel):
     last_message_id: str | None = None
     pending: list[PendingAction] = Field(default_factory=list)
     tools: dict[str, PendingAction] = Field(default_factory=dict)
-    interrupted: bool = False
+    # Why the running turn was interrupted, until it ends: `stop` (the chat's /stop: the end is
+    # told "stopped"), `failed` (dispatch, after the session refused a custom tool's result: the
+    # chat was told of the failure, the end is silent).
+    interrupted: InterruptCause | None = None
     held: int = 0
     # The last event id processed on this conversation's session stream (saved once per turn).
     cursor: str | None = None

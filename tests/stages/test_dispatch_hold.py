@@ -17,7 +17,7 @@ from pipeline import metrics
 from pipeline.controls.overload import OverloadConfig
 from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
-from pipeline.session.models import AgentToolUse, UserMessage
+from pipeline.session.models import AgentCustomToolUse, AgentToolUse, UserMessage
 from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -568,3 +568,93 @@ async def test_a_held_turn_marked_failed_goes_alone_and_is_told_again(redis_url:
         assert [(n.kind, n.trace_id) for n in failing.recorder.replies()] == [("notice", "t-m-B")]
         assert await received(client, session_id) == [("msg-m-C", ["m-C"])]
         assert await state.conversations.peek_held(CONVERSATION) == []
+
+
+async def until_custom_tool_use(client: SessionClient, session_id: str) -> AsyncIterator[AgentCustomToolUse]:
+    """The session's first custom tool use (yielded alone; the subscription ends with it)."""
+    async for event in client.subscribe(session_id):
+        if isinstance(event, AgentCustomToolUse):
+            yield event
+            return
+
+
+@asynccontextmanager
+async def waiting_on_custom_tool(
+    redis_url: str, redis_prefix: str, faults: Faults, recorder: Recorder
+) -> AsyncIterator[tuple[DispatchStage, State, SessionClient, str, PendingAction]]:
+    """Dispatch against the simulator, its session waiting on a custom tool's result, the
+    conversation as render leaves it then (the stream released)."""
+    async with sim_dispatch(redis_url, redis_prefix, faults=faults, recorder=recorder) as (
+        stage,
+        state,
+        client,
+        session_id,
+    ):
+        ask = command("m-1")
+        ask.events[0]["content"] = [{"type": "text", "text": "[sim:custom_tool=lookup] the weather"}]
+        await stage.handle(ask, 0)
+        async with asyncio.timeout(5):
+            (use,) = [e async for e in until_custom_tool_use(client, session_id)]
+        pending = PendingAction(event_id=str(use.id), kind="custom_tool", name="lookup")
+        await stage.streams.untrack(0, session_id, CONVERSATION)
+        await state.conversations.update_conversation(CONVERSATION, status="requires_action", pending=[pending])
+        yield stage, state, client, session_id, pending
+
+
+def tool_result(pending: PendingAction, content: list[dict[str, object]]) -> SessionCommand:
+    event = {"type": "user.custom_tool_result", "custom_tool_use_id": pending.event_id, "content": content}
+    return command("m-1").model_copy(update={"kind": "tool_result", "events": [event], "inbound_ids": []})
+
+
+async def test_a_custom_tool_result_the_session_refuses_ends_the_turn(redis_url: str, redis_prefix: str) -> None:
+    """Render ran the agent's custom tool; the session refuses its result (400). Nothing else
+    would ever answer that tool use, so the turn is interrupted: the chat is told once (the
+    failure), the turn's end is marked as dispatch's (render takes it silently) and the stream
+    held for it. (Before, the conversation stayed waiting on a result that never came: every
+    later message was held until the chat's /stop.)"""
+    faults = Faults()
+    recorder = Recorder()
+    async with waiting_on_custom_tool(redis_url, redis_prefix, faults, recorder) as (
+        stage,
+        state,
+        client,
+        session_id,
+        pending,
+    ):
+        await stage.handle(tool_result(pending, [{"type": "text", "text": 5}]), 0)
+        assert [(n.kind, n.trace_id) for n in recorder.replies()] == [("notice", "t-m-1")]
+        assert "model service failed" in recorder.replies()[0].segments[0].data.text  # type: ignore[union-attr]
+        after = await state.conversations.conversation(CONVERSATION)
+        assert (after.status, after.pending, after.interrupted) == ("running", [], "failed")
+        assert stage.streams.open_streams == 1
+        events = [e.type async for e in client.list(session_id)]
+        assert events[events.index("user.interrupt") :][-1] == "session.status_idle"
+        (letter,) = [DeadLetter.model_validate_json(v) for t, v in recorder.records if t == "im.deadletter"]
+        assert letter.reason == "session_api_error"
+
+
+async def test_a_custom_tool_result_refused_while_the_api_is_down_waits_for_stop(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """When the interrupt is refused too (the session API answers 500 to everything), the
+    conversation stays as it was, waiting on the result: the chat is told, and its /stop (or an
+    operator's replay of the dead letter) ends it once the API is back."""
+    faults = Faults()
+    recorder = Recorder()
+    async with waiting_on_custom_tool(redis_url, redis_prefix, faults, recorder) as (
+        stage,
+        state,
+        client,
+        session_id,
+        pending,
+    ):
+        faults.update({"rate_500": 1.0})
+        await stage.handle(tool_result(pending, [{"type": "text", "text": "sunny"}]), 0)
+        assert [(n.kind, n.trace_id) for n in recorder.replies()] == [("notice", "t-m-1")]
+        after = await state.conversations.conversation(CONVERSATION)
+        assert (after.status, after.pending, after.interrupted) == ("requires_action", [pending], None)
+        assert stage.streams.open_streams == 0
+        faults.update({"rate_500": 0.0})
+        await stage.handle(command("m-2").model_copy(update={"kind": "interrupt", "events": []}), 0)
+        events = [e.type async for e in client.list(session_id)]
+        assert events[events.index("user.interrupt") :][-1] == "session.status_idle"

@@ -195,12 +195,26 @@ async def test_stopped_quotes_the_message_whose_turn_it_stopped(redis_url: str, 
     about: the message whose turn /stop interrupted."""
     stage, recorder = render_stage(redis_url, redis_prefix)
     await send_turn(stage.state, "msg-A")
-    await stage.state.conversations.update_conversation(CONVERSATION, interrupted=True)
+    await stage.state.conversations.update_conversation(CONVERSATION, interrupted="stop")
     await stage.handle(idle("sevt-idle-1"))
     (notice,) = recorder.replies()
     assert notice.kind == "notice" and notice.segments[0].data.text == "Stopped."  # type: ignore[union-attr]
     assert notice.reply_to_message_id == "in-msg-A"
     assert notice.notes == []
+
+
+async def test_a_turn_dispatch_ended_after_a_failure_ends_without_a_notice(redis_url: str, redis_prefix: str) -> None:
+    """Dispatch interrupts a turn whose custom tool result the session refused, and tells the chat
+    itself: the interrupted end says nothing more ("Stopped." would read as the chat's own /stop),
+    and the conversation is free for the next message."""
+    stage, recorder = render_stage(redis_url, redis_prefix)
+    await send_turn(stage.state, "msg-A")
+    await agent_says(stage.state)
+    await stage.state.conversations.update_conversation(CONVERSATION, interrupted="failed")
+    await stage.handle(idle("sevt-idle-1"))
+    assert recorder.replies() == []
+    after = await stage.state.conversations.conversation(CONVERSATION)
+    assert (after.status, after.interrupted, after.last_message) == ("idle", None, None)
 
 
 async def test_a_reply_says_why_each_of_its_media_was_refused(redis_url: str, redis_prefix: str) -> None:

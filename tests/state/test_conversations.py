@@ -70,14 +70,17 @@ async def test_conversation_state_round_trip(state: State) -> None:
     assert (await conversations.conversation("k")).status == "idle"
     pending = [PendingAction(event_id="e1", kind="confirmation", name="bash")]
     await conversations.update_conversation(
-        "k", status="requires_action", turn=TURN, pending=pending, interrupted=True, last_message="hello"
+        "k", status="requires_action", turn=TURN, pending=pending, interrupted="stop", last_message="hello"
     )
     got = await conversations.conversation("k")
     assert got.status == "requires_action" and got.turn == TURN and got.pending == pending
-    assert got.interrupted and got.last_message == "hello"
-    await conversations.update_conversation("k", last_message=None, interrupted=False)
+    assert got.interrupted == "stop" and got.last_message == "hello"
+    await conversations.update_conversation("k", last_message=None, interrupted=None)
     got = await conversations.conversation("k")
-    assert got.last_message is None and not got.interrupted
+    assert got.last_message is None and got.interrupted is None
+    # A /stop as workers wrote it before the cause was kept.
+    await state.redis.execute("HSET", state.keys.conversation("k"), "interrupted", "1")
+    assert (await conversations.conversation("k")).interrupted == "stop"
 
 
 async def test_begin_turn_needs_a_session_then_starts_and_records_everything(state: State) -> None:
