@@ -251,7 +251,9 @@ class DispatchStage:
             sent = await self.state.markers.markers("sent", [turn_id for turn_id, _ in raw], conversation)
             held: list[tuple[str, SessionCommand]] = []
             taken = messages = 0  # held entries this flush takes; messages among them
-            failed = False  # a turn that failed and was told (a crash before its entry was dropped)
+            # This flush tells a failed turn again (a crash came between its notice and the drop of
+            # its entry): it goes alone, under its own id, so that it is told the same, never sent.
+            retelling = False
             for (turn_id, entry), marker in zip(raw, sent, strict=True):
                 done = marker == "1" or marker == _TOLD_OVERLOADED
                 failed = str(marker).startswith("failed:")
@@ -261,17 +263,16 @@ class DispatchStage:
                     failed or messages + count > limit or (kept is not None and kept.route != held[0][1].route)
                 ):
                     # A merged turn is answered in one place, the thread of its newest message:
-                    # messages of another thread wait for the next flush. A failed one goes alone,
-                    # under its own id, so that it is told the same again, never sent.
-                    failed = False
+                    # messages of another thread wait for the next flush.
                     break
                 taken += 1
                 messages += count
                 if kept is not None:
                     held.append((turn_id, kept))
                 if failed:
+                    retelling = True
                     break
-            stale = [(t, c) for t, c in held if not failed and too_late(bot.overload, c.hops, now_ms())]
+            stale = [(t, c) for t, c in held if not retelling and too_late(bot.overload, c.hops, now_ms())]
             if stale:  # their turn did not start in time: the notice instead (they go with this flush)
                 await self._overloaded(bot, [c for _, c in stale])
                 # Marked: should the session be busy, they stay in the queue, and a later flush must

@@ -570,6 +570,31 @@ async def test_a_held_turn_marked_failed_goes_alone_and_is_told_again(redis_url:
         assert await state.conversations.peek_held(CONVERSATION) == []
 
 
+async def test_a_held_turn_marked_failed_is_told_its_failure_again_however_old(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """As above, with B older than the overload bound by the time of the replayed flush: B is
+    told what it was told (the failure, under the same notice id), not `overloaded` under another."""
+    overload = OverloadConfig(max_wait_seconds=0.3)
+    bot = BotConfig(platform="console", bot_id="demo", self_id="bot", busy_policy="merge", overload=overload)
+    async with failing_dispatch(redis_url, redis_prefix, Settings(redis_prefix=redis_prefix, bots=[bot])) as failing:
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
+        running = TurnRecord(trace_id="t-A", platform="console", bot_id="demo", chat_id="group-1", chat_type="group")
+        await running_turn(state, CONVERSATION, running, "msg-A", session_id=session_id)
+        told = current(metrics.OVERLOADED.labels("console", "demo"))
+        await stage.handle(command("m-B"), 0)
+        await state.markers.set_marker("sent", "msg-m-B", CONVERSATION, value="failed:provider_error")
+        await asyncio.sleep(0.4)
+        await stage.handle(command("m-C"), 0)
+        assert await end_turn(state, session_id, "msg-A", "idle-A") == 2
+        await stage.handle(flush_command(), 0)
+        (notice,) = failing.recorder.replies()
+        assert notice.trace_id == "t-m-B"
+        assert notice.segments[0].data.text == stage.notifier.text(bot, "provider_error")  # type: ignore[union-attr]
+        assert current(metrics.OVERLOADED.labels("console", "demo")) == told
+        assert await received(client, session_id) == [("msg-m-C", ["m-C"])]
+
+
 async def until_custom_tool_use(client: SessionClient, session_id: str) -> AsyncIterator[AgentCustomToolUse]:
     """The session's first custom tool use (yielded alone; the subscription ends with it)."""
     async for event in client.subscribe(session_id):
@@ -623,7 +648,9 @@ async def test_a_custom_tool_result_the_session_refuses_ends_the_turn(redis_url:
     ):
         await stage.handle(tool_result(pending, [{"type": "text", "text": 5}]), 0)
         assert [(n.kind, n.trace_id) for n in recorder.replies()] == [("notice", "t-m-1")]
-        assert "model service failed" in recorder.replies()[0].segments[0].data.text  # type: ignore[union-attr]
+        bot = stage.settings.bot("console", "demo")
+        assert bot is not None
+        assert recorder.replies()[0].segments[0].data.text == stage.notifier.text(bot, "provider_error")  # type: ignore[union-attr]
         after = await state.conversations.conversation(CONVERSATION)
         assert (after.status, after.pending, after.interrupted) == ("running", [], "failed")
         assert stage.streams.open_streams == 1

@@ -8,14 +8,14 @@ import subprocess
 import sys
 import textwrap
 
-from prometheus_client import REGISTRY
-
+from pipeline import metrics
 from pipeline.worker.loopwatch import LoopWatch
 from tests.event_loop import hold_the_loop
+from tests.metric_values import current
 
 
 def _stalls() -> float:
-    return REGISTRY.get_sample_value("switchboard_event_loop_stalls_total") or 0.0
+    return current(metrics.EVENT_LOOP_STALLS)
 
 
 async def test_a_held_loop_is_measured_and_counted() -> None:
