@@ -111,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most this many steps; the ramp stops at the first failing one (10 steps of 1.5x from 50 reach "
         "1,922 msg/s: 8, to 854 msg/s, no longer found the pipeline's or the bare turn's ceiling)",
     )
+    p.add_argument(
+        "--ramp-refine",
+        type=int,
+        default=1,
+        help="after the first failing step, this many steps between the highest rate that passed and the lowest "
+        "that failed (their geometric mean each), so a max is found to within 1.22x (1: the default) or 1.11x (2) "
+        "rather than --ramp-factor",
+    )
     p.add_argument("--step-seconds", type=float, default=10.0)
     p.add_argument("--max-p99-ms", type=float, default=3000.0, help="ramp stops above this end-to-end p99")
     p.add_argument("--scale", action="store_true", help="1 vs 2 workers (ramp) and rebalance under load")
@@ -230,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         args.limit_messages = min(args.limit_messages, 2000)
         args.think = min(args.think, 0.05)
         args.ramp_steps, args.step_seconds = min(args.ramp_steps, 2), min(args.step_seconds, 3.0)
+        args.ramp_refine = 0
     from pipeline.bench.main import run
 
     try:

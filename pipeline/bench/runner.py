@@ -676,12 +676,14 @@ async def ramp(
     label: str = "ramp",
     cpu_sets: CpuSetMeter | None = None,
 ) -> dict[str, Any]:
-    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up.
-    With `cpu_sets`, each step also records how busy those CPU sets were, whoever used them."""
+    """Open-loop steps of rising rate (same conversations) until p99, backlog or errors blow up,
+    then `--ramp-refine` steps between the last rate that passed and the first that failed (see
+    `RampRates`). With `cpu_sets`, each step also records how busy those CPU sets were, whoever
+    used them."""
     steps: list[dict[str, Any]] = []
-    rate = args.ramp_start
+    rates = RampRates(args.ramp_start, args.ramp_factor, args.ramp_steps, args.ramp_refine)
     best: dict[str, Any] | None = None
-    for i in range(args.ramp_steps):
+    for i, rate in enumerate(rates):
         if cpu_sets is not None:
             cpu_sets.start()
         phase = await run_phase(
@@ -693,58 +695,110 @@ async def ramp(
             drain_timeout=max(10.0, args.step_seconds),
             seed=100 + i,
         )
-        d = phase.data
-        p99 = d["latency_ms"]["end_to_end"]["p99"]
-        backlog_ok = d["messages"]["ingested"] >= 0.99 * d["messages"]["accepted"]
-        msgs = d["messages"]
-        errors_ok = msgs["failed"] == 0 and msgs["http_errors"] <= 0.01 * max(1, msgs["sent"])
-        latency_ok = p99 is not None and p99 <= args.max_p99_ms
-        step = {
-            "offered_msgs_per_s": round(rate, 1),
-            "inbound_msgs_per_s": d["throughput"]["inbound_msgs_per_s"],
-            "turns_per_s": d["throughput"]["turns_per_s"],
-            "e2e_p50_ms": d["latency_ms"]["end_to_end"]["p50"],
-            "e2e_p99_ms": p99,
-            "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
-            "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
-            "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
-            # A stall shows here (and its stacks in the worker's log), not only as a p99.
-            "worker_loop_stalls": d["cpu"]["worker_loop_stalls"],
-            # What else was busy: a step can fail on the broker, the simulator or the generator.
-            "cpu_pct_by_process": {
-                name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)
-                for name, seconds in {
-                    **d["cpu"]["seconds"],
-                    "generator": d["cpu"]["generator_thread_seconds"],
-                    # the rest of the bench process: its meters and the delivery counter
-                    "bench_rest": d["cpu"]["bench_process_seconds"] - d["cpu"]["generator_thread_seconds"],
-                }.items()
-                if seconds is not None and not math.isnan(seconds)
-            },
-            "stages_p50_ms": {k: v.get("p50") for k, v in d["latency_ms"]["stages"].items()},
-            "cpu_sets_busy": cpu_sets.stop() if cpu_sets is not None else None,
-            "ok": backlog_ok and errors_ok and latency_ok,
-            "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
-        }
+        step = ramp_step(phase.data, rate, args.max_p99_ms, cpu_sets)
         steps.append(step)
         log(f"{label}: {step}")
-        if not step["ok"]:
-            break
-        best = step
-        rate *= args.ramp_factor
+        rates.passed(step["ok"])
+        if step["ok"] and (best is None or rate > best["offered_msgs_per_s"]):
+            best = step
     return {
-        "steps": steps,
+        "steps": sorted(steps, key=lambda s: s["offered_msgs_per_s"]),
         "max_turns_per_s": best["turns_per_s"] if best else None,
         "max_inbound_msgs_per_s": best["inbound_msgs_per_s"] if best else None,
         "max_offered_msgs_per_s": best["offered_msgs_per_s"] if best else None,
         "max_worker_cpu_ms_per_turn": best["worker_cpu_ms_per_turn"] if best else None,
         # False: every step passed, the max is only a lower bound (more --ramp-steps would go higher).
-        "ceiling_found": bool(steps) and not steps[-1]["ok"],
+        "ceiling_found": any(not s["ok"] for s in steps),
+        # The max lies below this factor of it (--ramp-factor, narrowed by each refining step).
+        "resolution_factor": round(rates.resolution, 3),
         "criteria": {
             "e2e_p99_ms_max": args.max_p99_ms,
             "backlog": "ingested ≥ 99% of accepted after the drain",
             "errors": "≤ 1% webhook errors",
         },
+    }
+
+
+class RampRates:
+    """The rates a ramp offers: `start` times `factor` per step until a step fails (at most
+    `steps`), then `refine` steps, each at the geometric mean of the highest rate that passed and
+    the lowest that failed. A 1.5x ramp finds a max to within 1.5x; one refining step to within
+    1.22x, two to 1.11x (measured maxes otherwise jump by whole steps: 0.67, 1.0, 1.5 of another's)."""
+
+    def __init__(self, start: float, factor: float, steps: int, refine: int) -> None:
+        self._next: float | None = start
+        self._factor = factor
+        self._steps_left = steps
+        self._refine_left = refine
+        self._passed: float | None = None  # the highest rate that passed
+        self._failed: float | None = None  # the lowest rate that failed
+
+    def __iter__(self) -> RampRates:
+        return self
+
+    def __next__(self) -> float:
+        if self._next is None:
+            raise StopIteration
+        return self._next
+
+    def passed(self, ok: bool) -> None:
+        """The step at the rate just given passed (`ok`) or failed: choose the next rate, if any."""
+        rate = self._next
+        assert rate is not None
+        if ok:
+            self._passed = rate
+        else:
+            self._failed = rate
+        if self._failed is None:  # still rising
+            self._steps_left -= 1
+            self._next = rate * self._factor if self._steps_left > 0 else None
+        elif self._passed is not None and self._refine_left > 0:
+            self._refine_left -= 1
+            self._next = math.sqrt(self._passed * self._failed)
+        else:
+            self._next = None
+
+    @property
+    def resolution(self) -> float:
+        """How far above the max found the true one may lie (a factor)."""
+        if self._passed is None or self._failed is None:
+            return self._factor
+        return self._failed / self._passed
+
+
+def ramp_step(d: dict[str, Any], rate: float, max_p99_ms: float, cpu_sets: CpuSetMeter | None = None) -> dict[str, Any]:
+    """One ramp step's figures from its phase, and whether it passed."""
+    p99 = d["latency_ms"]["end_to_end"]["p99"]
+    msgs = d["messages"]
+    backlog_ok = msgs["ingested"] >= 0.99 * msgs["accepted"]
+    errors_ok = msgs["failed"] == 0 and msgs["http_errors"] <= 0.01 * max(1, msgs["sent"])
+    latency_ok = p99 is not None and p99 <= max_p99_ms
+    return {
+        "offered_msgs_per_s": round(rate, 1),
+        "inbound_msgs_per_s": d["throughput"]["inbound_msgs_per_s"],
+        "turns_per_s": d["throughput"]["turns_per_s"],
+        "e2e_p50_ms": d["latency_ms"]["end_to_end"]["p50"],
+        "e2e_p99_ms": p99,
+        "overhead_p99_ms": d["latency_ms"]["pipeline_overhead"]["p99"],
+        "worker_cpu_ms_per_turn": d["cpu"]["worker_ms_per_turn"],
+        "worker_cpu_pct": d["cpu"]["worker_pct_of_core"],
+        # A stall shows here (and its stacks in the worker's log), not only as a p99.
+        "worker_loop_stalls": d["cpu"]["worker_loop_stalls"],
+        # What else was busy: a step can fail on the broker, the simulator or the generator.
+        "cpu_pct_by_process": {
+            name: round(seconds / max(d["wall_s"], 1e-6) * 100, 1)
+            for name, seconds in {
+                **d["cpu"]["seconds"],
+                "generator": d["cpu"]["generator_thread_seconds"],
+                # the rest of the bench process: its meters and the delivery counter
+                "bench_rest": d["cpu"]["bench_process_seconds"] - d["cpu"]["generator_thread_seconds"],
+            }.items()
+            if seconds is not None and not math.isnan(seconds)
+        },
+        "stages_p50_ms": {k: v.get("p50") for k, v in d["latency_ms"]["stages"].items()},
+        "cpu_sets_busy": cpu_sets.stop() if cpu_sets is not None else None,
+        "ok": backlog_ok and errors_ok and latency_ok,
+        "why_not": [w for w, ok in (("backlog", backlog_ok), ("errors", errors_ok), ("p99", latency_ok)) if not ok],
     }
 
 
