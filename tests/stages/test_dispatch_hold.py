@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import REGISTRY
 
@@ -17,7 +18,7 @@ from pipeline import metrics
 from pipeline.controls.overload import OverloadConfig
 from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
-from pipeline.session.models import AgentCustomToolUse, AgentToolUse, UserMessage
+from pipeline.session.models import AgentCustomToolUse, AgentToolUse, ServerEvent, UserMessage
 from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -32,6 +33,8 @@ from pipeline.state import pubsub as redis_pubsub
 from tests.metric_values import current
 
 from .turns import Recorder, round_trips, running_turn
+
+E = TypeVar("E", bound=ServerEvent)
 
 CONVERSATION = "console:demo:group-1"
 
@@ -477,10 +480,10 @@ async def test_a_turn_whose_send_failed_is_told_again_on_a_replay_not_sent(redis
         assert await received(client, session_id) == [("msg-m-1", ["m-1"])]
 
 
-async def until_tool_use(client: SessionClient, session_id: str) -> AsyncIterator[AgentToolUse]:
-    """The session's first tool use (yielded alone; the subscription ends with it)."""
+async def first_event(client: SessionClient, session_id: str, kind: type[E]) -> AsyncIterator[E]:
+    """The session's first event of `kind` (yielded alone; the subscription ends with it)."""
     async for event in client.subscribe(session_id):
-        if isinstance(event, AgentToolUse):
+        if isinstance(event, kind):
             yield event
             return
 
@@ -499,7 +502,7 @@ async def test_a_confirmation_whose_send_fails_can_be_given_again(redis_url: str
         ask.events[0]["content"] = [{"type": "text", "text": "[sim:confirm_tool] please"}]
         await stage.handle(ask, 0)
         async with asyncio.timeout(5):
-            asking = [e async for e in until_tool_use(client, session_id)]
+            asking = [e async for e in first_event(client, session_id, AgentToolUse)]
         pending = [PendingAction(event_id=str(asking[-1].id), kind="confirmation", name="shell")]
         # As render leaves it when the session waits on the chat: the stream released.
         await stage.streams.untrack(0, session_id, CONVERSATION)
@@ -595,35 +598,23 @@ async def test_a_held_turn_marked_failed_is_told_its_failure_again_however_old(
         assert await received(client, session_id) == [("msg-m-C", ["m-C"])]
 
 
-async def until_custom_tool_use(client: SessionClient, session_id: str) -> AsyncIterator[AgentCustomToolUse]:
-    """The session's first custom tool use (yielded alone; the subscription ends with it)."""
-    async for event in client.subscribe(session_id):
-        if isinstance(event, AgentCustomToolUse):
-            yield event
-            return
-
-
 @asynccontextmanager
 async def waiting_on_custom_tool(
-    redis_url: str, redis_prefix: str, faults: Faults, recorder: Recorder
-) -> AsyncIterator[tuple[DispatchStage, State, SessionClient, str, PendingAction]]:
+    redis_url: str, redis_prefix: str
+) -> AsyncIterator[tuple[FailingDispatch, PendingAction]]:
     """Dispatch against the simulator, its session waiting on a custom tool's result, the
     conversation as render leaves it then (the stream released)."""
-    async with sim_dispatch(redis_url, redis_prefix, faults=faults, recorder=recorder) as (
-        stage,
-        state,
-        client,
-        session_id,
-    ):
+    async with failing_dispatch(redis_url, redis_prefix) as failing:
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
         ask = command("m-1")
         ask.events[0]["content"] = [{"type": "text", "text": "[sim:custom_tool=lookup] the weather"}]
         await stage.handle(ask, 0)
         async with asyncio.timeout(5):
-            (use,) = [e async for e in until_custom_tool_use(client, session_id)]
+            (use,) = [e async for e in first_event(client, session_id, AgentCustomToolUse)]
         pending = PendingAction(event_id=str(use.id), kind="custom_tool", name="lookup")
         await stage.streams.untrack(0, session_id, CONVERSATION)
         await state.conversations.update_conversation(CONVERSATION, status="requires_action", pending=[pending])
-        yield stage, state, client, session_id, pending
+        yield failing, pending
 
 
 def tool_result(pending: PendingAction, content: list[dict[str, object]]) -> SessionCommand:
@@ -637,15 +628,9 @@ async def test_a_custom_tool_result_the_session_refuses_ends_the_turn(redis_url:
     failure), the turn's end is marked as dispatch's (render takes it silently) and the stream
     held for it. (Before, the conversation stayed waiting on a result that never came: every
     later message was held until the chat's /stop.)"""
-    faults = Faults()
-    recorder = Recorder()
-    async with waiting_on_custom_tool(redis_url, redis_prefix, faults, recorder) as (
-        stage,
-        state,
-        client,
-        session_id,
-        pending,
-    ):
+    async with waiting_on_custom_tool(redis_url, redis_prefix) as (failing, pending):
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
+        recorder = failing.recorder
         await stage.handle(tool_result(pending, [{"type": "text", "text": 5}]), 0)
         assert [(n.kind, n.trace_id) for n in recorder.replies()] == [("notice", "t-m-1")]
         bot = stage.settings.bot("console", "demo")
@@ -666,15 +651,9 @@ async def test_a_custom_tool_result_refused_while_the_api_is_down_waits_for_stop
     """When the interrupt is refused too (the session API answers 500 to everything), the
     conversation stays as it was, waiting on the result: the chat is told, and its /stop (or an
     operator's replay of the dead letter) ends it once the API is back."""
-    faults = Faults()
-    recorder = Recorder()
-    async with waiting_on_custom_tool(redis_url, redis_prefix, faults, recorder) as (
-        stage,
-        state,
-        client,
-        session_id,
-        pending,
-    ):
+    async with waiting_on_custom_tool(redis_url, redis_prefix) as (failing, pending):
+        stage, state, client, session_id = failing.stage, failing.state, failing.client, failing.session_id
+        faults, recorder = failing.faults, failing.recorder
         faults.update({"rate_500": 1.0})
         await stage.handle(tool_result(pending, [{"type": "text", "text": "sunny"}]), 0)
         assert [(n.kind, n.trace_id) for n in recorder.replies()] == [("notice", "t-m-1")]
