@@ -515,10 +515,12 @@ class DispatchStage:
                 and state.status == "requires_action"
                 and await self._end_unanswered_turn(conversation, state.session_id)
             ):
-                # Not delivered: the session still waits for these answers. The conversation goes
-                # back to waiting on the chat, so that after the notice the chat can answer again
-                # (the same answer claims the same send marker, and sends).
-                await self.streams.untrack(partition, state.session_id, conversation)
+                # Not delivered: the conversation goes back to how it was. Waiting on the chat (the
+                # session still waits for these answers), so that after the notice the chat can
+                # answer again (the same answer claims the same send marker, and sends), its stream
+                # released again; a late answer to a turn running meanwhile keeps that turn's stream.
+                if state.status != "running":
+                    await self.streams.untrack(partition, state.session_id, conversation)
                 await self.state.conversations.update_conversation(
                     conversation, status=state.status, pending=state.pending, interrupted=state.interrupted
                 )

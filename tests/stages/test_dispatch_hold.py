@@ -664,3 +664,22 @@ async def test_a_custom_tool_result_refused_while_the_api_is_down_waits_for_stop
         await stage.handle(command("m-2").model_copy(update={"kind": "interrupt", "events": []}), 0)
         events = [e.type async for e in client.list(session_id)]
         assert events[events.index("user.interrupt") :][-1] == "session.status_idle"
+
+
+async def test_a_refused_custom_tool_result_read_again_leaves_the_ended_turn_as_it_was(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """The refused result's record is read again after dispatch ended its turn (a rebalance before
+    the record was acknowledged): the session refuses it again, and the conversation, the turn's
+    stream included, stays as dispatch left it, so the interrupted end still reaches render. (Put
+    back as if waiting on the chat, the stream was released: the turn stayed `running` for good.)
+    The chat is told under the same notice id (egress sends it once)."""
+    async with waiting_on_custom_tool(redis_url, redis_prefix) as (failing, pending):
+        stage, state, recorder = failing.stage, failing.state, failing.recorder
+        refused = tool_result(pending, [{"type": "text", "text": 5}])
+        await stage.handle(refused, 0)
+        await stage.handle(refused, 0)
+        after = await state.conversations.conversation(CONVERSATION)
+        assert (after.status, after.pending, after.interrupted) == ("running", [], "failed")
+        assert stage.streams.open_streams == 1
+        assert len({n.outbound_id for n in recorder.replies()}) == 1
