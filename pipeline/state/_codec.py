@@ -25,6 +25,8 @@ def hash_fields(fields: dict[str, Any]) -> tuple[dict[Any, Any], list[str]]:
     for name, value in fields.items():
         if value is None:
             deletes.append(name)
+        elif name == "interrupted":
+            mapping[name] = _STORED_INTERRUPT[value]
         elif isinstance(value, BaseModel):
             mapping[name] = value.model_dump_json()
         elif isinstance(value, bool):
@@ -38,8 +40,10 @@ def hash_fields(fields: dict[str, Any]) -> tuple[dict[Any, Any], list[str]]:
     return mapping, deletes
 
 
-# "1" is how workers before the cause was kept wrote a /stop.
-_INTERRUPT_CAUSES: dict[str, InterruptCause] = {"stop": "stop", "1": "stop", "failed": "failed"}
+# A /stop is stored as "1", as workers wrote it before the cause was kept: one of them reading the
+# field during a rolling upgrade still sees the /stop (and a `failed` end as none: it answers it).
+_STORED_INTERRUPT: dict[InterruptCause, str] = {"stop": "1", "failed": "failed"}
+_INTERRUPT_CAUSES: dict[str, InterruptCause] = {stored: cause for cause, stored in _STORED_INTERRUPT.items()}
 
 
 def conversation_state(raw: dict[Any, Any] | list[Any]) -> ConversationState:

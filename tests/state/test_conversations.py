@@ -78,9 +78,11 @@ async def test_conversation_state_round_trip(state: State) -> None:
     await conversations.update_conversation("k", last_message=None, interrupted=None)
     got = await conversations.conversation("k")
     assert got.last_message is None and got.interrupted is None
-    # A /stop as workers wrote it before the cause was kept.
-    await state.redis.execute("HSET", state.keys.conversation("k"), "interrupted", "1")
-    assert (await conversations.conversation("k")).interrupted == "stop"
+    # A /stop is stored as workers wrote it before the cause was kept, so that they read it still.
+    await conversations.update_conversation("k", interrupted="stop")
+    assert await state.redis.execute("HGET", state.keys.conversation("k"), "interrupted") in ("1", b"1")
+    await conversations.update_conversation("k", interrupted="failed")
+    assert (await conversations.conversation("k")).interrupted == "failed"
 
 
 async def test_begin_turn_needs_a_session_then_starts_and_records_everything(state: State) -> None:
