@@ -698,7 +698,7 @@ async def ramp(
         step = ramp_step(phase.data, rate, args.max_p99_ms, cpu_sets)
         steps.append(step)
         log(f"{label}: {step}")
-        rates.passed(step["ok"])
+        rates.record(step["ok"])
         if step["ok"] and (best is None or rate > best["offered_msgs_per_s"]):
             best = step
     return {
@@ -741,7 +741,7 @@ class RampRates:
             raise StopIteration
         return self._next
 
-    def passed(self, ok: bool) -> None:
+    def record(self, ok: bool) -> None:
         """The step at the rate just given passed (`ok`) or failed: choose the next rate, if any."""
         rate = self._next
         assert rate is not None

@@ -20,7 +20,7 @@ from pipeline.records import Position, SessionCommand, now_ms
 from pipeline.session import Provisioner, SessionClient
 from pipeline.session.exceptions import NotFoundError, RateLimitedError, SessionAPIError
 from pipeline.settings import BotConfig, Settings
-from pipeline.state import InflightStream, State, TurnMode, TurnRecord, TurnStart, note_message
+from pipeline.state import ConversationState, InflightStream, State, TurnMode, TurnRecord, TurnStart, note_message
 
 from ._ids import inbound_dedup_id, stable_id
 from ._turns import merge_turns, message_parts, without_messages
@@ -508,23 +508,28 @@ class DispatchStage:
         try:
             await self._send_once(conversation, state.session_id, key, command.events, call=command.kind)
         except SessionAPIError:
-            # (Unless the partition moved meanwhile: its new owner has the record, and writes this state.)
-            # A custom tool's result is ended only where the turn waited for it (not a late replay).
-            if not work_revoked() and not (
-                command.kind == "tool_result"
-                and state.status == "requires_action"
-                and await self._end_unanswered_turn(conversation, state.session_id)
-            ):
-                # Not delivered: the conversation goes back to how it was. Waiting on the chat (the
-                # session still waits for these answers), so that after the notice the chat can
-                # answer again (the same answer claims the same send marker, and sends), its stream
-                # released again; a late answer to a turn running meanwhile keeps that turn's stream.
-                if state.status != "running":
-                    await self.streams.untrack(partition, state.session_id, conversation)
-                await self.state.conversations.update_conversation(
-                    conversation, status=state.status, pending=state.pending, interrupted=state.interrupted
-                )
+            if not work_revoked():  # (moved meanwhile: its new owner has the record, and writes this state)
+                await self._not_answered(command, state, state.session_id, partition)
             raise
+
+    async def _not_answered(
+        self, command: SessionCommand, state: ConversationState, session_id: str, partition: int
+    ) -> None:
+        """An answer the session API refused. A custom tool's result the turn waited for ends that
+        turn; anything else (or when the turn cannot be ended) puts the conversation back as it
+        was: waiting on the chat (the session still waits for these answers), so that after the
+        notice the chat can answer again (the same answer claims the same send marker, and sends),
+        its stream released again. A late answer to a turn running meanwhile keeps that turn's
+        stream."""
+        conversation = command.conversation_key
+        if command.kind == "tool_result" and state.status == "requires_action":
+            if await self._end_unanswered_turn(conversation, session_id):
+                return
+        if state.status != "running":
+            await self.streams.untrack(partition, session_id, conversation)
+        await self.state.conversations.update_conversation(
+            conversation, status=state.status, pending=state.pending, interrupted=state.interrupted
+        )
 
     async def _end_unanswered_turn(self, conversation: str, session_id: str) -> bool:
         """A custom tool's result the session refused: nothing else will answer it (render ran the

@@ -15,7 +15,7 @@ def offered(rates: RampRates, passes: set[float]) -> list[float]:
     seen = []
     for rate in rates:
         seen.append(round(rate, 1))
-        rates.passed(round(rate, 1) in passes)
+        rates.record(round(rate, 1) in passes)
     return seen
 
 

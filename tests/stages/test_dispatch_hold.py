@@ -10,7 +10,6 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
 from prometheus_client import REGISTRY
 
@@ -18,7 +17,7 @@ from pipeline import metrics
 from pipeline.controls.overload import OverloadConfig
 from pipeline.records import DeadLetter, Position, SessionCommand, now_ms
 from pipeline.session import SessionClient, StaticPoolProvisioner
-from pipeline.session.models import AgentCustomToolUse, AgentToolUse, ServerEvent, UserMessage
+from pipeline.session.models import AgentCustomToolUse, AgentToolUse, UserMessage
 from pipeline.session.retry import RetryPolicy
 from pipeline.settings import BotConfig, Settings
 from pipeline.sim import SimServer, SimSettings
@@ -31,10 +30,9 @@ from pipeline.stages.streams import StreamRegistry
 from pipeline.state import LiveMessage, PendingAction, State, TurnRecord, redis_py_client
 from pipeline.state import pubsub as redis_pubsub
 from tests.metric_values import current
+from tests.sim.helpers import collect_until
 
 from .turns import Recorder, round_trips, running_turn
-
-E = TypeVar("E", bound=ServerEvent)
 
 CONVERSATION = "console:demo:group-1"
 
@@ -480,14 +478,6 @@ async def test_a_turn_whose_send_failed_is_told_again_on_a_replay_not_sent(redis
         assert await received(client, session_id) == [("msg-m-1", ["m-1"])]
 
 
-async def first_event(client: SessionClient, session_id: str, kind: type[E]) -> AsyncIterator[E]:
-    """The session's first event of `kind` (yielded alone; the subscription ends with it)."""
-    async for event in client.subscribe(session_id):
-        if isinstance(event, kind):
-            yield event
-            return
-
-
 async def test_a_confirmation_whose_send_fails_can_be_given_again(redis_url: str, redis_prefix: str) -> None:
     """The agent asks to confirm a tool; the chat's /allow cannot be delivered (the session API
     answers 500). The chat is told, and the conversation waits on the chat again, as before the
@@ -501,9 +491,9 @@ async def test_a_confirmation_whose_send_fails_can_be_given_again(redis_url: str
         ask = command("m-1")
         ask.events[0]["content"] = [{"type": "text", "text": "[sim:confirm_tool] please"}]
         await stage.handle(ask, 0)
-        async with asyncio.timeout(5):
-            asking = [e async for e in first_event(client, session_id, AgentToolUse)]
-        pending = [PendingAction(event_id=str(asking[-1].id), kind="confirmation", name="shell")]
+        *_, asking = await collect_until(client, session_id, after=None, stop_types=("agent.tool_use",), within=5)
+        assert isinstance(asking, AgentToolUse)
+        pending = [PendingAction(event_id=str(asking.id), kind="confirmation", name="shell")]
         # As render leaves it when the session waits on the chat: the stream released.
         await stage.streams.untrack(0, session_id, CONVERSATION)
         await conversations.update_conversation(CONVERSATION, status="requires_action", pending=pending)
@@ -609,8 +599,8 @@ async def waiting_on_custom_tool(
         ask = command("m-1")
         ask.events[0]["content"] = [{"type": "text", "text": "[sim:custom_tool=lookup] the weather"}]
         await stage.handle(ask, 0)
-        async with asyncio.timeout(5):
-            (use,) = [e async for e in first_event(client, session_id, AgentCustomToolUse)]
+        *_, use = await collect_until(client, session_id, after=None, stop_types=("agent.custom_tool_use",), within=5)
+        assert isinstance(use, AgentCustomToolUse)
         pending = PendingAction(event_id=str(use.id), kind="custom_tool", name="lookup")
         await stage.streams.untrack(0, session_id, CONVERSATION)
         await state.conversations.update_conversation(CONVERSATION, status="requires_action", pending=[pending])
