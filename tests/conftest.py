@@ -131,23 +131,12 @@ _SERVICE_FIXTURES = frozenset(
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        path = item.nodeid.split("::", 1)[0]
         if any(item.nodeid.startswith(prefix) for prefix in FULL_TIER):
             item.add_marker(pytest.mark.full)
         if any(item.nodeid.startswith(prefix) for prefix in ALONE):
             item.add_marker(pytest.mark.alone)
         if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-            # Under pytest-xdist (`--dist loadgroup`) a module's integration tests on one broker
-            # run in one process, so the stack the module starts is started once; unit tests
-            # spread freely.
-            item.add_marker(pytest.mark.xdist_group(f"{path}@{_broker_of(item)}"))
-
-
-def _broker_of(item: pytest.Item) -> str:
-    callspec = getattr(item, "callspec", None)
-    params = callspec.params.values() if callspec is not None else ()
-    return next((str(p) for p in params if p in KNOWN_BROKERS), "any")
 
 
 @pytest.hookimpl(wrapper=True)
