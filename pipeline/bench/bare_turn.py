@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import secrets
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,7 @@ class BareTurnTarget:
     platform: PlatformStandIn
     stack: BenchStack
     kafka_prefixes: tuple[str, ...]
+    topics: list[str] = field(default_factory=list)
     redis: Any = None
     last_stats: dict[str, float] = field(default_factory=dict)
 
@@ -175,18 +177,10 @@ class BareTurnTarget:
         return [d for d in self.platform.deliveries if d.chat_id in wanted]
 
 
-async def bare_turn_for(
-    bs: BenchStack,
-    mix: TrafficMix,
-    args: argparse.Namespace,
-    pipeline: dict[str, Any],
-    *,
-    out_dir: Path | None = None,
-    name: str = "bench",
-) -> dict[str, Any]:
-    """The bare turn at the pipeline's offered rate (`args.rate`) and at its max (the ramp of
-    `--mode max`), and its ratios to the pipeline's figures (`pipeline`: the run's result so far).
-    With `--profile S`, py-spy records the bare worker during the first phase (`<name>-bare-pyspy.txt`)."""
+@contextlib.asynccontextmanager
+async def bare_turn_target(bs: BenchStack, mix: TrafficMix, args: argparse.Namespace) -> AsyncIterator[BareTurnTarget]:
+    """The bare worker against the bench's stack (its own fresh topics on the same broker, the same
+    simulator and settings), started and warmed up; stopped on the way out."""
     assert bs.stack is not None and bs.stack.sim is not None, "the bare turn needs the bench's own stack"
     settings = bs.stack.settings()
     api_key = settings.session_api_key.get_secret_value() if settings.session_api_key else ""
@@ -224,25 +218,47 @@ async def bare_turn_for(
         {"BARE_SESSION_API_KEY": api_key, "BARE_PLATFORM_TOKEN": platform.token},
         run_dir=(bs.run_dir / "bare-worker") if bs.run_dir else None,
     )
-    target = BareTurnTarget(bs.bootstrap, worker, platform, bs, kafka_prefixes=(f"bare-{run_id}-",))
-    out: dict[str, Any] = {"topics": topics, "partitions": args.partitions}
+    target = BareTurnTarget(bs.bootstrap, worker, platform, bs, kafka_prefixes=(f"bare-{run_id}-",), topics=topics)
     try:
         await worker.start()
         log(f"bare turn: worker pid {worker.pid}, topics bare-{run_id}-*; warm-up")
         await warm_up(target, mix)
-        profile = None
-        if args.profile and out_dir is not None:
-            seconds = min(args.profile, max(2.0, args.duration - 2))
-            profile = asyncio.create_task(profile_worker(worker.pid or 0, seconds, out_dir / f"{name}-bare-pyspy.txt"))
-        same = await run_phase(target, mix, args.rate, args.duration, label="bare turn")
-        out["same_rate"] = {**same.data, "timeline": same.timeline, "worker_stats": dict(target.last_stats)}
-        if profile is not None:
-            out["profile"] = await profile
-        out["max"] = await ramp(target, mix, args, label="bare turn ramp")
-        out["worker_stats"] = dict(target.last_stats)
+        yield target
     finally:
         await worker.stop()
         await platform.stop()
+
+
+async def bare_turn_for(
+    target: BareTurnTarget,
+    mix: TrafficMix,
+    args: argparse.Namespace,
+    pipeline: dict[str, Any],
+    *,
+    ramped: dict[str, Any] | None = None,
+    out_dir: Path | None = None,
+    name: str = "bench",
+) -> dict[str, Any]:
+    """The bare turn at the pipeline's offered rate (`args.rate`) and at its max (`ramped`: its ramp
+    run beside the pipeline's, see `pipeline.bench.runner.ramps`; else a ramp of its own, now), and
+    its ratios to the pipeline's figures (`pipeline`: the run's result so far). With `--profile S`,
+    py-spy records the bare worker during the first phase (`<name>-bare-pyspy.txt`)."""
+    bs, worker, platform = target.stack, target.worker, target.platform
+    out: dict[str, Any] = {"topics": target.topics, "partitions": args.partitions}
+    profile = None
+    if args.profile and out_dir is not None:
+        seconds = min(args.profile, max(2.0, args.duration - 2))
+        profile = asyncio.create_task(profile_worker(worker.pid or 0, seconds, out_dir / f"{name}-bare-pyspy.txt"))
+    same = await run_phase(target, mix, args.rate, args.duration, label="bare turn")
+    out["same_rate"] = {**same.data, "timeline": same.timeline, "worker_stats": dict(target.last_stats)}
+    if profile is not None:
+        out["profile"] = await profile
+    if ramped is not None:
+        out["max"] = ramped
+        out["max_interleaved_with_the_pipeline"] = True
+    else:
+        out["max"] = await ramp(target, mix, args, label="bare turn ramp")
+    out["worker_stats"] = dict(target.last_stats)
     out["platform"] = {"rejected": dict(platform.rejected), "duplicates": platform.duplicates}
     out.update(bare_turn_ratios(pipeline, out))
     log(

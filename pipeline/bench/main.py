@@ -15,6 +15,7 @@ import httpx
 from aiokafka import AIOKafkaProducer
 
 from pipeline.bench import default_name
+from pipeline.bench.bare_turn import BareTurnTarget, bare_turn_for, bare_turn_target
 from pipeline.bench.limit import bare_chain, bare_one_hop
 from pipeline.bench.load import TrafficMix
 from pipeline.bench.measure import proc_cpu_seconds, profile_worker
@@ -26,6 +27,7 @@ from pipeline.bench.runner import (
     log,
     phase_series,
     ramp,
+    ramps,
     run_phase,
     start_stack,
     warm_up,
@@ -331,28 +333,38 @@ async def run_on(bs: BenchStack, args: argparse.Namespace, result: dict[str, Any
 
         result["flood"] = await flood_run(bs, mix, args)
         return
-    if args.mode == "max":
-        result["max"] = await ramp(bs, mix, args)
-        best = result["max"].get("max_offered_msgs_per_s") or args.ramp_start
-        log(f"max mode: best offered rate {best} msg/s; measuring the load phase at that rate")
-        args.rate = best
-    profile_task = None
-    pids = bs.worker_pids()
-    if args.profile and pids:
-        profile_task = asyncio.create_task(
-            profile_worker(pids[0], min(args.profile, max(2.0, args.duration - 2)), out_dir / f"{name}-pyspy.txt")
-        )
-    phase = await run_phase(bs, mix, args.rate, args.duration, label="load")
-    result["load"] = phase_dict(phase)
-    result["_series"] = phase_series(phase)
-    if profile_task is not None:
-        result["profile"] = await profile_task
-    if not args.no_limit and bs.broker_kind != "attached":
-        result["limit"] = await limit_for(bs, result["load"], args)
-    if not args.no_bare_turn and bs.broker_kind != "attached":
-        from pipeline.bench.bare_turn import bare_turn_for
-
-        result["bare_turn"] = await bare_turn_for(bs, mix_from(args), args, result, out_dir=out_dir, name=name)
+    bare_wanted = not args.no_bare_turn and bs.broker_kind != "attached"
+    async with contextlib.AsyncExitStack() as running:
+        bare: BareTurnTarget | None = None
+        bare_max: dict[str, Any] | None = None
+        if args.mode == "max":
+            if bare_wanted:  # both ramps interleaved, step by step (`ramps`); the bare worker idles meanwhile
+                bare = await running.enter_async_context(bare_turn_target(bs, mix_from(args), args))
+                result["max"], bare_max = await ramps([("ramp", bs), ("bare turn ramp", bare)], mix, args)
+            else:
+                result["max"] = await ramp(bs, mix, args)
+            best = result["max"].get("max_offered_msgs_per_s") or args.ramp_start
+            log(f"max mode: best offered rate {best} msg/s; measuring the load phase at that rate")
+            args.rate = best
+        profile_task = None
+        pids = bs.worker_pids()
+        if args.profile and pids:
+            profile_task = asyncio.create_task(
+                profile_worker(pids[0], min(args.profile, max(2.0, args.duration - 2)), out_dir / f"{name}-pyspy.txt")
+            )
+        phase = await run_phase(bs, mix, args.rate, args.duration, label="load")
+        result["load"] = phase_dict(phase)
+        result["_series"] = phase_series(phase)
+        if profile_task is not None:
+            result["profile"] = await profile_task
+        if not args.no_limit and bs.broker_kind != "attached":
+            result["limit"] = await limit_for(bs, result["load"], args)
+        if bare_wanted:
+            if bare is None:
+                bare = await running.enter_async_context(bare_turn_target(bs, mix_from(args), args))
+            result["bare_turn"] = await bare_turn_for(
+                bare, mix_from(args), args, result, ramped=bare_max, out_dir=out_dir, name=name
+            )
     if args.filtered:
         one_hop = (result.get("limit") or {}).get("bare_one_hop")
         result["filtered"] = await filtered_phase(bs, args, one_hop)

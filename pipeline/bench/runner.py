@@ -12,7 +12,7 @@ import resource
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -680,27 +680,66 @@ async def ramp(
     then `--ramp-refine` steps between the last rate that passed and the first that failed (see
     `RampRates`). With `cpu_sets`, each step also records how busy those CPU sets were, whoever
     used them."""
-    steps: list[dict[str, Any]] = []
-    rates = RampRates(args.ramp_start, args.ramp_factor, args.ramp_steps, args.ramp_refine)
-    best: dict[str, Any] | None = None
-    for i, rate in enumerate(rates):
+    (result,) = await ramps([(label, bs)], mix, args, cpu_sets=cpu_sets)
+    return result
+
+
+# One ramp step: (label, target, rate, the step's index in its ramp) → `ramp_step`'s figures.
+StepRunner = Callable[[str, LoadTarget, float, int], Awaitable[dict[str, Any]]]
+
+
+async def ramps(
+    targets: Sequence[tuple[str, LoadTarget]],
+    mix: TrafficMix,
+    args: argparse.Namespace,
+    cpu_sets: CpuSetMeter | None = None,
+    *,
+    run_step: StepRunner | None = None,
+) -> list[dict[str, Any]]:
+    """`ramp` of several targets (label, target) at once, interleaved: in each round every target
+    whose ramp goes on runs its next step (the same rate while they all pass), the first of the
+    round taking turns. Maxes measured minutes apart differed 2x on this machine for the same code;
+    interleaved, each rate of one side is measured within a step of the other's."""
+
+    async def measured(label: str, target: LoadTarget, rate: float, index: int) -> dict[str, Any]:
         if cpu_sets is not None:
             cpu_sets.start()
         phase = await run_phase(
-            bs,
+            target,
             mix,
             rate,
             args.step_seconds,
             label=f"{label} {rate:.0f}/s",
             drain_timeout=max(10.0, args.step_seconds),
-            seed=100 + i,
+            seed=100 + index,
         )
-        step = ramp_step(phase.data, rate, args.max_p99_ms, cpu_sets)
-        steps.append(step)
-        log(f"{label}: {step}")
-        rates.record(step["ok"])
-        if step["ok"] and (best is None or rate > best["offered_msgs_per_s"]):
-            best = step
+        return ramp_step(phase.data, rate, args.max_p99_ms, cpu_sets)
+
+    step_at = run_step or measured
+    steps: list[list[dict[str, Any]]] = [[] for _ in targets]
+    rates = [RampRates(args.ramp_start, args.ramp_factor, args.ramp_steps, args.ramp_refine) for _ in targets]
+    going = list(range(len(targets)))
+    round_number = 0
+    while going:
+        first = round_number % len(going)
+        for t in going[first:] + going[:first]:
+            label, target = targets[t]
+            rate = next(rates[t], None)
+            if rate is None:
+                going.remove(t)
+                continue
+            step = await step_at(label, target, rate, len(steps[t]))
+            steps[t].append(step)
+            log(f"{label}: {step}")
+            rates[t].record(step["ok"])
+        round_number += 1
+    return [ramp_result(s, r, args) for s, r in zip(steps, rates, strict=True)]
+
+
+def ramp_result(steps: list[dict[str, Any]], rates: RampRates, args: argparse.Namespace) -> dict[str, Any]:
+    """A ramp's steps (by rate) and its max: the highest rate that passed."""
+    passed = [s for s in steps if s["ok"]]
+    best = max(passed, key=lambda s: float(s["offered_msgs_per_s"])) if passed else None
     return {
         "steps": sorted(steps, key=lambda s: s["offered_msgs_per_s"]),
         "max_turns_per_s": best["turns_per_s"] if best else None,
